@@ -1,0 +1,144 @@
+"""Engine settings: defaults, then a TOML file, then ``SCHEDSVC_*`` variables, then keywords."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from ._errors import ConfigError
+
+__all__ = ["Config", "parse_bytes"]
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
+_toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("schedsvc_toml", default=None)
+
+
+def parse_bytes(value: int | str) -> int:
+    """``16777216``, ``"16MiB"``, ``"2 GB"`` -> a byte count."""
+    if isinstance(value, bool):
+        raise ValueError("a byte size must be a number or a string like '16MiB'")
+    if isinstance(value, int | float):
+        return int(value)
+    match = _BYTES_RE.match(value)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"{value!r} is not a byte size; write e.g. 16777216, '16MiB' or '2GB'")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest machine
+        return 8 * 2**30
+
+
+class Config(BaseSettings):
+    """Validated, immutable engine settings.
+
+    Precedence, lowest first: field defaults, the TOML file given to
+    ``Config.from_file``, ``SCHEDSVC_<FIELD>`` environment variables, keywords.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SCHEDSVC_", extra="forbid", frozen=True)
+
+    cpu_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=1024)
+    """CPU worker threads."""
+    devices: Annotated[tuple[str, ...], NoDecode] = ("cpu",)
+    """Devices the engine may run on: ``cpu`` and ``cuda:N``."""
+    streams_per_device: int = Field(default=2, ge=1, le=64)
+    """Compute streams per CUDA device."""
+    max_pending: int = Field(default=1024, ge=1)
+    """Tasks admitted and not yet finished; ``await submit`` waits beyond this."""
+    max_pending_bytes: int = Field(default_factory=lambda: _physical_memory() // 4, ge=1)
+    """Bytes that unfinished tasks hold (array arguments once each, plus declared outputs)."""
+    max_device_bytes: int | None = Field(default=None, ge=1)
+    """Per-CUDA-device byte budget; None: no limit beyond the device's memory."""
+    sync_mode: bool = False
+    """Debugging: run each task in the caller at submission and raise its error there."""
+    backend: Literal["threads", "dask"] = "threads"
+    """Where CPU tasks run: this process's threads, or a Dask cluster."""
+    dask_address: str | None = None
+    """Scheduler address for ``backend="dask"``; None starts a local cluster."""
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from exc
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> Config:
+        """Settings from a TOML file; environment variables and ``overrides`` still win."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+        token = _toml_file.set(path)
+        try:
+            return cls(**overrides)
+        finally:
+            _toml_file.reset(token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = _toml_file.get()
+        if path is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+
+    @field_validator("max_pending_bytes", "max_device_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        return value if value is None else parse_bytes(value)
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _split_devices(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _known_devices(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("name at least one device, e.g. ('cpu',)")
+        for device in value:
+            if not _DEVICE_RE.match(device):
+                raise ValueError(f"{device!r} is not a device; use 'cpu' or 'cuda:N'")
+        return tuple(dict.fromkeys(value))
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "config"
+        env = f"SCHEDSVC_{str(err['loc'][0]).upper()}" if err["loc"] else "SCHEDSVC_*"
+        lines.append(f"{field}: {err['msg']} (got {err.get('input')!r}; set it by keyword, {env} or TOML)")
+    return "invalid schedsvc configuration: " + "; ".join(lines)

@@ -1,0 +1,75 @@
+"""Ready queue of one device: higher priority first, FIFO within a priority."""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections import deque
+
+from ._task import Task
+
+__all__ = ["ReadyQueue"]
+
+
+class ReadyQueue:
+    """Tasks ready to run, bucketed by priority.
+
+    A cancelled task stays in its bucket and is skipped when popped, so
+    cancelling is O(1); ``count`` always counts ready tasks only.
+    """
+
+    __slots__ = ("_buckets", "_order", "count")
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, deque[Task]] = {}
+        self._order: list[int] = []  # negated priorities, ascending = highest first
+        self.count = 0
+
+    def push(self, task: Task) -> None:
+        bucket = self._buckets.get(task.priority)
+        if bucket is None:
+            bucket = self._buckets[task.priority] = deque()
+            insort(self._order, -task.priority)
+        bucket.append(task)
+        self.count += 1
+
+    def pop(self) -> Task | None:
+        """Remove and return the highest-priority ready task, or None."""
+        while self.count:
+            neg = self._order[0]
+            bucket = self._buckets[-neg]
+            while bucket:
+                task = bucket.popleft()
+                if task.state == "ready":
+                    self.count -= 1
+                    if not bucket:
+                        self._drop(neg)
+                    return task
+            self._drop(neg)
+        return None
+
+    def top_priority(self) -> int | None:
+        """The highest priority that holds a ready task, or None when empty."""
+        while self.count:
+            neg = self._order[0]
+            bucket = self._buckets[-neg]
+            while bucket and bucket[0].state != "ready":
+                bucket.popleft()
+            if bucket:
+                return -neg
+            self._drop(neg)
+        return None
+
+    def discard(self) -> None:
+        """Account for one queued task that left the ready state (cancelled)."""
+        self.count -= 1
+
+    def tasks(self) -> list[Task]:
+        """The ready tasks, in pop order (for validation and tests)."""
+        return [t for neg in self._order for t in self._buckets[-neg] if t.state == "ready"]
+
+    def _drop(self, neg: int) -> None:
+        del self._buckets[-neg]
+        self._order.pop(0)
+
+    def __len__(self) -> int:
+        return self.count

@@ -1,0 +1,518 @@
+"""The scheduling state machine: events in, instructions out.
+
+Pure and synchronous: no threads, no event loop, no array library.  The
+runtime owns the only lock and calls one method per event while holding it.
+
+Events (``handle`` takes them as objects; the runtime's hot path calls the
+method of the same name directly):
+
+* ``submit(task, force)``  admit a task now, or report that it does not fit
+* ``enqueue(task, token)`` queue a task for admission, FIFO, until it fits
+* ``take(device)``         a worker asks for the next ready task
+* ``finish(task, value, error)``  a running task returned or raised
+* ``cancel(task)``         cancel a task that has not started
+* ``barrier(token)``       wake ``token`` once every task admitted so far is final
+
+Instructions appear in ``out`` (``drain()`` empties it):
+
+* ``("resolve", task)``   task is final and has watchers to wake
+* ``("admitted", token)`` the queued submission behind ``token`` was admitted
+* ``("barrier", token)``  every task admitted before that barrier is final
+
+Ready tasks wait in per-device ``ReadyQueue``s; workers pull them with
+``take``, so "run this task" is the answer to a ``take`` event.
+
+Ordering rules: data dependencies (``task.deps``) and buffer hazards (RAW, WAR,
+WAW on ``task.buffers`` keys) become edges in submission order; reads of the
+same buffer are unordered.  A failed or cancelled parent fails or cancels the
+tasks that take its value; a hazard edge only orders.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import DependencyError, MemoryLimitError
+from ._queue import ReadyQueue
+from ._task import FINAL_STATES, TRANSITIONS, Task, TaskState
+
+__all__ = [
+    "Barrier",
+    "Cancel",
+    "Enqueue",
+    "Finish",
+    "Instruction",
+    "Scheduler",
+    "Submit",
+    "Take",
+]
+
+Instruction = tuple[str, Any]
+
+
+class _BufferState:
+    """Hazard record of one buffer while unfinished tasks touch it."""
+
+    __slots__ = ("nbytes", "readers", "users", "writer")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.users = 0  # unfinished tasks that touch this buffer
+        self.writer: Task | None = None  # last unfinished writer
+        self.readers: dict[Task, None] = {}  # unfinished readers since that write
+
+
+class Scheduler:
+    """Task states, dependency edges, buffer hazards, ready queues and limits."""
+
+    def __init__(
+        self,
+        *,
+        max_pending: int,
+        max_pending_bytes: int,
+        devices: Iterable[str] = ("cpu",),
+        clock: Callable[[], float] | None = None,
+        check: bool = False,
+    ) -> None:
+        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self.queues: dict[str, ReadyQueue] = {d: ReadyQueue() for d in devices}
+        self.out: list[Instruction] = []
+        self.pending = 0  # admitted, not final
+        self.pending_bytes = 0
+        self.peak_pending_bytes = 0
+        self.running = 0
+        self.submitted = 0
+        self.completed = 0
+        self.failed = 0
+        self.cancelled = 0
+        self._seq = 0
+        self._cancelling = False
+        self._clock = clock or (lambda: 0.0)
+        self._check = check
+        self._buffers: dict[int, _BufferState] = {}
+        self._admission: deque[tuple[Task, Any]] = deque()
+        self._barriers: list[list[Any]] = []  # [last seq, unfinished count, token]
+        self._live: dict[Task, list[Task]] = {}  # check mode: live task -> its parents
+
+    # -- events --------------------------------------------------------------
+
+    def handle(self, event: Submit | Enqueue | Take | Finish | Cancel | Barrier) -> list[Instruction]:
+        """Apply one event and return the instructions it produced."""
+        if isinstance(event, Submit):
+            if not self.submit(event.task, force=event.force):
+                self.out.append(("full", event.task))
+        elif isinstance(event, Enqueue):
+            self.enqueue(event.task, event.token)
+        elif isinstance(event, Take):
+            task = self.take(event.device)
+            if task is not None:
+                self.out.append(("run", task))
+        elif isinstance(event, Finish):
+            nxt = self.finish(event.task, event.value, event.error)
+            if nxt is not None:
+                self.out.append(("run", nxt))
+        elif isinstance(event, Cancel):
+            self.cancel(event.task)
+        else:
+            self.barrier(event.token)
+        return self.drain()
+
+    def submit(self, task: Task, force: bool = False) -> bool:
+        """Admit ``task`` if it fits (``force``: regardless); False leaves it untouched.
+
+        Raises MemoryLimitError if the task alone exceeds max_pending_bytes.
+        """
+        footprint = task.nbytes + sum(b[1] for b in task.buffers)
+        if footprint > self.max_pending_bytes:
+            raise MemoryLimitError(
+                f"{task!r} needs {footprint} bytes (its array arguments plus nbytes={task.nbytes}) "
+                f"but max_pending_bytes is {self.max_pending_bytes}; it could never run. "
+                "Raise max_pending_bytes or split the task."
+            )
+        if not force and (self._admission or not self._fits(task)):
+            return False
+        self._admit(task)
+        return True
+
+    def enqueue(self, task: Task | None, token: Any) -> None:
+        """Queue ``task`` for admission; ``("admitted", token)`` follows when it gets in.
+
+        With ``task=None`` the token just waits for room (``throttle``).
+        """
+        if task is not None:
+            self._move(task, "admitting")
+        self._admission.append((task, token))
+        self._admit_waiters()
+
+    def take(self, device: str) -> Task | None:
+        """Hand the next ready task of ``device`` to a worker (ready -> running)."""
+        task = self.queues[device].pop()
+        if task is not None:
+            self._move(task, "running")
+            self.running += 1
+        return task
+
+    def claim(self, task: Task) -> bool:
+        """Take a specific ready task out of its queue to run it now (ready -> running)."""
+        if task.state != "ready":
+            return False
+        self.queues[task.device].discard()
+        self._move(task, "running")
+        self.running += 1
+        return True
+
+    def finish(self, task: Task, value: Any = None, error: BaseException | None = None) -> Task | None:
+        """Record a running task's outcome; return a dependent to run at once, if any.
+
+        The returned dependent (already ``running``) is the only one this
+        completion made ready and no queued task outranks it; the caller should
+        run it without a queue hand-off.
+        """
+        self.running -= 1
+        if error is None:
+            task.value = value
+            self._move(task, "done")
+            self.completed += 1
+        else:
+            task.error = error
+            self._move(task, "failed")
+            self.failed += 1
+        inline = self._retire(task)
+        if self._admission:
+            self._admit_waiters()
+        if inline is not None:
+            queue = self.queues[inline.device]
+            top = queue.top_priority()
+            if top is not None and top > inline.priority:
+                queue.push(inline)
+                return None
+            self._move(inline, "running")
+            self.running += 1
+        return inline
+
+    def cancel(self, task: Task) -> bool:
+        """Cancel a task that has not started, and every task that takes its value."""
+        state = task.state
+        if state == "admitting":
+            self._admission = deque(e for e in self._admission if e[0] is not task)
+            self._final(task, "cancelled", None)
+            return True
+        if state == "new":
+            self._final(task, "cancelled", None)
+            return True
+        if state not in ("waiting", "ready"):
+            return False
+        if state == "ready":
+            self.queues[task.device].discard()
+        self.pending -= 1
+        self._final(task, "cancelled", None)
+        self._release_and_cascade(task)
+        if self._admission:
+            self._admit_waiters()
+        return True
+
+    def cancel_pending(self) -> list[Any]:
+        """Stop starting work: cancel queued tasks now and each task as it becomes ready.
+
+        Returns the tokens of submissions still waiting for admission (their
+        tasks are cancelled); the caller tells those submitters.
+        """
+        self._cancelling = True
+        tokens = []
+        while self._admission:
+            task, token = self._admission.popleft()
+            if task is not None:
+                self._final(task, "cancelled", None)
+            tokens.append(token)
+        for queue in self.queues.values():
+            for task in queue.tasks():
+                self.cancel(task)
+        return tokens
+
+    def barrier(self, token: Any) -> None:
+        """Wake ``token`` once every task admitted so far is final."""
+        if self.pending == 0:
+            self.out.append(("barrier", token))
+        else:
+            self._barriers.append([self._seq, self.pending, token])
+
+    def drain(self) -> list[Instruction]:
+        """Return and clear the instructions produced so far."""
+        out, self.out = self.out, []
+        return out
+
+    # -- queries -------------------------------------------------------------
+
+    def fits(self, task: Task) -> bool:
+        """Would ``task`` be admitted now (room, and nobody queued ahead)?"""
+        return not self._admission and self._fits(task)
+
+    @property
+    def waiting_admission(self) -> int:
+        return len(self._admission)
+
+    def ready_count(self, device: str) -> int:
+        return self.queues[device].count
+
+    # -- internals -----------------------------------------------------------
+
+    def _fits(self, task: Task) -> bool:
+        if self.pending >= self.max_pending:
+            return False
+        need = task.nbytes
+        known = self._buffers
+        for key, nbytes, _ in task.buffers:
+            if key not in known:
+                need += nbytes
+        return self.pending_bytes + need <= self.max_pending_bytes
+
+    def _admit(self, task: Task) -> None:
+        self.submitted += 1
+        self._seq += 1
+        task.seq = self._seq
+        for dep in task.deps:
+            if dep.state == "failed" or dep.state == "cancelled":
+                self._fail_from(task, dep)  # never held anything: nothing to release
+                task.args, task.kwargs, task.deps, task.buffers = (), None, (), ()
+                return
+        self.pending += 1
+        parents: list[Task] | None = [] if self._check else None
+        for dep in task.deps:
+            if dep.state not in FINAL_STATES:
+                self._edge(dep, task, parents)
+        bytes_in = task.nbytes
+        buffers = self._buffers
+        for key, nbytes, write in task.buffers:
+            buf = buffers.get(key)
+            if buf is None:
+                buf = buffers[key] = _BufferState(nbytes)
+                bytes_in += nbytes
+            buf.users += 1
+            writer = buf.writer
+            if writer is not None:
+                self._edge(writer, task, parents)
+            if write:
+                for reader in buf.readers:
+                    self._edge(reader, task, parents)
+                buf.readers = {}
+                buf.writer = task
+            else:
+                buf.readers[task] = None
+        self.pending_bytes += bytes_in
+        if self.pending_bytes > self.peak_pending_bytes:
+            self.peak_pending_bytes = self.pending_bytes
+        if parents is not None:
+            self._live[task] = parents
+        if task.n_waiting:
+            self._move(task, "waiting")
+        elif self._cancelling:
+            self._move(task, "waiting")
+            self.cancel(task)
+        else:
+            self._move(task, "ready")
+            task.t_ready = self._clock()
+            self.queues[task.device].push(task)
+
+    def _edge(self, parent: Task, child: Task, parents: list[Task] | None) -> None:
+        if parent.dependents is None:
+            parent.dependents = [child]
+        else:
+            parent.dependents.append(child)
+        child.n_waiting += 1
+        if parents is not None:
+            parents.append(parent)
+
+    def _retire(self, task: Task) -> Task | None:
+        """Release a finished task; queue newly ready dependents, except one returned."""
+        self.pending -= 1
+        if task.watchers is not None:
+            self.out.append(("resolve", task))
+        return self._release_and_cascade(task, inline_ok=True)
+
+    def _release_and_cascade(self, root: Task, inline_ok: bool = False) -> Task | None:
+        inline: Task | None = None
+        stack = [root]
+        while stack:
+            task = stack.pop()
+            self._release(task)
+            dependents = task.dependents
+            if dependents is None:
+                continue
+            task.dependents = None
+            ok = task.state == "done"
+            for child in dependents:
+                if child.state != "waiting":
+                    continue  # already failed or cancelled through another parent
+                if not ok and any(dep is task for dep in child.deps):
+                    self.pending -= 1
+                    self._fail_from(child, task)
+                    stack.append(child)
+                    continue
+                child.n_waiting -= 1
+                if child.n_waiting == 0:
+                    if self._cancelling:
+                        self.pending -= 1
+                        self._final(child, "cancelled", None)
+                        stack.append(child)
+                        continue
+                    self._move(child, "ready")
+                    child.t_ready = self._clock()
+                    if inline_ok and inline is None and task is root:
+                        inline = child
+                    else:
+                        self.queues[child.device].push(child)
+        return inline
+
+    def _release(self, task: Task) -> None:
+        buffers = self._buffers
+        freed = task.nbytes
+        for key, _, write in task.buffers:
+            buf = buffers[key]
+            buf.users -= 1
+            if buf.users == 0:
+                del buffers[key]
+                freed += buf.nbytes
+            elif write:
+                if buf.writer is task:
+                    buf.writer = None
+            else:
+                buf.readers.pop(task, None)
+        self.pending_bytes -= freed
+        # a final task no longer needs its inputs: let the arrays go
+        task.args = ()
+        task.kwargs = None
+        task.deps = ()
+        task.buffers = ()
+        if self._barriers:
+            self._count_barriers(task)
+        if self._check:
+            self._live.pop(task, None)
+
+    def _count_barriers(self, task: Task) -> None:
+        keep = []
+        for entry in self._barriers:
+            if task.seq <= entry[0]:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self.out.append(("barrier", entry[2]))
+                    continue
+            keep.append(entry)
+        self._barriers = keep
+
+    def _fail_from(self, task: Task, parent: Task) -> None:
+        """Finish ``task`` without running it because ``parent`` failed or was cancelled."""
+        if parent.state == "cancelled":
+            self._final(task, "cancelled", None)
+        else:
+            label = parent.name or getattr(parent.fn, "__name__", "task")
+            err = DependencyError(
+                f"{task!r} did not run: its input {label} (task #{parent.seq}) failed with "
+                f"{type(parent.error).__name__}: {parent.error}"
+            )
+            cause = parent.error
+            if isinstance(cause, DependencyError) and cause.__cause__ is not None:
+                cause = cause.__cause__  # point at the original failure, not the relay
+            err.__cause__ = cause
+            self._final(task, "failed", err)
+
+    def _final(self, task: Task, state: TaskState, error: BaseException | None) -> None:
+        self._move(task, state)
+        task.error = error
+        if state == "cancelled":
+            self.cancelled += 1
+        else:
+            self.failed += 1
+        if task.watchers is not None:
+            self.out.append(("resolve", task))
+
+    def _admit_waiters(self) -> None:
+        admission = self._admission
+        while admission:
+            task = admission[0][0]
+            if task is None:
+                if self.pending >= self.max_pending or self.pending_bytes >= self.max_pending_bytes:
+                    return
+            elif not self._fits(task):
+                return
+            token = admission.popleft()[1]
+            if task is not None:
+                self._admit(task)
+            self.out.append(("admitted", token))
+
+    def _move(self, task: Task, state: TaskState) -> None:
+        if self._check and state != task.state and state not in TRANSITIONS[task.state]:
+            raise AssertionError(f"illegal transition {task.state} -> {state} for {task!r}")
+        task.state = state
+
+    # -- invariants ----------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check every invariant; needs ``check=True`` (tracks live tasks)."""
+        assert self._check, "validate() needs Scheduler(check=True)"
+        live = self._live
+        assert self.pending == len(live), (self.pending, len(live))
+        assert self.pending <= self.max_pending or any(t.nested for t in live), "over max_pending"
+        states = [t.state for t in live]
+        assert all(s in ("waiting", "ready", "running") for s in states), states
+        assert self.running == states.count("running")
+        for device, queue in self.queues.items():
+            ready = queue.tasks()
+            assert len(ready) == queue.count, (device, len(ready), queue.count)
+            assert all(t.device == device and t in live for t in ready)
+        assert sum(q.count for q in self.queues.values()) == states.count("ready")
+        for task, parents in live.items():
+            unfinished = [p for p in parents if p.state not in FINAL_STATES]
+            assert task.n_waiting == len(unfinished), (task, task.n_waiting, unfinished)
+            assert (task.state == "waiting") == (task.n_waiting > 0), task
+        users: dict[int, int] = {}
+        for task in live:
+            for key, _, _ in task.buffers:
+                users[key] = users.get(key, 0) + 1
+        assert users.keys() == self._buffers.keys()
+        for key, buf in self._buffers.items():
+            assert buf.users == users[key], key
+            assert buf.writer is None or buf.writer in live
+            assert all(r in live for r in buf.readers)
+        held = sum(b.nbytes for b in self._buffers.values()) + sum(t.nbytes for t in live)
+        assert self.pending_bytes == held, (self.pending_bytes, held)
+        assert self.peak_pending_bytes >= self.pending_bytes
+        for task, _ in self._admission:
+            assert task.state == "admitting"
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    task: Task
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    task: Task
+    token: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    device: str = "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    task: Task
+    value: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    task: Task
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    token: Any

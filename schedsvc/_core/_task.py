@@ -1,0 +1,97 @@
+"""The task record the scheduler moves through its states.
+
+One object per task: the frontend's ``Future`` subclasses ``Task``, so a
+submission allocates one record, not a task plus a future.  The core reads and
+writes only the scheduling fields; ``fn``/``args``/``kwargs``/``value`` and
+``watchers`` are payload it carries for the layers above.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+__all__ = ["FINAL_STATES", "TRANSITIONS", "Buffer", "Task", "TaskState"]
+
+TaskState = Literal["new", "admitting", "waiting", "ready", "running", "done", "failed", "cancelled"]
+
+#: Legal transitions.  ``admitting``: waiting for room under the limits;
+#: ``waiting``: admitted, some parent unfinished; a ``waiting`` task fails or
+#: is cancelled without running when a data parent fails or is cancelled.
+TRANSITIONS: Final[dict[TaskState, frozenset[TaskState]]] = {
+    "new": frozenset({"admitting", "waiting", "ready", "failed", "cancelled"}),
+    "admitting": frozenset({"waiting", "ready", "failed", "cancelled"}),
+    "waiting": frozenset({"ready", "failed", "cancelled"}),
+    "ready": frozenset({"running", "cancelled"}),
+    "running": frozenset({"done", "failed"}),
+    "done": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+
+FINAL_STATES: Final[frozenset[str]] = frozenset({"done", "failed", "cancelled"})
+
+#: One buffer a task touches: (key, nbytes, is_write).  ``key`` identifies the
+#: underlying memory (the id of a view's base); the task's args keep it alive.
+Buffer = tuple[int, int, bool]
+
+
+class Task:
+    """A unit of work and its scheduling state."""
+
+    __slots__ = (
+        "args",
+        "buffers",
+        "dependents",
+        "deps",
+        "device",
+        "error",
+        "fn",
+        "kwargs",
+        "n_waiting",
+        "name",
+        "nbytes",
+        "nested",
+        "priority",
+        "seq",
+        "state",
+        "t_ready",
+        "value",
+        "watchers",
+    )
+
+    def __init__(
+        self,
+        fn: Any = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        device: str = "cpu",
+        priority: int = 0,
+        nbytes: int = 0,
+        buffers: tuple[Buffer, ...] = (),
+        deps: tuple[Task, ...] = (),
+        name: str | None = None,
+        nested: bool = False,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.device = device
+        self.priority = priority
+        self.nbytes = nbytes
+        self.buffers = buffers
+        self.deps = deps
+        self.name = name
+        self.nested = nested
+        self.seq = -1
+        self.state: TaskState = "new"
+        self.n_waiting = 0
+        self.dependents: list[Task] | None = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.watchers: list[Any] | None = None
+        self.t_ready = 0.0
+
+    def __repr__(self) -> str:
+        label = self.name or getattr(self.fn, "__name__", None) or type(self).__name__
+        return f"<{type(self).__name__} #{self.seq} {label} {self.state}>"

@@ -1,0 +1,332 @@
+"""``Engine``: the asyncio frontend that turns calls into scheduled tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from collections.abc import Callable
+from types import MappingProxyType, TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from ._config import Config
+from ._core import FINAL_STATES, Scheduler
+from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError
+from ._future import Future
+from ._runtime import Runtime, current_worker, scan
+from ._telemetry import Stats, percentile
+from .devices import check_device, make_device
+
+__all__ = ["Engine"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_JOIN_TIMEOUT_S = 30.0
+
+
+class Engine:
+    """Runs submitted callables on worker threads, in dependency order, within limits.
+
+    Use ``async with Engine(...) as eng`` (or ``await eng.start()`` and
+    ``await eng.aclose()``).  ``Engine(config, **overrides)``: keywords override
+    fields of ``config`` (or of ``Config()`` read from the environment).
+    """
+
+    def __init__(self, config: Config | None = None, **overrides: Any) -> None:
+        if config is None:
+            config = Config(**overrides)
+        elif overrides:
+            config = Config(**{**config.model_dump(), **overrides})
+        self.config = config
+        self._rt: Runtime | None = None
+        self._state = "new"
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> Engine:
+        """Start the workers on the running event loop."""
+        if self._state != "new":
+            raise EngineClosed(f"{self!r} was already started; create a new Engine")
+        if self.config.backend != "threads":
+            raise SchedsvcError(
+                f"backend={self.config.backend!r} is not available in this release; use backend='threads'"
+            )
+        for name in self.config.devices:
+            check_device(name)
+        core = Scheduler(
+            max_pending=self.config.max_pending,
+            max_pending_bytes=self.config.max_pending_bytes,
+            devices=self.config.devices,
+            clock=time.perf_counter,
+        )
+        rt = Runtime(core, asyncio.get_running_loop())
+        for name in self.config.devices:
+            rt.devices[name] = make_device(name, rt, self.config)
+        for device in rt.devices.values():
+            device.start()
+        self._rt = rt
+        self._state = "running"
+        return self
+
+    async def aclose(self, *, cancel_pending: bool = False) -> None:
+        """Finish (or with ``cancel_pending``, cancel) pending work, then stop every thread."""
+        rt = self._rt
+        if rt is None or self._state != "running":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        with rt.lock:
+            rt.closed = True
+            refused = rt.core.cancel_pending() if cancel_pending else []
+            after = rt.collect()
+        if after is not None:
+            after()
+        for token in refused:
+            if not token.done():
+                token.set_exception(EngineClosed("the engine closed with cancel_pending=True"))
+        try:
+            await self._barrier()
+        finally:
+            for device in rt.devices.values():
+                device.stop()
+            stuck = [t for d in rt.devices.values() for t in d.join(_JOIN_TIMEOUT_S)]
+            self._state = "closed"
+        if stuck:
+            warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
+
+    async def __aenter__(self) -> Engine:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose(cancel_pending=exc_type is not None)
+
+    @property
+    def closed(self) -> bool:
+        return self._state in ("closing", "closed")
+
+    # -- submitting ------------------------------------------------------------
+
+    async def submit(
+        self,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        device: str | None = None,
+        priority: int = 0,
+        name: str | None = None,
+        reads: Any = (),
+        writes: Any = (),
+        nbytes: int | None = None,
+        **kwargs: Any,
+    ) -> Future[T]:
+        """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits."""
+        rt = self._running()
+        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes)
+        if self.config.sync_mode:
+            return self._run_here(task)
+        token = None
+        with rt.lock:
+            if rt.closed:
+                raise self._closed_error()
+            if not rt.core.submit(task, task.nested):
+                token = asyncio.get_running_loop().create_future()
+                rt.core.enqueue(task, token)
+            after = rt.collect()
+        if after is not None:
+            after()
+        if token is not None:
+            try:
+                await token
+            except asyncio.CancelledError:
+                task.cancel()  # not admitted yet, or admitted and now unwanted
+                raise
+        return task
+
+    def submit_nowait(
+        self,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        device: str | None = None,
+        priority: int = 0,
+        name: str | None = None,
+        reads: Any = (),
+        writes: Any = (),
+        nbytes: int | None = None,
+        **kwargs: Any,
+    ) -> Future[T]:
+        """Admit a task now, or raise QueueFull at the limits.  Callable from any thread."""
+        rt = self._running()
+        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes)
+        if self.config.sync_mode:
+            return self._run_here(task)
+        with rt.lock:
+            if rt.closed:
+                raise self._closed_error()
+            if not rt.core.submit(task, task.nested):
+                raise QueueFull(self._full_message(task))
+            after = rt.collect()
+        if after is not None:
+            after()
+        return task
+
+    async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
+        """Submit a task and return its result."""
+        fut: Future[T] = await self.submit(fn, *args, **options)
+        return await fut
+
+    async def waitall(self) -> None:
+        """Wait until every task submitted so far is final."""
+        self._running(allow_closing=True)
+        await self._barrier()
+
+    async def throttle(self) -> None:
+        """Wait until the engine is under its limits (room for one more task)."""
+        rt = self._running()
+        core = rt.core
+        with rt.lock:
+            if not core.waiting_admission and core.pending < core.max_pending and (
+                core.pending_bytes < core.max_pending_bytes
+            ):
+                return
+            token = asyncio.get_running_loop().create_future()
+            core.enqueue(None, token)
+            after = rt.collect()
+        if after is not None:
+            after()
+        await token
+
+    def stats(self) -> Stats:
+        """A snapshot of the counters."""
+        rt = self._rt
+        if rt is None:
+            raise EngineClosed(f"{self!r} has not started; use 'async with Engine(...)'")
+        core = rt.core
+        with rt.lock:
+            counts = (core.submitted, core.completed, core.failed, core.cancelled, core.pending,
+                      core.running, core.waiting_admission, core.pending_bytes, core.peak_pending_bytes)
+            waits = list(rt.queue_waits)
+        return Stats(
+            *counts,
+            max_pending=core.max_pending,
+            max_pending_bytes=core.max_pending_bytes,
+            queue_wait_p50_s=percentile(waits, 0.5),
+            queue_wait_p99_s=percentile(waits, 0.99),
+            worker_busy_s=MappingProxyType(rt.busy_seconds()),
+        )
+
+    # -- internals -------------------------------------------------------------
+
+    def _running(self, allow_closing: bool = False) -> Runtime:
+        rt = self._rt
+        if rt is None or self._state == "closed" or (self._state == "closing" and not allow_closing):
+            raise self._closed_error()
+        return rt
+
+    def _closed_error(self) -> EngineClosed:
+        if self._state == "new":
+            return EngineClosed("the engine has not started; use 'async with Engine(...) as eng'")
+        return EngineClosed("the engine is closed; submit to an engine that is running")
+
+    def _task(
+        self,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        device: str | None,
+        priority: int,
+        name: str | None,
+        reads: Any,
+        writes: Any,
+        nbytes: int | None,
+    ) -> Future[Any]:
+        if not callable(fn):
+            raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {fn!r}")
+        if device is None or device == "cpu":
+            device = "cpu"
+            if "cpu" not in self.config.devices:
+                device = self.config.devices[0]
+        elif device not in self.config.devices:
+            check_device(device)  # an unknown or unavailable device says so first
+            raise DeviceError(
+                f"device {device!r} is not one of this engine's devices {self.config.devices}; "
+                f"add it with Config(devices=(..., {device!r}))"
+            )
+        if type(priority) is not int:
+            raise InvalidTask(f"priority must be an int, got {priority!r}")
+        if nbytes is None:
+            nbytes = 0
+        elif type(nbytes) is not int or nbytes < 0:
+            raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
+        deps, buffers = scan(args, kwargs, reads, writes)
+        for dep in deps:
+            if getattr(dep, "_engine", None) is not self:
+                raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
+        task: Future[Any] = Future(self, fn, args, kwargs or None, device=device, priority=priority,
+                                   nbytes=nbytes, buffers=buffers, deps=deps, name=name,
+                                   nested=current_worker() is not None)
+        return task
+
+    def _run_here(self, task: Future[T]) -> Future[T]:
+        """sync_mode: run the task in the caller now; its error is raised here."""
+        rt = self._running()
+        with rt.lock:
+            rt.core.submit(task, force=True)
+            claimed = rt.core.claim(task)
+            after = rt.collect()
+        if after is not None:
+            after()
+        if claimed:
+            nxt = rt.execute(task)
+            assert nxt is None  # nothing can depend on a task that was not returned yet
+        elif task.state not in FINAL_STATES:
+            task.result()
+        if task.state == "failed" and task.error is not None:
+            raise task.error
+        return task
+
+    def _cancel(self, task: Future[Any]) -> bool:
+        rt = self._rt
+        if rt is None:
+            return False
+        with rt.lock:
+            rt.core.cancel(task)
+            after = rt.collect()
+        if after is not None:
+            after()
+        return task.state == "cancelled"
+
+    async def _barrier(self) -> None:
+        rt = self._rt
+        assert rt is not None
+        with rt.lock:
+            if rt.core.pending == 0:
+                return
+            token = asyncio.get_running_loop().create_future()
+            rt.core.barrier(token)
+            after = rt.collect()
+        if after is not None:
+            after()
+        await token
+
+    def _full_message(self, task: Future[Any]) -> str:
+        core = self._rt.core  # type: ignore[union-attr]
+        return (
+            f"engine at its limits ({core.pending}/{core.max_pending} tasks, "
+            f"{core.pending_bytes}/{core.max_pending_bytes} bytes, {core.waiting_admission} waiting): "
+            f"{task!r} was not admitted; use 'await eng.submit(...)' to wait for room"
+        )
+
+    def __repr__(self) -> str:
+        rt = self._rt
+        if rt is None:
+            return f"<Engine {self._state} cpu_workers={self.config.cpu_workers}>"
+        core = rt.core
+        return (
+            f"<Engine {self._state} devices={','.join(self.config.devices)} "
+            f"pending={core.pending}/{core.max_pending} running={core.running} "
+            f"bytes={core.pending_bytes}/{core.max_pending_bytes}>"
+        )

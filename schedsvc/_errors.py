@@ -1,0 +1,61 @@
+"""The errors schedsvc raises.
+
+Every error derives from one base class, so ``except ss.SchedsvcError`` catches
+them all::
+
+    SchedsvcError
+    ├── QueueFull           submit_nowait() at max_pending / max_pending_bytes
+    ├── MemoryLimitError    a task can never fit max_pending_bytes
+    ├── DependencyError     a task's input failed or was cancelled; __cause__ is why
+    ├── EngineClosed        the engine is closed, closing, or was never started
+    ├── DeviceError         unknown or unavailable device
+    ├── InvalidTask         not callable, bad priority/nbytes, a future of another engine (TypeError)
+    └── ConfigError         also a pydantic ValidationError's message, re-raised (ValueError)
+
+Each message says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DependencyError",
+    "DeviceError",
+    "EngineClosed",
+    "InvalidTask",
+    "MemoryLimitError",
+    "QueueFull",
+    "SchedsvcError",
+]
+
+
+class SchedsvcError(Exception):
+    """Base class of every error schedsvc raises."""
+
+
+class QueueFull(SchedsvcError):
+    """``submit_nowait`` found the engine at ``max_pending`` or ``max_pending_bytes``."""
+
+
+class MemoryLimitError(SchedsvcError):
+    """A task needs more bytes than ``max_pending_bytes`` allows, so it could never run."""
+
+
+class DependencyError(SchedsvcError):
+    """A task did not run because a task it depends on failed or was cancelled."""
+
+
+class EngineClosed(SchedsvcError):
+    """The engine is closed (or not started) and takes no more work."""
+
+
+class DeviceError(SchedsvcError):
+    """The device named is unknown, or is not available on this machine."""
+
+
+class ConfigError(SchedsvcError, ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+class InvalidTask(SchedsvcError, TypeError):
+    """A submission is malformed: not callable, a bad option, or a foreign future."""

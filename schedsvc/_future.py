@@ -1,0 +1,108 @@
+"""``Future``: the handle ``submit`` returns, awaitable from asyncio, blockable from threads."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._core import FINAL_STATES, Task
+from ._runtime._runtime import _fire, _watch
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+__all__ = ["Future"]
+
+T = TypeVar("T")
+
+
+class Future(Task, Generic[T]):
+    """The result of a submitted task; pass it to another task to depend on it.
+
+    ``await fut`` returns the value or raises the task's exception (for a
+    cancelled task, ``asyncio.CancelledError``).  Cancelling a coroutine that
+    awaits a future cancels the task if it has not started, as with
+    ``asyncio.Future``; wrap it in ``asyncio.shield`` to keep it running.
+    """
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: Engine, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                 **fields: Any) -> None:
+        super().__init__(fn, args, kwargs, **fields)
+        self._engine = engine
+
+    def done(self) -> bool:
+        """True once the task finished, failed or was cancelled."""
+        return self.state in FINAL_STATES
+
+    def cancelled(self) -> bool:
+        return self.state == "cancelled"
+
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self.state not in FINAL_STATES:
+            try:
+                yield from self._engine._rt.wait(self).__await__()
+            except asyncio.CancelledError:
+                self.cancel()  # the awaiter gave up: an unstarted task is not wanted
+                raise
+        return self._outcome(asyncio.CancelledError)
+
+    async def wait(self) -> Future[T]:
+        """Wait until the task is final, without raising its error; returns the future."""
+        if self.state not in FINAL_STATES:
+            await self._engine._rt.wait(self)
+        return self
+
+    def result(self, timeout: float | None = None) -> T:
+        """Block until the value is there (for threads, not coroutines); raise the task's error.
+
+        Raises TimeoutError after ``timeout`` seconds.  Inside a task, waiting
+        on another task is safe: a queued task runs right here.
+        """
+        if self.state not in FINAL_STATES and not self._engine._rt.wait_blocking(self, timeout):
+            raise TimeoutError(f"{self!r} did not finish within {timeout} s")
+        return self._outcome(concurrent.futures.CancelledError)
+
+    def exception(self) -> BaseException | None:
+        """The task's exception, or None if it succeeded; it must be done."""
+        if self.state not in FINAL_STATES:
+            raise asyncio.InvalidStateError(f"{self!r} is not done; await fut.wait() first")
+        if self.state == "cancelled":
+            raise asyncio.CancelledError(f"{self!r} was cancelled")
+        return self.error
+
+    def cancel(self) -> bool:
+        """Cancel the task and the tasks that take its value, if it has not started."""
+        return self._engine._cancel(self)
+
+    def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
+        """Call ``fn(future)`` on the engine's event loop once the task is final."""
+        rt = self._engine._rt
+        with rt.lock:
+            if self.state not in FINAL_STATES:
+                _watch(self, fn)
+                return
+        rt.loop.call_soon_threadsafe(_fire, fn, self)
+
+    def _outcome(self, cancelled: type[BaseException]) -> T:
+        state = self.state
+        if state == "done":
+            return self.value  # type: ignore[no-any-return]
+        if state == "cancelled":
+            raise cancelled(f"{self!r} was cancelled")
+        error = self.error
+        assert error is not None
+        raise error
+
+    def __repr__(self) -> str:
+        label = self.name or getattr(self.fn, "__name__", None) or "task"
+        extra = ""
+        if self.state == "failed" and self.error is not None:
+            extra = f" {type(self.error).__name__}"
+        return f"<Future #{self.seq} {label} {self.state}{extra}>"

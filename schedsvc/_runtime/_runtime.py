@@ -1,0 +1,248 @@
+"""The runtime: one lock around the core, the workers, and the thread -> loop bridge.
+
+Worker threads never touch asyncio objects.  What the loop must learn (a
+future somebody awaits is final, a queued submission got in, a ``waitall``
+is satisfied) is appended to ``_to_loop`` under the lock, and the first such
+item of a burst schedules one ``call_soon_threadsafe(_drain_to_loop)``; the
+rest ride along.  Threads blocked in ``result()`` wait on a plain lock that
+the finishing worker releases directly, so they never need the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._core import FINAL_STATES, Instruction, Scheduler, Task
+from ._scan import substitute
+
+__all__ = ["Device", "Runtime", "current_worker"]
+
+_LockType = type(threading.Lock())
+_local = threading.local()
+
+
+def current_worker() -> Any:
+    """The worker object running on this thread, or None outside workers."""
+    return getattr(_local, "worker", None)
+
+
+class Device(Protocol):
+    """What the runtime needs of an executor kind (see ``schedsvc.devices``)."""
+
+    name: str
+
+    def start(self) -> None: ...
+    def wake(self, ready: int) -> Callable[[], None] | None: ...
+    def stop(self) -> None: ...
+    def join(self, timeout: float | None) -> list[threading.Thread]: ...
+    def busy_seconds(self) -> dict[str, float]: ...
+
+
+class Runtime:
+    """Scheduler + lock + devices + loop bridge; shared by the frontend and the workers."""
+
+    def __init__(self, core: Scheduler, loop: asyncio.AbstractEventLoop) -> None:
+        self.core = core
+        self.lock = threading.Lock()
+        self.loop = loop
+        self.devices: dict[str, Device] = {}
+        self.queue_waits: deque[float] = deque(maxlen=8192)
+        self.closed = False
+        self._to_loop: list[Instruction] = []
+        self._drain_scheduled = False
+
+    # -- called with the lock held -------------------------------------------
+
+    def collect(self) -> Callable[[], None] | None:
+        """Route the core's instructions; return what to do once the lock is released."""
+        core = self.core
+        wakes: list[Callable[[], None]] = []
+        if core.out:
+            for item in core.drain():
+                if item[0] == "resolve":
+                    self._resolve_threads(item[1], wakes)
+                self._to_loop.append(item)
+            if not self._drain_scheduled:
+                self._drain_scheduled = True
+                wakes.append(self._schedule_drain)
+        for name, device in self.devices.items():
+            ready = core.queues[name].count
+            if ready:
+                wake = device.wake(ready)
+                if wake is not None:
+                    wakes.append(wake)
+        if not wakes:
+            return None
+        if len(wakes) == 1:
+            return wakes[0]
+        return lambda: [w() for w in wakes] and None
+
+    def _resolve_threads(self, task: Task, wakes: list[Callable[[], None]]) -> None:
+        for watcher in task.watchers or ():
+            if type(watcher) is _LockType:
+                wakes.append(watcher.release)
+
+    # -- the loop side ---------------------------------------------------------
+
+    def _schedule_drain(self) -> None:
+        try:
+            if _on_loop(self.loop):
+                self.loop.call_soon(self._drain_to_loop)
+            else:
+                self.loop.call_soon_threadsafe(self._drain_to_loop)
+        except RuntimeError:  # loop closed: nobody can await anything any more
+            with self.lock:
+                self._to_loop.clear()
+                self._drain_scheduled = False
+
+    def _drain_to_loop(self) -> None:
+        with self.lock:
+            items, self._to_loop = self._to_loop, []
+            self._drain_scheduled = False
+        for kind, obj in items:
+            if kind == "resolve":
+                for watcher in obj.watchers:
+                    if type(watcher) is not _LockType:
+                        _fire(watcher, obj)
+            else:  # "admitted" / "barrier": obj is an asyncio future token
+                _fire(obj, None)
+
+    # -- waiting -----------------------------------------------------------------
+
+    async def wait(self, task: Task) -> None:
+        """Wait on the event loop until ``task`` is final."""
+        waiter = asyncio.get_running_loop().create_future()
+        with self.lock:
+            if task.state in FINAL_STATES:
+                return
+            _watch(task, waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            with self.lock:
+                _unwatch(task, waiter)
+            raise
+
+    def wait_blocking(self, task: Task, timeout: float | None) -> bool:
+        """Block this thread until ``task`` is final; False on timeout.
+
+        On a worker thread, a task that is still queued is run right here, and
+        otherwise the pool starts a stand-in thread while this one blocks, so a
+        task waiting on another never starves the pool.
+        """
+        worker = current_worker()
+        if worker is not None and self.claim(task):
+            worker.run_chain(task)
+            return True
+        gate = _LockType()
+        gate.acquire()
+        with self.lock:
+            if task.state in FINAL_STATES:
+                return True
+            _watch(task, gate)
+        if worker is not None:
+            worker.pool.blocking(+1)
+        try:
+            got = gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        finally:
+            if worker is not None:
+                worker.pool.blocking(-1)
+        if not got:
+            with self.lock:
+                _unwatch(task, gate)
+            return task.state in FINAL_STATES
+        return True
+
+    def claim(self, task: Task) -> bool:
+        """Take a queued ready task to run on this thread (ready -> running)."""
+        with self.lock:
+            return self.core.claim(task)
+
+    # -- running one task ----------------------------------------------------
+
+    def execute(self, task: Task) -> Task | None:
+        """Run a ``running`` task here, record the outcome; return a dependent to run next."""
+        t0 = time.perf_counter()
+        self.queue_waits.append(t0 - task.t_ready)
+        try:
+            if task.deps:
+                value = task.fn(*substitute(task.args), **substitute(task.kwargs or {}))
+            elif task.kwargs:
+                value = task.fn(*task.args, **task.kwargs)
+            else:
+                value = task.fn(*task.args)
+            error = None
+        except BaseException as exc:  # the task's failure is its result, whatever it is
+            value, error = None, exc
+        with self.lock:
+            nxt = self.core.finish(task, value, error)
+            after = self.collect()
+        if after is not None:
+            after()
+        return nxt
+
+    def busy_seconds(self) -> dict[str, float]:
+        busy: dict[str, float] = {}
+        for device in self.devices.values():
+            busy.update(device.busy_seconds())
+        return busy
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _watch(task: Task, watcher: Any) -> None:
+    if task.watchers is None:
+        task.watchers = [watcher]
+    else:
+        task.watchers.append(watcher)
+
+
+def _unwatch(task: Task, watcher: Any) -> None:
+    if task.watchers is not None and task.state not in FINAL_STATES:
+        try:
+            task.watchers.remove(watcher)
+        except ValueError:
+            pass
+
+
+def _fire(watcher: Any, task: Task | None) -> None:
+    """Wake an asyncio future (on its own loop) or call a done-callback."""
+    if isinstance(watcher, asyncio.Future):
+        loop = watcher.get_loop()
+        if _on_loop(loop):
+            if not watcher.done():
+                watcher.set_result(None)
+        else:
+            try:
+                loop.call_soon_threadsafe(_set_if_pending, watcher)
+            except RuntimeError:
+                pass  # that loop is closed; nobody is waiting there any more
+    else:
+        try:
+            watcher(task)
+        except Exception:  # a callback's error must not stop the others
+            loop = asyncio.get_running_loop()
+            loop.call_exception_handler(
+                {"message": f"exception in done callback {watcher!r} of {task!r}", "exception": _last_exc()}
+            )
+
+
+def _set_if_pending(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _last_exc() -> BaseException | None:
+    import sys
+
+    return sys.exc_info()[1]

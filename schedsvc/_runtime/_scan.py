@@ -1,0 +1,131 @@
+"""Find what a task depends on in its arguments, and put values in their place.
+
+A ``Task`` (a Future) anywhere in args/kwargs -- also inside lists, tuples and
+dicts -- is a data dependency.  A NumPy array is a read of its underlying
+buffer (a view counts as its base); ``out=`` and ``writes=`` are writes;
+``reads=`` adds reads the engine cannot see.  Buffers are keyed by the id of
+the object that owns the memory; the task keeps that object alive through its
+arguments, so the key cannot be reused while the task is unfinished.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._core import Buffer, Task
+
+__all__ = ["buffer_of", "scan", "substitute"]
+
+_ndarray = np.ndarray
+_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis)})
+
+
+def buffer_of(array: np.ndarray) -> tuple[int, int]:
+    """(key, nbytes) of the memory ``array`` lives in."""
+    owner: Any = array
+    base = array.base
+    while base is not None:
+        owner = base
+        base = getattr(base, "base", None) if isinstance(base, _ndarray) else None
+    nbytes = owner.nbytes if isinstance(owner, _ndarray) else array.nbytes
+    return id(owner), nbytes
+
+
+class _Found:
+    """Dependencies and buffers met while walking the arguments."""
+
+    __slots__ = ("buffers", "deps")
+
+    def __init__(self) -> None:
+        self.deps: list[Task] = []
+        self.buffers: dict[int, list[Any]] = {}  # key -> [nbytes, is_write]
+
+    def array(self, array: np.ndarray, write: bool) -> None:
+        key, nbytes = buffer_of(array)
+        entry = self.buffers.get(key)
+        if entry is None:
+            self.buffers[key] = [nbytes, write]
+        elif write:
+            entry[1] = True
+
+    def visit(self, obj: Any, write: bool = False) -> None:
+        kind = type(obj)
+        if kind in _LEAVES:
+            return
+        if kind is _ndarray or isinstance(obj, _ndarray):
+            self.array(obj, write)
+        elif isinstance(obj, Task):
+            self.deps.append(obj)
+        elif kind is list or kind is tuple:
+            for item in obj:
+                self.visit(item, write)
+        elif kind is dict:
+            for item in obj.values():
+                self.visit(item, write)
+        else:
+            hook = getattr(obj, "__schedsvc_visit__", None)
+            if hook is not None:
+                hook(self, write)
+
+
+def scan(
+    args: tuple[Any, ...], kwargs: dict[str, Any], reads: Any, writes: Any
+) -> tuple[tuple[Task, ...], tuple[Buffer, ...]]:
+    """Return (data dependencies, buffers) of a task's arguments."""
+    if not kwargs and not reads and not writes and len(args) <= 2:
+        fast = _scan_small(args)
+        if fast is not None:
+            return fast
+    found = _Found()
+    for arg in args:
+        found.visit(arg)
+    for key, value in kwargs.items():
+        found.visit(value, write=key == "out")
+    found.visit(reads)
+    found.visit(writes, write=True)
+    buffers = tuple((key, nb, w) for key, (nb, w) in found.buffers.items())
+    return tuple(found.deps), buffers
+
+
+def _scan_small(args: tuple[Any, ...]) -> tuple[tuple[Task, ...], tuple[Buffer, ...]] | None:
+    """Hot path for ``fn(x)`` / ``fn(x, y)`` with arrays, futures or scalars; None: use the walk."""
+    deps: tuple[Task, ...] = ()
+    buffers: tuple[Buffer, ...] = ()
+    for arg in args:
+        kind = type(arg)
+        if kind is _ndarray:
+            base = arg.base
+            if base is not None:
+                return None
+            if buffers:
+                if buffers[0][0] == id(arg):
+                    continue
+                buffers = (buffers[0], (id(arg), arg.nbytes, False))
+            else:
+                buffers = ((id(arg), arg.nbytes, False),)
+        elif kind in _LEAVES:
+            continue
+        elif isinstance(arg, Task):
+            deps = (*deps, arg)
+        else:
+            return None
+    return deps, buffers
+
+
+def substitute(obj: Any) -> Any:
+    """``obj`` with every Task replaced by its value (containers rebuilt as needed)."""
+    kind = type(obj)
+    if kind in _LEAVES or kind is _ndarray:
+        return obj
+    if isinstance(obj, Task):
+        return obj.value
+    if kind is list:
+        return [substitute(x) for x in obj]
+    if kind is tuple:
+        return tuple(substitute(x) for x in obj)
+    if kind is dict:
+        return {k: substitute(v) for k, v in obj.items()}
+    hook = getattr(obj, "__schedsvc_substitute__", None)
+    return obj if hook is None else hook()

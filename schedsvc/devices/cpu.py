@@ -1,0 +1,137 @@
+"""CPU worker threads.
+
+Each worker parks on its own lock when no task is ready; whoever makes work
+ready wakes exactly as many parked workers as there are ready tasks.  A worker
+runs the dependent its task just made ready at once (``Runtime.execute``
+returns it), so a chain never goes back through the queue.  While a worker is
+blocked in ``Future.result()`` the pool starts a stand-in thread, and retires
+the surplus once the worker is back, so blocking never starves the pool.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from .._runtime import Runtime, Task
+from .._runtime._runtime import _local
+
+__all__ = ["CpuPool", "CpuWorker"]
+
+
+class CpuWorker:
+    """One thread taking CPU tasks from the scheduler."""
+
+    def __init__(self, pool: CpuPool, index: int) -> None:
+        self.pool = pool
+        self.name = f"cpu-{index}"
+        self.busy = 0.0
+        self.park = threading.Lock()
+        self.park.acquire()
+        self._depth = 0
+        self.thread = threading.Thread(target=self._main, name=f"schedsvc-{self.name}", daemon=True)
+
+    def _main(self) -> None:
+        _local.worker = self
+        pool = self.pool
+        lock = pool.rt.lock
+        core = pool.rt.core
+        idle = pool.idle
+        while True:
+            with lock:
+                if pool.live - pool.blocked > pool.size:
+                    pool.live -= 1  # a stand-in no longer needed
+                    return
+                task = core.take("cpu")
+                if task is None:
+                    if pool.stopping:
+                        pool.live -= 1
+                        return
+                    idle.append(self)
+            if task is None:
+                self.park.acquire()
+            else:
+                self.run_chain(task)
+
+    def run_chain(self, task: Task | None) -> None:
+        """Run ``task`` and each dependent it hands on, until none is handed on."""
+        execute = self.pool.rt.execute
+        self._depth += 1
+        t0 = time.perf_counter()
+        try:
+            while task is not None:
+                task = execute(task)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.busy += time.perf_counter() - t0
+
+
+class CpuPool:
+    """``size`` worker threads, plus stand-ins while workers block."""
+
+    name = "cpu"
+
+    def __init__(self, rt: Runtime, size: int) -> None:
+        self.rt = rt
+        self.size = size
+        self.idle: list[CpuWorker] = []
+        self.workers: list[CpuWorker] = []
+        self.live = 0
+        self.blocked = 0
+        self.stopping = False
+
+    def start(self) -> None:
+        with self.rt.lock:
+            for _ in range(self.size):
+                self._spawn()
+
+    def _spawn(self) -> None:
+        worker = CpuWorker(self, len(self.workers))
+        self.workers.append(worker)
+        self.live += 1
+        worker.thread.start()
+
+    def wake(self, ready: int) -> Callable[[], None] | None:
+        """With the lock held: take parked workers for ``ready`` tasks; return their wake-up."""
+        idle = self.idle
+        if not idle:
+            return None
+        if ready == 1 or len(idle) == 1:
+            return idle.pop().park.release
+        woken = [idle.pop() for _ in range(min(ready, len(idle)))]
+        return lambda: _release_all(woken)
+
+    def blocking(self, delta: int) -> None:
+        """A worker starts (+1) or stops (-1) blocking on another task's result."""
+        release = None
+        with self.rt.lock:
+            self.blocked += delta
+            if delta > 0 and not self.stopping and self.live - self.blocked < self.size:
+                self._spawn()
+            elif delta < 0 and self.live - self.blocked > self.size and self.idle:
+                release = self.idle.pop().park.release  # let a parked stand-in retire
+        if release is not None:
+            release()
+
+    def stop(self) -> None:
+        with self.rt.lock:
+            self.stopping = True
+            parked, self.idle[:] = self.idle[:], []
+        _release_all(parked)
+
+    def join(self, timeout: float | None) -> list[threading.Thread]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for worker in self.workers:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            worker.thread.join(left)
+        return [w.thread for w in self.workers if w.thread.is_alive()]
+
+    def busy_seconds(self) -> dict[str, float]:
+        return {w.name: w.busy for w in self.workers}
+
+
+def _release_all(workers: list[CpuWorker]) -> None:
+    for worker in workers:
+        worker.park.release()

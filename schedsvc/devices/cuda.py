@@ -1,0 +1,45 @@
+"""CUDA devices through CuPy.  CuPy is imported here and nowhere else.
+
+This release checks availability and says how to get it; the stream workers
+(compute and copy streams, CUDA events between them) are not built yet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NoReturn
+
+from .._errors import DeviceError
+
+if TYPE_CHECKING:
+    from .._config import Config
+    from .._runtime import Device, Runtime
+
+__all__ = ["check", "make"]
+
+
+def check(index: int) -> None:
+    """Raise DeviceError unless CuPy is installed and device ``index`` exists."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError as exc:
+        raise DeviceError(
+            f"cuda:{index} is unavailable: CuPy is not installed; "
+            "pip install 'schedsvc[cuda12]' (or [cuda13]) on a machine with an NVIDIA GPU"
+        ) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing or broken
+        raise DeviceError(f"cuda:{index} is unavailable: CUDA reports {exc}") from exc
+    if index >= count:
+        raise DeviceError(f"cuda:{index} does not exist: this machine has {count} CUDA device(s)")
+
+
+def make(name: str, rt: Runtime, config: Config) -> Device:
+    _not_built(name)
+
+
+def _not_built(name: str) -> NoReturn:
+    raise DeviceError(
+        f"{name} is present, but this schedsvc release has no CUDA stream workers yet; "
+        "run on 'cpu' for now"
+    )

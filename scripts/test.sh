@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.11), install schedsvc with the test extra, run ruff, mypy and pytest.
+# Any failing step fails the script.  Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+echo "== ruff"
+.venv/bin/ruff check schedsvc tests scripts
+.venv/bin/ruff format --check schedsvc tests scripts
+echo "== mypy"
+.venv/bin/mypy
+echo "== pytest"
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure here" >&2
+    exit 1
+fi
+exit "$rc"
