@@ -22,8 +22,22 @@ from ._errors import ConfigError
 
 __all__ = ["Config", "parse_bytes"]
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("schedsvc_toml", default=None)
@@ -69,6 +83,9 @@ class Config(BaseSettings):
     """Bytes that unfinished tasks hold (array arguments once each, plus declared outputs)."""
     max_device_bytes: int | None = Field(default=None, ge=1)
     """Per-CUDA-device byte budget; None: no limit beyond the device's memory."""
+    inline_threshold_us: float = Field(default=20.0, ge=0.0)
+    """An awaited task of a kind known to take less than this runs in the awaiting
+    coroutine, since handing it to a thread and back costs more; 0 turns this off."""
     sync_mode: bool = False
     """Debugging: run each task in the caller at submission and raise its error there."""
     backend: Literal["threads", "dask"] = "threads"

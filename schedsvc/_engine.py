@@ -6,6 +6,7 @@ import asyncio
 import time
 import warnings
 from collections.abc import Callable
+from threading import get_ident
 from types import MappingProxyType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -13,7 +14,7 @@ from ._config import Config
 from ._core import FINAL_STATES, Scheduler
 from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError
 from ._future import Future
-from ._runtime import Runtime, current_worker, scan
+from ._runtime import Runtime, scan
 from ._telemetry import Stats, percentile
 from .devices import check_device, make_device
 
@@ -41,6 +42,8 @@ class Engine:
         self.config = config
         self._rt: Runtime | None = None
         self._state = "new"
+        self._sync_mode = config.sync_mode
+        self._default_device = "cpu" if "cpu" in config.devices else config.devices[0]
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -60,9 +63,9 @@ class Engine:
             devices=self.config.devices,
             clock=time.perf_counter,
         )
-        rt = Runtime(core, asyncio.get_running_loop())
+        rt = Runtime(core, asyncio.get_running_loop(), self.config.inline_threshold_us / 1e6)
         for name in self.config.devices:
-            rt.devices[name] = make_device(name, rt, self.config)
+            rt.add_device(name, make_device(name, rt, self.config))
         for device in rt.devices.values():
             device.start()
         self._rt = rt
@@ -124,16 +127,19 @@ class Engine:
     ) -> Future[T]:
         """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits."""
         rt = self._running()
-        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes)
-        if self.config.sync_mode:
+        tid = get_ident()
+        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
+        if self._sync_mode:
             return self._run_here(task)
         token = None
         with rt.lock:
             if rt.closed:
                 raise self._closed_error()
-            if not rt.core.submit(task, task.nested):
+            stage = tid == rt.loop_thread and rt.stage_next()
+            if not rt.core.submit(task, task.nested, stage):
                 token = asyncio.get_running_loop().create_future()
                 rt.core.enqueue(task, token)
+                rt.core.publish()  # we are about to wait: let staged work run
             after = rt.collect()
         if after is not None:
             after()
@@ -159,18 +165,28 @@ class Engine:
         **kwargs: Any,
     ) -> Future[T]:
         """Admit a task now, or raise QueueFull at the limits.  Callable from any thread."""
-        rt = self._running()
-        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes)
-        if self.config.sync_mode:
+        rt = self._rt
+        if rt is None or self._state != "running":
+            raise self._closed_error()
+        tid = get_ident()
+        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
+        if self._sync_mode:
             return self._run_here(task)
         with rt.lock:
             if rt.closed:
                 raise self._closed_error()
-            if not rt.core.submit(task, task.nested):
-                raise QueueFull(self._full_message(task))
-            after = rt.collect()
+            stage = tid == rt.loop_thread and rt.stage_next()
+            if not rt.core.submit(task, task.nested, stage):
+                rt.core.publish()  # a caller that retries must see progress
+                after = rt.collect()
+                full = QueueFull(self._full_message(task))
+            else:
+                full = None
+                after = rt.collect()
         if after is not None:
             after()
+        if full is not None:
+            raise full
         return task
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
@@ -188,8 +204,10 @@ class Engine:
         rt = self._running()
         core = rt.core
         with rt.lock:
-            if not core.waiting_admission and core.pending < core.max_pending and (
-                core.pending_bytes < core.max_pending_bytes
+            if (
+                not core.waiting_admission
+                and core.pending < core.max_pending
+                and (core.pending_bytes < core.max_pending_bytes)
             ):
                 return
             token = asyncio.get_running_loop().create_future()
@@ -206,8 +224,17 @@ class Engine:
             raise EngineClosed(f"{self!r} has not started; use 'async with Engine(...)'")
         core = rt.core
         with rt.lock:
-            counts = (core.submitted, core.completed, core.failed, core.cancelled, core.pending,
-                      core.running, core.waiting_admission, core.pending_bytes, core.peak_pending_bytes)
+            counts = (
+                core.submitted,
+                core.completed,
+                core.failed,
+                core.cancelled,
+                core.pending,
+                core.running,
+                core.waiting_admission,
+                core.pending_bytes,
+                core.peak_pending_bytes,
+            )
             waits = list(rt.queue_waits)
         return Stats(
             *counts,
@@ -242,13 +269,12 @@ class Engine:
         reads: Any,
         writes: Any,
         nbytes: int | None,
+        tid: int,
     ) -> Future[Any]:
         if not callable(fn):
             raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {fn!r}")
-        if device is None or device == "cpu":
-            device = "cpu"
-            if "cpu" not in self.config.devices:
-                device = self.config.devices[0]
+        if device is None:
+            device = self._default_device
         elif device not in self.config.devices:
             check_device(device)  # an unknown or unavailable device says so first
             raise DeviceError(
@@ -260,15 +286,17 @@ class Engine:
         if nbytes is None:
             nbytes = 0
         elif type(nbytes) is not int or nbytes < 0:
-            raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
+            raise InvalidTask(
+                f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}"
+            )
         deps, buffers = scan(args, kwargs, reads, writes)
         for dep in deps:
             if getattr(dep, "_engine", None) is not self:
                 raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
-        task: Future[Any] = Future(self, fn, args, kwargs or None, device=device, priority=priority,
-                                   nbytes=nbytes, buffers=buffers, deps=deps, name=name,
-                                   nested=current_worker() is not None)
-        return task
+        nested = tid in self._rt.worker_threads  # type: ignore[union-attr]
+        return Future._new(
+            self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
+        )
 
     def _run_here(self, task: Future[T]) -> Future[T]:
         """sync_mode: run the task in the caller now; its error is raised here."""
@@ -307,6 +335,7 @@ class Engine:
                 return
             token = asyncio.get_running_loop().create_future()
             rt.core.barrier(token)
+            rt.core.publish()
             after = rt.collect()
         if after is not None:
             after()

@@ -12,6 +12,7 @@ from ._runtime._runtime import _fire, _watch
 
 if TYPE_CHECKING:
     from ._engine import Engine
+    from ._runtime import Runtime
 
 __all__ = ["Future"]
 
@@ -27,12 +28,54 @@ class Future(Task, Generic[T]):
     ``asyncio.Future``; wrap it in ``asyncio.shield`` to keep it running.
     """
 
-    __slots__ = ("_engine",)
+    __slots__ = ("_engine", "_rt")
 
-    def __init__(self, engine: Engine, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                 **fields: Any) -> None:
+    def __init__(
+        self, engine: Engine, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, **fields: Any
+    ) -> None:
         super().__init__(fn, args, kwargs, **fields)
         self._engine = engine
+        self._rt: Runtime = engine._rt  # type: ignore[assignment]
+
+    @classmethod
+    def _new(
+        cls,
+        engine: Engine,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        device: str,
+        priority: int,
+        nbytes: int,
+        buffers: tuple[Any, ...],
+        deps: tuple[Task, ...],
+        name: str | None,
+        nested: bool,
+    ) -> Future[Any]:
+        """The submit hot path's constructor: every slot set directly, no keyword parsing."""
+        self = cls.__new__(cls)
+        self._engine = engine
+        self._rt = engine._rt  # type: ignore[assignment]
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.device = device
+        self.priority = priority
+        self.nbytes = nbytes
+        self.buffers = buffers
+        self.deps = deps
+        self.name = name
+        self.nested = nested
+        self.seq = -1
+        self.staged = False
+        self.state = "new"
+        self.n_waiting = 0
+        self.dependents = None
+        self.value = None
+        self.error = None
+        self.watchers = None
+        self.t_ready = 0.0
+        return self
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""
@@ -45,9 +88,9 @@ class Future(Task, Generic[T]):
         return self.state == "running"
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self.state not in FINAL_STATES:
+        if self.state not in FINAL_STATES and not self._rt.run_inline(self):
             try:
-                yield from self._engine._rt.wait(self).__await__()
+                yield from self._rt.wait(self).__await__()
             except asyncio.CancelledError:
                 self.cancel()  # the awaiter gave up: an unstarted task is not wanted
                 raise
@@ -56,7 +99,7 @@ class Future(Task, Generic[T]):
     async def wait(self) -> Future[T]:
         """Wait until the task is final, without raising its error; returns the future."""
         if self.state not in FINAL_STATES:
-            await self._engine._rt.wait(self)
+            await self._rt.wait(self)
         return self
 
     def result(self, timeout: float | None = None) -> T:
@@ -65,7 +108,7 @@ class Future(Task, Generic[T]):
         Raises TimeoutError after ``timeout`` seconds.  Inside a task, waiting
         on another task is safe: a queued task runs right here.
         """
-        if self.state not in FINAL_STATES and not self._engine._rt.wait_blocking(self, timeout):
+        if self.state not in FINAL_STATES and not self._rt.wait_blocking(self, timeout):
             raise TimeoutError(f"{self!r} did not finish within {timeout} s")
         return self._outcome(concurrent.futures.CancelledError)
 
@@ -83,7 +126,7 @@ class Future(Task, Generic[T]):
 
     def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
         """Call ``fn(future)`` on the engine's event loop once the task is final."""
-        rt = self._engine._rt
+        rt = self._rt
         with rt.lock:
             if self.state not in FINAL_STATES:
                 _watch(self, fn)

@@ -6,7 +6,8 @@ runtime owns the only lock and calls one method per event while holding it.
 Events (``handle`` takes them as objects; the runtime's hot path calls the
 method of the same name directly):
 
-* ``submit(task, force)``  admit a task now, or report that it does not fit
+* ``submit(task, force, stage)``  admit a task now, or report that it does not fit
+* ``publish()``           make staged ready tasks visible to ``take``
 * ``enqueue(task, token)`` queue a task for admission, FIFO, until it fits
 * ``take(device)``         a worker asks for the next ready task
 * ``finish(task, value, error)``  a running task returned or raised
@@ -90,11 +91,12 @@ class Scheduler:
         self.failed = 0
         self.cancelled = 0
         self._seq = 0
+        self.staged: list[Task] = []  # ready, held back from take() until publish()
         self._cancelling = False
         self._clock = clock or (lambda: 0.0)
         self._check = check
         self._buffers: dict[int, _BufferState] = {}
-        self._admission: deque[tuple[Task, Any]] = deque()
+        self._admission: deque[tuple[Task | None, Any]] = deque()
         self._barriers: list[list[Any]] = []  # [last seq, unfinished count, token]
         self._live: dict[Task, list[Task]] = {}  # check mode: live task -> its parents
 
@@ -121,12 +123,16 @@ class Scheduler:
             self.barrier(event.token)
         return self.drain()
 
-    def submit(self, task: Task, force: bool = False) -> bool:
+    def submit(self, task: Task, force: bool = False, stage: bool = False) -> bool:
         """Admit ``task`` if it fits (``force``: regardless); False leaves it untouched.
 
-        Raises MemoryLimitError if the task alone exceeds max_pending_bytes.
+        ``stage``: if it is ready at once, hold it back from ``take`` until
+        ``publish()`` (the runtime batches hand-offs this way).  Raises
+        MemoryLimitError if the task alone exceeds max_pending_bytes.
         """
-        footprint = task.nbytes + sum(b[1] for b in task.buffers)
+        footprint = task.nbytes
+        for buffer in task.buffers:
+            footprint += buffer[1]
         if footprint > self.max_pending_bytes:
             raise MemoryLimitError(
                 f"{task!r} needs {footprint} bytes (its array arguments plus nbytes={task.nbytes}) "
@@ -135,8 +141,16 @@ class Scheduler:
             )
         if not force and (self._admission or not self._fits(task)):
             return False
-        self._admit(task)
+        self._admit(task, stage)
         return True
+
+    def publish(self) -> None:
+        """Move the staged ready tasks into their ready queues, in submission order."""
+        staged, self.staged = self.staged, []
+        for task in staged:
+            if task.staged:
+                task.staged = False
+                self.queues[task.device].push(task)
 
     def enqueue(self, task: Task | None, token: Any) -> None:
         """Queue ``task`` for admission; ``("admitted", token)`` follows when it gets in.
@@ -160,17 +174,19 @@ class Scheduler:
         """Take a specific ready task out of its queue to run it now (ready -> running)."""
         if task.state != "ready":
             return False
-        self.queues[task.device].discard()
+        self._unqueue(task)
         self._move(task, "running")
         self.running += 1
         return True
 
-    def finish(self, task: Task, value: Any = None, error: BaseException | None = None) -> Task | None:
+    def finish(
+        self, task: Task, value: Any = None, error: BaseException | None = None, chain: bool = True
+    ) -> Task | None:
         """Record a running task's outcome; return a dependent to run at once, if any.
 
         The returned dependent (already ``running``) is the only one this
         completion made ready and no queued task outranks it; the caller should
-        run it without a queue hand-off.
+        run it without a queue hand-off.  ``chain=False``: queue it instead.
         """
         self.running -= 1
         if error is None:
@@ -182,6 +198,9 @@ class Scheduler:
             self._move(task, "failed")
             self.failed += 1
         inline = self._retire(task)
+        if inline is not None and not chain:
+            self.queues[inline.device].push(inline)
+            inline = None
         if self._admission:
             self._admit_waiters()
         if inline is not None:
@@ -207,7 +226,7 @@ class Scheduler:
         if state not in ("waiting", "ready"):
             return False
         if state == "ready":
-            self.queues[task.device].discard()
+            self._unqueue(task)
         self.pending -= 1
         self._final(task, "cancelled", None)
         self._release_and_cascade(task)
@@ -228,9 +247,9 @@ class Scheduler:
             if task is not None:
                 self._final(task, "cancelled", None)
             tokens.append(token)
-        for queue in self.queues.values():
-            for task in queue.tasks():
-                self.cancel(task)
+        for task in [*self.staged, *(t for q in self.queues.values() for t in q.tasks())]:
+            self.cancel(task)
+        self.staged = []
         return tokens
 
     def barrier(self, token: Any) -> None:
@@ -260,6 +279,12 @@ class Scheduler:
 
     # -- internals -----------------------------------------------------------
 
+    def _unqueue(self, task: Task) -> None:
+        if task.staged:
+            task.staged = False  # publish() skips it
+        else:
+            self.queues[task.device].discard()
+
     def _fits(self, task: Task) -> bool:
         if self.pending >= self.max_pending:
             return False
@@ -270,7 +295,7 @@ class Scheduler:
                 need += nbytes
         return self.pending_bytes + need <= self.max_pending_bytes
 
-    def _admit(self, task: Task) -> None:
+    def _admit(self, task: Task, stage: bool = False) -> None:
         self.submitted += 1
         self._seq += 1
         task.seq = self._seq
@@ -315,7 +340,11 @@ class Scheduler:
         else:
             self._move(task, "ready")
             task.t_ready = self._clock()
-            self.queues[task.device].push(task)
+            if stage:
+                task.staged = True
+                self.staged.append(task)
+            else:
+                self.queues[task.device].push(task)
 
     def _edge(self, parent: Task, child: Task, parents: list[Task] | None) -> None:
         if parent.dependents is None:
@@ -335,25 +364,25 @@ class Scheduler:
 
     def _release_and_cascade(self, root: Task, inline_ok: bool = False) -> Task | None:
         inline: Task | None = None
-        stack = [root]
-        while stack:
-            task = stack.pop()
+        stack: list[Task] = []  # tasks failed or cancelled through a parent, still to release
+        task = root
+        while True:
             self._release(task)
             dependents = task.dependents
-            if dependents is None:
-                continue
-            task.dependents = None
-            ok = task.state == "done"
-            for child in dependents:
-                if child.state != "waiting":
-                    continue  # already failed or cancelled through another parent
-                if not ok and any(dep is task for dep in child.deps):
-                    self.pending -= 1
-                    self._fail_from(child, task)
-                    stack.append(child)
-                    continue
-                child.n_waiting -= 1
-                if child.n_waiting == 0:
+            if dependents is not None:
+                task.dependents = None
+                ok = task.state == "done"
+                for child in dependents:
+                    if child.state != "waiting":
+                        continue  # already failed or cancelled through another parent
+                    if not ok and any(dep is task for dep in child.deps):
+                        self.pending -= 1
+                        self._fail_from(child, task)
+                        stack.append(child)
+                        continue
+                    child.n_waiting -= 1
+                    if child.n_waiting:
+                        continue
                     if self._cancelling:
                         self.pending -= 1
                         self._final(child, "cancelled", None)
@@ -365,7 +394,9 @@ class Scheduler:
                         inline = child
                     else:
                         self.queues[child.device].push(child)
-        return inline
+            if not stack:
+                return inline
+            task = stack.pop()
 
     def _release(self, task: Task) -> None:
         buffers = self._buffers
@@ -463,7 +494,9 @@ class Scheduler:
             ready = queue.tasks()
             assert len(ready) == queue.count, (device, len(ready), queue.count)
             assert all(t.device == device and t in live for t in ready)
-        assert sum(q.count for q in self.queues.values()) == states.count("ready")
+        staged = [t for t in self.staged if t.staged]
+        assert all(t.state == "ready" and t in live for t in staged)
+        assert sum(q.count for q in self.queues.values()) + len(staged) == states.count("ready")
         for task, parents in live.items():
             unfinished = [p for p in parents if p.state not in FINAL_STATES]
             assert task.n_waiting == len(unfinished), (task, task.n_waiting, unfinished)
@@ -480,8 +513,8 @@ class Scheduler:
         held = sum(b.nbytes for b in self._buffers.values()) + sum(t.nbytes for t in live)
         assert self.pending_bytes == held, (self.pending_bytes, held)
         assert self.peak_pending_bytes >= self.pending_bytes
-        for task, _ in self._admission:
-            assert task.state == "admitting"
+        for entry, _ in self._admission:
+            assert entry is None or entry.state == "admitting"
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ class Task:
         "nested",
         "priority",
         "seq",
+        "staged",
         "state",
         "t_ready",
         "value",
@@ -84,6 +85,7 @@ class Task:
         self.name = name
         self.nested = nested
         self.seq = -1
+        self.staged = False
         self.state: TaskState = "new"
         self.n_waiting = 0
         self.dependents: list[Task] | None = None

@@ -1,5 +1,14 @@
 """The runtime: one lock around the core, the workers, and the thread -> loop bridge.
 
+Hand-off to workers: a submission from any thread but the event loop's goes
+to the ready queue and wakes parked workers at once.  On the loop thread, the
+first ``size`` submissions of each loop iteration do the same (so the first
+tasks of a burst start immediately); later ones are *staged* -- admitted and
+ordered, but held from the workers -- and handed over in one flush when the
+coroutine next yields, which is when ``asyncio.create_task`` work starts too.
+A submitting coroutine thus does not fight its own workers for the GIL on
+every call.  Every wait flushes first, so staged work never stalls.
+
 Worker threads never touch asyncio objects.  What the loop must learn (a
 future somebody awaits is final, a queued submission got in, a ``waitall``
 is satisfied) is appended to ``_to_loop`` under the lock, and the first such
@@ -11,6 +20,7 @@ the finishing worker releases directly, so they never need the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -18,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._core import FINAL_STATES, Instruction, Scheduler, Task
-from ._scan import substitute
+from ._scan import substitute, substitute_args
 
 __all__ = ["Device", "Runtime", "current_worker"]
 
@@ -37,6 +47,10 @@ class Device(Protocol):
     name: str
 
     def start(self) -> None: ...
+
+    size: int
+    idle: list[Any]
+
     def wake(self, ready: int) -> Callable[[], None] | None: ...
     def stop(self) -> None: ...
     def join(self, timeout: float | None) -> list[threading.Thread]: ...
@@ -46,17 +60,39 @@ class Device(Protocol):
 class Runtime:
     """Scheduler + lock + devices + loop bridge; shared by the frontend and the workers."""
 
-    def __init__(self, core: Scheduler, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, core: Scheduler, loop: asyncio.AbstractEventLoop, inline_threshold_s: float = 0.0
+    ) -> None:
         self.core = core
+        self.inline_threshold_s = inline_threshold_s
+        self._costs: dict[Any, float] = {}  # (code, log2 input bytes) -> seconds, smoothed
         self.lock = threading.Lock()
         self.loop = loop
         self.devices: dict[str, Device] = {}
+        self.worker_threads: set[int] = set()  # idents of threads that run tasks
+        self.loop_thread = threading.get_ident()
         self.queue_waits: deque[float] = deque(maxlen=8192)
         self.closed = False
         self._to_loop: list[Instruction] = []
         self._drain_scheduled = False
+        self._flush_scheduled = False
+        self._eager_left = 0
+
+    def add_device(self, name: str, device: Device) -> None:
+        self.devices[name] = device
+        self._eager_left += device.size
 
     # -- called with the lock held -------------------------------------------
+
+    def stage_next(self) -> bool:
+        """With the lock held, on the loop thread: should the next submission be staged?"""
+        if self._eager_left > 0:
+            self._eager_left -= 1
+            if self._eager_left == 0 and not self._flush_scheduled:
+                self._flush_scheduled = True  # the flush re-arms the budget
+                self.loop.call_soon(self._flush)
+            return False
+        return True
 
     def collect(self) -> Callable[[], None] | None:
         """Route the core's instructions; return what to do once the lock is released."""
@@ -72,15 +108,33 @@ class Runtime:
                 wakes.append(self._schedule_drain)
         for name, device in self.devices.items():
             ready = core.queues[name].count
-            if ready:
-                wake = device.wake(ready)
-                if wake is not None:
-                    wakes.append(wake)
+            if not ready or not device.idle:
+                continue
+            wake = device.wake(ready)
+            if wake is not None:
+                wakes.append(wake)
         if not wakes:
             return None
         if len(wakes) == 1:
             return wakes[0]
-        return lambda: [w() for w in wakes] and None
+        return lambda: _call_all(wakes)
+
+    def flush(self) -> None:
+        """Hand staged tasks to the workers now (before this thread waits)."""
+        with self.lock:
+            self.core.publish()
+            after = self.collect()
+        if after is not None:
+            after()
+
+    def _flush(self) -> None:
+        with self.lock:
+            self._flush_scheduled = False
+            self._eager_left = sum(d.size for d in self.devices.values())
+            self.core.publish()
+            after = self.collect()
+        if after is not None:
+            after()
 
     def _resolve_threads(self, task: Task, wakes: list[Callable[[], None]]) -> None:
         for watcher in task.watchers or ():
@@ -121,6 +175,11 @@ class Runtime:
             if task.state in FINAL_STATES:
                 return
             _watch(task, waiter)
+            if self.core.staged:
+                self.core.publish()
+            after = self.collect()
+        if after is not None:
+            after()
         try:
             await waiter
         except asyncio.CancelledError:
@@ -136,9 +195,13 @@ class Runtime:
         task waiting on another never starves the pool.
         """
         worker = current_worker()
-        if worker is not None and self.claim(task):
-            worker.run_chain(task)
+        if self.claim(task):  # this thread would only wait: run the task here
+            if worker is not None:
+                worker.run_chain(task)
+            else:
+                self.execute(task, chain=False)
             return True
+        self.flush()
         gate = _LockType()
         gate.acquire()
         with self.lock:
@@ -165,13 +228,43 @@ class Runtime:
 
     # -- running one task ----------------------------------------------------
 
-    def execute(self, task: Task) -> Task | None:
-        """Run a ``running`` task here, record the outcome; return a dependent to run next."""
+    def is_cheap(self, task: Task) -> bool:
+        """Has this kind of task (function, input size) run faster than the inline threshold?"""
+        if not self.inline_threshold_s:
+            return False
+        try:
+            cost = self._costs.get(_cost_key(task))
+        except TypeError:  # an unhashable callable
+            return False
+        return cost is not None and cost < self.inline_threshold_s
+
+    def run_inline(self, task: Task) -> bool:
+        """Run a ready task on this (the awaiting) thread if it is cheap; False if not run."""
+        if task.state == "ready" and self.is_cheap(task) and self.claim(task):
+            self.execute(task, chain=False)
+            return True
+        return False
+
+    def execute(self, task: Task, chain: bool = True) -> Task | None:
+        """Run a ``running`` task here, record the outcome; return a dependent to run next.
+
+        ``chain=False`` (a thread that is not a worker): dependents go to the queue.
+        """
         t0 = time.perf_counter()
         self.queue_waits.append(t0 - task.t_ready)
+        key = None
+        if self.inline_threshold_s and (task.watchers is not None or not chain):
+            try:
+                key = _cost_key(task)
+                hash(key)
+            except TypeError:
+                key = None
         try:
             if task.deps:
-                value = task.fn(*substitute(task.args), **substitute(task.kwargs or {}))
+                if task.kwargs:
+                    value = task.fn(*substitute_args(task.args), **substitute(task.kwargs))
+                else:
+                    value = task.fn(*substitute_args(task.args))
             elif task.kwargs:
                 value = task.fn(*task.args, **task.kwargs)
             else:
@@ -179,8 +272,14 @@ class Runtime:
             error = None
         except BaseException as exc:  # the task's failure is its result, whatever it is
             value, error = None, exc
+        if key is not None:
+            elapsed = time.perf_counter() - t0
+            old = self._costs.get(key)
+            if old is None and len(self._costs) >= _MAX_COST_KEYS:
+                self._costs.clear()
+            self._costs[key] = elapsed if old is None else 0.7 * old + 0.3 * elapsed
         with self.lock:
-            nxt = self.core.finish(task, value, error)
+            nxt = self.core.finish(task, value, error, chain)
             after = self.collect()
         if after is not None:
             after()
@@ -191,6 +290,24 @@ class Runtime:
         for device in self.devices.values():
             busy.update(device.busy_seconds())
         return busy
+
+
+_MAX_COST_KEYS = 4096
+
+
+def _cost_key(task: Task) -> tuple[Any, int]:
+    """What makes two tasks alike in cost: the same code, inputs within a factor of two."""
+    fn = task.fn
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None) or fn
+    size = 0
+    for buffer in task.buffers:
+        size += buffer[1]
+    return code, size.bit_length()
+
+
+def _call_all(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -209,10 +326,8 @@ def _watch(task: Task, watcher: Any) -> None:
 
 def _unwatch(task: Task, watcher: Any) -> None:
     if task.watchers is not None and task.state not in FINAL_STATES:
-        try:
+        with contextlib.suppress(ValueError):
             task.watchers.remove(watcher)
-        except ValueError:
-            pass
 
 
 def _fire(watcher: Any, task: Task | None) -> None:
@@ -223,10 +338,8 @@ def _fire(watcher: Any, task: Task | None) -> None:
             if not watcher.done():
                 watcher.set_result(None)
         else:
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
                 loop.call_soon_threadsafe(_set_if_pending, watcher)
-            except RuntimeError:
-                pass  # that loop is closed; nobody is waiting there any more
     else:
         try:
             watcher(task)

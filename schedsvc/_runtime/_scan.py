@@ -16,7 +16,7 @@ import numpy as np
 
 from .._core import Buffer, Task
 
-__all__ = ["buffer_of", "scan", "substitute"]
+__all__ = ["buffer_of", "scan", "substitute", "substitute_args"]
 
 _ndarray = np.ndarray
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis)})
@@ -112,6 +112,11 @@ def _scan_small(args: tuple[Any, ...]) -> tuple[tuple[Task, ...], tuple[Buffer, 
         else:
             return None
     return deps, buffers
+
+
+def substitute_args(args: tuple[Any, ...]) -> list[Any]:
+    """The positional arguments with values in place of Tasks (hot path of dependent tasks)."""
+    return [a if type(a) is _ndarray else a.value if isinstance(a, Task) else substitute(a) for a in args]
 
 
 def substitute(obj: Any) -> Any:

@@ -38,16 +38,17 @@ class CpuWorker:
         lock = pool.rt.lock
         core = pool.rt.core
         idle = pool.idle
+        ident = threading.get_ident()
+        with lock:
+            pool.rt.worker_threads.add(ident)
         while True:
             with lock:
-                if pool.live - pool.blocked > pool.size:
-                    pool.live -= 1  # a stand-in no longer needed
+                if pool.live - pool.blocked > pool.size or (pool.stopping and not core.queues["cpu"].count):
+                    pool.live -= 1  # a stand-in no longer needed, or the engine is closing
+                    pool.rt.worker_threads.discard(ident)
                     return
                 task = core.take("cpu")
                 if task is None:
-                    if pool.stopping:
-                        pool.live -= 1
-                        return
                     idle.append(self)
             if task is None:
                 self.park.acquire()

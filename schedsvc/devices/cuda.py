@@ -20,7 +20,7 @@ __all__ = ["check", "make"]
 def check(index: int) -> None:
     """Raise DeviceError unless CuPy is installed and device ``index`` exists."""
     try:
-        import cupy  # noqa: F401
+        import cupy
     except ImportError as exc:
         raise DeviceError(
             f"cuda:{index} is unavailable: CuPy is not installed; "
@@ -40,6 +40,5 @@ def make(name: str, rt: Runtime, config: Config) -> Device:
 
 def _not_built(name: str) -> NoReturn:
     raise DeviceError(
-        f"{name} is present, but this schedsvc release has no CUDA stream workers yet; "
-        "run on 'cpu' for now"
+        f"{name} is present, but this schedsvc release has no CUDA stream workers yet; run on 'cpu' for now"
     )

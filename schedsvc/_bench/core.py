@@ -1,0 +1,353 @@
+"""Core benchmark: schedsvc against ThreadPoolExecutor and asyncio's run_in_executor.
+
+Every case runs in one process; repetitions interleave the cases so that
+machine noise hits all of them alike; figures are medians over repetitions,
+and each schedsvc figure is reported as a ratio to a baseline from the same
+run.  BLAS is held at one thread throughout (threadpoolctl), so that parallel
+speed-up comes from the engine, not from BLAS.
+
+W1  submit cost of 10,000 tiny independent tasks (np.add on 2 elements), us/task
+W2  10,000 tiny independent tasks end to end, us/task
+W3  a chain of 10,000 tiny tasks, each taking the previous result, us/task
+W4  the sources' experiment: 1,000 x (y = x + 1), awaited one by one vs all then waitall
+W5  8 independent 1000x1000 float64 np.dot: speed-up of cpu_workers over 1 worker
+W6  the sources' memory experiment: 200 batches of 1024x512 float32 through a 512x512
+    matmul, peak traced memory and time, max_pending_bytes=16 MiB vs unbounded
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import statistics
+import threading
+import time
+import tracemalloc
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future as CFuture
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+import schedsvc as ss
+
+__all__ = ["CASES", "TARGETS", "run"]
+
+N_TINY = 10_000
+N_W4 = 1_000
+MiB = 2**20
+Figures = dict[str, float]
+
+
+def _tiny() -> np.ndarray:
+    return np.ones(2)
+
+
+def _engine(workers: int | None = None, **kw: Any) -> ss.Engine:
+    return ss.Engine(cpu_workers=workers or _workers(), max_pending=4 * N_TINY, **kw)
+
+
+def _workers() -> int:
+    return max(2, os.cpu_count() or 1)
+
+
+# -- W1 / W2: independent tiny tasks -------------------------------------------
+
+
+async def w1_w2_schedsvc() -> Figures:
+    x = _tiny()
+    async with _engine() as eng:
+        await eng.run(np.add, x, 1)  # warm
+        t0 = time.perf_counter()
+        for _ in range(N_TINY):
+            eng.submit_nowait(np.add, x, 1)
+        t1 = time.perf_counter()
+        await eng.waitall()
+        t2 = time.perf_counter()
+        for _ in range(N_TINY):
+            await eng.submit(np.add, x, 1)
+        t3 = time.perf_counter()
+        await eng.waitall()
+    return {
+        "w1_submit_nowait_us": (t1 - t0) / N_TINY * 1e6,
+        "w1_submit_await_us": (t3 - t2) / N_TINY * 1e6,
+        "w2_us": (t2 - t0) / N_TINY * 1e6,
+    }
+
+
+def w1_w2_threadpool() -> Figures:
+    x = _tiny()
+    with ThreadPoolExecutor(_workers()) as ex:
+        ex.submit(np.add, x, 1).result()
+        t0 = time.perf_counter()
+        futs = [ex.submit(np.add, x, 1) for _ in range(N_TINY)]
+        t1 = time.perf_counter()
+        for f in futs:
+            f.result()
+        t2 = time.perf_counter()
+    return {"w1_submit_us": (t1 - t0) / N_TINY * 1e6, "w2_us": (t2 - t0) / N_TINY * 1e6}
+
+
+async def w1_w2_executor() -> Figures:
+    x = _tiny()
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(_workers()) as ex:
+        await loop.run_in_executor(ex, np.add, x, 1)
+        t0 = time.perf_counter()
+        futs = [loop.run_in_executor(ex, np.add, x, 1) for _ in range(N_TINY)]
+        t1 = time.perf_counter()
+        await asyncio.gather(*futs)
+        t2 = time.perf_counter()
+    return {"w1_submit_us": (t1 - t0) / N_TINY * 1e6, "w2_us": (t2 - t0) / N_TINY * 1e6}
+
+
+# -- W3: a chain ------------------------------------------------------------------
+
+
+async def w3_schedsvc() -> Figures:
+    async with _engine() as eng:
+        await eng.run(np.add, _tiny(), 1)
+        t0 = time.perf_counter()
+        f: Any = _tiny()
+        for _ in range(N_TINY):
+            f = eng.submit_nowait(np.add, f, 1)
+        last = await f
+        t1 = time.perf_counter()
+    assert last[0] == 1 + N_TINY
+    return {"w3_us": (t1 - t0) / N_TINY * 1e6}
+
+
+def w3_threadpool() -> Figures:
+    """Each link is submitted from its parent's done-callback: no thread blocks on a result.
+
+    A callback added to a future that is already done runs at once, in the
+    adding thread; the trampoline turns that re-entry into a loop, so a long
+    chain does not recurse.
+    """
+    done: CFuture[np.ndarray] = CFuture()
+    parents: deque[CFuture[np.ndarray]] = deque()
+    local = threading.local()
+    count = [0]
+    with ThreadPoolExecutor(_workers()) as ex:
+        ex.submit(np.add, _tiny(), 1).result()
+
+        def link(parent: CFuture[np.ndarray]) -> None:
+            parents.append(parent)
+            if getattr(local, "active", False):
+                return
+            local.active = True
+            try:
+                while parents:
+                    value = parents.popleft().result()
+                    count[0] += 1
+                    if count[0] == N_TINY:
+                        done.set_result(value)
+                    else:
+                        ex.submit(np.add, value, 1).add_done_callback(link)
+            finally:
+                local.active = False
+
+        t0 = time.perf_counter()
+        ex.submit(np.add, _tiny(), 1).add_done_callback(link)
+        last = done.result(timeout=120)
+        t1 = time.perf_counter()
+    assert last[0] == 1 + N_TINY
+    return {"w3_us": (t1 - t0) / N_TINY * 1e6}
+
+
+# -- W4: the sources' sync vs async loop --------------------------------------------
+
+
+async def w4_schedsvc() -> Figures:
+    x = np.ones(1)
+    async with _engine() as eng:
+        await eng.run(np.add, x, 1)
+        t0 = time.perf_counter()
+        for _ in range(N_W4):
+            await eng.run(np.add, x, 1)
+        t1 = time.perf_counter()
+        for _ in range(N_W4):
+            eng.submit_nowait(np.add, x, 1)
+        await eng.waitall()
+        t2 = time.perf_counter()
+    return {"w4_sync_us": (t1 - t0) / N_W4 * 1e6, "w4_async_us": (t2 - t1) / N_W4 * 1e6}
+
+
+async def w4_executor() -> Figures:
+    x = np.ones(1)
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(_workers()) as ex:
+        await loop.run_in_executor(ex, np.add, x, 1)
+        t0 = time.perf_counter()
+        for _ in range(N_W4):
+            await loop.run_in_executor(ex, np.add, x, 1)
+        t1 = time.perf_counter()
+        await asyncio.gather(*[loop.run_in_executor(ex, np.add, x, 1) for _ in range(N_W4)])
+        t2 = time.perf_counter()
+    return {"w4_sync_us": (t1 - t0) / N_W4 * 1e6, "w4_async_us": (t2 - t1) / N_W4 * 1e6}
+
+
+# -- W5: automatic parallelism ----------------------------------------------------------
+
+
+async def w5_schedsvc() -> Figures:
+    rng = np.random.default_rng(0)
+    mats = [rng.random((1000, 1000)) for _ in range(8)]
+    times = {}
+    for workers in (1, _workers()):
+        async with _engine(workers) as eng:
+            await eng.run(np.dot, mats[0], mats[0])
+            t0 = time.perf_counter()
+            futs = [eng.submit_nowait(np.dot, m, m) for m in mats]
+            for f in futs:
+                await f
+            times[workers] = time.perf_counter() - t0
+    return {
+        "w5_1worker_s": times[1],
+        "w5_nworkers_s": times[_workers()],
+        "w5_speedup": times[1] / times[_workers()],
+    }
+
+
+# -- W6: memory with and without backpressure ----------------------------------------------
+
+
+W6_BATCHES = 200
+W6_BOUND = 16 * MiB
+
+
+async def _w6(max_pending_bytes: int | None) -> tuple[float, float]:
+    rng = np.random.default_rng(0)
+    w = rng.random((512, 512), dtype=np.float32)
+    out_bytes = 1024 * 512 * 4
+
+    def step(batch: np.ndarray) -> float:
+        return float((batch @ w).sum())
+
+    opts: dict[str, Any] = {} if max_pending_bytes is None else {"max_pending_bytes": max_pending_bytes}
+    async with _engine(**opts) as eng:
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        futs = []
+        for _ in range(W6_BATCHES):
+            batch = rng.random((1024, 512), dtype=np.float32)
+            futs.append(await eng.submit(step, batch, reads=w, nbytes=out_bytes))
+            del batch
+        await eng.waitall()
+        elapsed = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        assert all(f.done() and f.exception() is None for f in futs)
+    return peak, elapsed
+
+
+async def w6_schedsvc() -> Figures:
+    bounded_peak, bounded_s = await _w6(W6_BOUND)
+    free_peak, free_s = await _w6(None)
+    return {
+        "w6_bounded_peak_mib": bounded_peak / MiB,
+        "w6_bounded_s": bounded_s,
+        "w6_unbounded_peak_mib": free_peak / MiB,
+        "w6_unbounded_s": free_s,
+    }
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+CASES: dict[str, Callable[[], Any]] = {
+    "w1_w2.schedsvc": w1_w2_schedsvc,
+    "w1_w2.threadpool": w1_w2_threadpool,
+    "w1_w2.executor": w1_w2_executor,
+    "w3.schedsvc": w3_schedsvc,
+    "w3.threadpool": w3_threadpool,
+    "w4.schedsvc": w4_schedsvc,
+    "w4.executor": w4_executor,
+    "w5.schedsvc": w5_schedsvc,
+    "w6.schedsvc": w6_schedsvc,
+}
+
+#: (label, figure, comparison, target) -- figures below are computed in ``_ratios``.
+TARGETS: list[tuple[str, str, str, float]] = [
+    ("W1 submit_nowait, us/task", "w1_us", "<=", 3.0),
+    ("W2 end to end / ThreadPoolExecutor", "w2_vs_threadpool", "<=", 1 / 3),
+    ("W3 chain / ThreadPoolExecutor", "w3_vs_threadpool", "<=", 1 / 3),
+    ("W4 sync loop / run_in_executor", "w4_sync_vs_executor", "<=", 0.4),
+    ("W4 async loop / run_in_executor", "w4_async_vs_executor", "<=", 0.33),
+    ("W5 speed-up, cpu_workers vs 1", "w5_speedup", ">=", 1.8),
+    ("W6 bounded peak - (bound + 1 batch), MiB", "w6_peak_over_bound_mib", "<=", 0.0),
+    ("W6 bounded time / unbounded", "w6_time_ratio", "<=", 1.1),
+]
+
+
+def _run_case(fn: Callable[[], Any]) -> Figures:
+    result = asyncio.run(fn()) if asyncio.iscoroutinefunction(fn) else fn()
+    gc.collect()
+    return dict(result)
+
+
+def _ratios(m: dict[str, Figures]) -> Figures:
+    s, tp, ex = m["w1_w2.schedsvc"], m["w1_w2.threadpool"], m["w1_w2.executor"]
+    batch_mib = 1024 * 512 * 4 / MiB
+    return {
+        "w1_us": s["w1_submit_nowait_us"],
+        "w1_vs_threadpool": s["w1_submit_nowait_us"] / tp["w1_submit_us"],
+        "w2_vs_threadpool": s["w2_us"] / tp["w2_us"],
+        "w2_vs_executor": s["w2_us"] / ex["w2_us"],
+        "w3_vs_threadpool": m["w3.schedsvc"]["w3_us"] / m["w3.threadpool"]["w3_us"],
+        "w4_sync_vs_executor": m["w4.schedsvc"]["w4_sync_us"] / m["w4.executor"]["w4_sync_us"],
+        "w4_async_vs_executor": m["w4.schedsvc"]["w4_async_us"] / m["w4.executor"]["w4_async_us"],
+        "w5_speedup": m["w5.schedsvc"]["w5_speedup"],
+        "w6_peak_over_bound_mib": m["w6.schedsvc"]["w6_bounded_peak_mib"] - W6_BOUND / MiB - batch_mib,
+        "w6_time_ratio": m["w6.schedsvc"]["w6_bounded_s"] / m["w6.schedsvc"]["w6_unbounded_s"],
+    }
+
+
+def run(
+    reps: int = 5, cases: list[str] | None = None, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the cases ``reps`` times, interleaved; return medians, ratios and target checks."""
+    from threadpoolctl import threadpool_limits
+
+    names = cases or list(CASES)
+    samples: dict[str, list[Figures]] = {n: [] for n in names}
+    with threadpool_limits(limits=1):
+        for rep in range(reps):
+            for name in names:
+                samples[name].append(_run_case(CASES[name]))
+                if progress is not None:
+                    progress(f"rep {rep + 1}/{reps} {name}")
+    medians = {n: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for n, runs in samples.items()}
+    report: dict[str, Any] = {"reps": reps, "workers": _workers(), "cases": medians}
+    if set(CASES) <= set(names):
+        ratios = _ratios(medians)
+        report["ratios"] = ratios
+        report["targets"] = [
+            {
+                "label": label,
+                "figure": key,
+                "value": ratios[key],
+                "target": f"{op} {target:.3g}",
+                "met": ratios[key] <= target if op == "<=" else ratios[key] >= target,
+            }
+            for label, key, op, target in TARGETS
+        ]
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"schedsvc bench core: median of {report['reps']} interleaved runs, "
+        f"{report['workers']} workers, BLAS at 1 thread"
+    ]
+    for name, figures in report["cases"].items():
+        shown = ", ".join(f"{k}={v:.3g}" for k, v in figures.items())
+        lines.append(f"  {name:18s} {shown}")
+    for t in report.get("targets", []):
+        mark = "met " if t["met"] else "MISS"
+        lines.append(f"  [{mark}] {t['label']:42s} {t['value']:8.3g}  target {t['target']}")
+    return "\n".join(lines)
