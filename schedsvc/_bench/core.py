@@ -162,18 +162,26 @@ def w3_threadpool() -> Figures:
 
 
 async def w4_schedsvc() -> Figures:
+    """Awaited one by one (tiny tasks then run in the awaiting coroutine), and all then waitall.
+
+    ``w4_sync_handoff_us`` is the one-by-one loop with inline runs turned off:
+    every op makes the thread round trip.
+    """
     x = np.ones(1)
-    async with _engine() as eng:
-        await eng.run(np.add, x, 1)
-        t0 = time.perf_counter()
-        for _ in range(N_W4):
+    figures = {}
+    for key, threshold in (("w4_sync_handoff_us", 0.0), ("w4_sync_us", 20.0)):
+        async with _engine(inline_threshold_us=threshold) as eng:
             await eng.run(np.add, x, 1)
-        t1 = time.perf_counter()
-        for _ in range(N_W4):
-            eng.submit_nowait(np.add, x, 1)
-        await eng.waitall()
-        t2 = time.perf_counter()
-    return {"w4_sync_us": (t1 - t0) / N_W4 * 1e6, "w4_async_us": (t2 - t1) / N_W4 * 1e6}
+            t0 = time.perf_counter()
+            for _ in range(N_W4):
+                await eng.run(np.add, x, 1)
+            figures[key] = (time.perf_counter() - t0) / N_W4 * 1e6
+            t1 = time.perf_counter()
+            for _ in range(N_W4):
+                eng.submit_nowait(np.add, x, 1)
+            await eng.waitall()
+            figures["w4_async_us"] = (time.perf_counter() - t1) / N_W4 * 1e6
+    return figures
 
 
 async def w4_executor() -> Figures:
@@ -300,6 +308,8 @@ def _ratios(m: dict[str, Figures]) -> Figures:
         "w2_vs_executor": s["w2_us"] / ex["w2_us"],
         "w3_vs_threadpool": m["w3.schedsvc"]["w3_us"] / m["w3.threadpool"]["w3_us"],
         "w4_sync_vs_executor": m["w4.schedsvc"]["w4_sync_us"] / m["w4.executor"]["w4_sync_us"],
+        "w4_sync_handoff_vs_executor": m["w4.schedsvc"]["w4_sync_handoff_us"]
+        / m["w4.executor"]["w4_sync_us"],
         "w4_async_vs_executor": m["w4.schedsvc"]["w4_async_us"] / m["w4.executor"]["w4_async_us"],
         "w5_speedup": m["w5.schedsvc"]["w5_speedup"],
         "w6_peak_over_bound_mib": m["w6.schedsvc"]["w6_bounded_peak_mib"] - W6_BOUND / MiB - batch_mib,

@@ -74,7 +74,9 @@ def scan(
     args: tuple[Any, ...], kwargs: dict[str, Any], reads: Any, writes: Any
 ) -> tuple[tuple[Task, ...], tuple[Buffer, ...]]:
     """Return (data dependencies, buffers) of a task's arguments."""
-    if not kwargs and not reads and not writes and len(args) <= 2:
+    # reads=/writes= take one array or a container of them: test for "none given" by identity
+    none_declared = type(reads) is tuple and not reads and type(writes) is tuple and not writes
+    if not kwargs and none_declared and len(args) <= 2:
         fast = _scan_small(args)
         if fast is not None:
             return fast
