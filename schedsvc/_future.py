@@ -67,7 +67,7 @@ class Future(Task, Generic[T]):
         self.name = name
         self.nested = nested
         self.seq = -1
-        self.staged = False
+        self.staged = 0
         self.state = "new"
         self.n_waiting = 0
         self.dependents = None

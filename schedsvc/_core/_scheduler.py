@@ -7,7 +7,7 @@ Events (``handle`` takes them as objects; the runtime's hot path calls the
 method of the same name directly):
 
 * ``submit(task, force, stage)``  admit a task now, or report that it does not fit
-* ``publish()``           make staged ready tasks visible to ``take``
+* ``publish()``           end the current burst: staged tasks become visible to ``take``
 * ``enqueue(task, token)`` queue a task for admission, FIFO, until it fits
 * ``take(device)``         a worker asks for the next ready task
 * ``finish(task, value, error)``  a running task returned or raised
@@ -91,7 +91,8 @@ class Scheduler:
         self.failed = 0
         self.cancelled = 0
         self._seq = 0
-        self.staged: list[Task] = []  # ready, held back from take() until publish()
+        self.staged: list[Task] = []  # ready tasks of the current burst, held from take()
+        self._epoch = 1  # the current burst; publish() ends it
         self._cancelling = False
         self._clock = clock or (lambda: 0.0)
         self._check = check
@@ -126,9 +127,10 @@ class Scheduler:
     def submit(self, task: Task, force: bool = False, stage: bool = False) -> bool:
         """Admit ``task`` if it fits (``force``: regardless); False leaves it untouched.
 
-        ``stage``: if it is ready at once, hold it back from ``take`` until
-        ``publish()`` (the runtime batches hand-offs this way).  Raises
-        MemoryLimitError if the task alone exceeds max_pending_bytes.
+        ``stage``: the task belongs to the current burst; whenever it becomes
+        ready before the next ``publish()`` it is held back from ``take`` (the
+        runtime batches hand-offs this way).  Raises MemoryLimitError if the
+        task alone exceeds max_pending_bytes.
         """
         footprint = task.nbytes
         for buffer in task.buffers:
@@ -141,15 +143,18 @@ class Scheduler:
             )
         if not force and (self._admission or not self._fits(task)):
             return False
-        self._admit(task, stage)
+        if stage:
+            task.staged = self._epoch
+        self._admit(task)
         return True
 
     def publish(self) -> None:
         """Move the staged ready tasks into their ready queues, in submission order."""
+        epoch = self._epoch
+        self._epoch += 1
         staged, self.staged = self.staged, []
         for task in staged:
-            if task.staged:
-                task.staged = False
+            if task.staged == epoch:  # not claimed or cancelled meanwhile
                 self.queues[task.device].push(task)
 
     def enqueue(self, task: Task | None, token: Any) -> None:
@@ -280,8 +285,8 @@ class Scheduler:
     # -- internals -----------------------------------------------------------
 
     def _unqueue(self, task: Task) -> None:
-        if task.staged:
-            task.staged = False  # publish() skips it
+        if task.staged == self._epoch:
+            task.staged = 0  # still in self.staged: publish() skips it
         else:
             self.queues[task.device].discard()
 
@@ -295,7 +300,7 @@ class Scheduler:
                 need += nbytes
         return self.pending_bytes + need <= self.max_pending_bytes
 
-    def _admit(self, task: Task, stage: bool = False) -> None:
+    def _admit(self, task: Task) -> None:
         self.submitted += 1
         self._seq += 1
         task.seq = self._seq
@@ -340,8 +345,7 @@ class Scheduler:
         else:
             self._move(task, "ready")
             task.t_ready = self._clock()
-            if stage:
-                task.staged = True
+            if task.staged == self._epoch:
                 self.staged.append(task)
             else:
                 self.queues[task.device].push(task)
@@ -390,7 +394,9 @@ class Scheduler:
                         continue
                     self._move(child, "ready")
                     child.t_ready = self._clock()
-                    if inline_ok and inline is None and task is root:
+                    if child.staged == self._epoch:
+                        self.staged.append(child)  # its burst is not handed over yet
+                    elif inline_ok and inline is None and task is root:
                         inline = child
                     else:
                         self.queues[child.device].push(child)
@@ -494,7 +500,7 @@ class Scheduler:
             ready = queue.tasks()
             assert len(ready) == queue.count, (device, len(ready), queue.count)
             assert all(t.device == device and t in live for t in ready)
-        staged = [t for t in self.staged if t.staged]
+        staged = [t for t in self.staged if t.staged == self._epoch]
         assert all(t.state == "ready" and t in live for t in staged)
         assert sum(q.count for q in self.queues.values()) + len(staged) == states.count("ready")
         for task, parents in live.items():

@@ -85,7 +85,7 @@ class Task:
         self.name = name
         self.nested = nested
         self.seq = -1
-        self.staged = False
+        self.staged = 0  # the burst (Scheduler epoch) it was staged in; 0: never
         self.state: TaskState = "new"
         self.n_waiting = 0
         self.dependents: list[Task] | None = None
