@@ -148,4 +148,5 @@ class Future(Task, Generic[T]):
         extra = ""
         if self.state == "failed" and self.error is not None:
             extra = f" {type(self.error).__name__}"
-        return f"<Future #{self.seq} {label} {self.state}{extra}>"
+        seq = f"#{self.seq} " if self.seq >= 0 else ""
+        return f"<Future {seq}{label} {self.state}{extra}>"

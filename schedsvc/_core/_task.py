@@ -96,4 +96,5 @@ class Task:
 
     def __repr__(self) -> str:
         label = self.name or getattr(self.fn, "__name__", None) or type(self).__name__
-        return f"<{type(self).__name__} #{self.seq} {label} {self.state}>"
+        seq = f"#{self.seq} " if self.seq >= 0 else ""
+        return f"<{type(self).__name__} {seq}{label} {self.state}>"

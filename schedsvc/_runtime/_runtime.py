@@ -202,7 +202,7 @@ class Runtime:
                 self.execute(task, chain=False)
             return True
         self.flush()
-        gate = _LockType()
+        gate = threading.Lock()
         gate.acquire()
         with self.lock:
             if task.state in FINAL_STATES:
