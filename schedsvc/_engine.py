@@ -135,7 +135,7 @@ class Engine:
         with rt.lock:
             if rt.closed:
                 raise self._closed_error()
-            stage = tid == rt.loop_thread and rt.stage_next()
+            stage = tid == rt.loop_thread and rt.stage_next(priority)
             if not rt.core.submit(task, task.nested, stage):
                 token = asyncio.get_running_loop().create_future()
                 rt.core.enqueue(task, token)
@@ -175,7 +175,7 @@ class Engine:
         with rt.lock:
             if rt.closed:
                 raise self._closed_error()
-            stage = tid == rt.loop_thread and rt.stage_next()
+            stage = tid == rt.loop_thread and rt.stage_next(priority)
             if not rt.core.submit(task, task.nested, stage):
                 rt.core.publish()  # a caller that retries must see progress
                 after = rt.collect()
@@ -215,7 +215,15 @@ class Engine:
             after = rt.collect()
         if after is not None:
             after()
-        await token
+        try:
+            await token
+        except asyncio.CancelledError:
+            with rt.lock:
+                core.withdraw(token)
+                after = rt.collect()
+            if after is not None:
+                after()
+            raise
 
     def stats(self) -> Stats:
         """A snapshot of the counters."""

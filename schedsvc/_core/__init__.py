@@ -5,7 +5,7 @@ events it takes and the instructions it gives.
 """
 
 from ._queue import ReadyQueue
-from ._scheduler import Barrier, Cancel, Enqueue, Finish, Instruction, Scheduler, Submit, Take
+from ._scheduler import Barrier, Cancel, Enqueue, Finish, Instruction, Scheduler, Submit, Take, Withdraw
 from ._task import FINAL_STATES, TRANSITIONS, Buffer, Task, TaskState
 
 __all__ = [
@@ -23,4 +23,5 @@ __all__ = [
     "Take",
     "Task",
     "TaskState",
+    "Withdraw",
 ]

@@ -12,6 +12,7 @@ method of the same name directly):
 * ``take(device)``         a worker asks for the next ready task
 * ``finish(task, value, error)``  a running task returned or raised
 * ``cancel(task)``         cancel a task that has not started
+* ``withdraw(token)``      a ``throttle`` waiter gave up
 * ``barrier(token)``       wake ``token`` once every task admitted so far is final
 
 Instructions appear in ``out`` (``drain()`` empties it):
@@ -49,6 +50,7 @@ __all__ = [
     "Scheduler",
     "Submit",
     "Take",
+    "Withdraw",
 ]
 
 Instruction = tuple[str, Any]
@@ -103,7 +105,9 @@ class Scheduler:
 
     # -- events --------------------------------------------------------------
 
-    def handle(self, event: Submit | Enqueue | Take | Finish | Cancel | Barrier) -> list[Instruction]:
+    def handle(
+        self, event: Submit | Enqueue | Take | Finish | Cancel | Withdraw | Barrier
+    ) -> list[Instruction]:
         """Apply one event and return the instructions it produced."""
         if isinstance(event, Submit):
             if not self.submit(event.task, force=event.force):
@@ -120,6 +124,8 @@ class Scheduler:
                 self.out.append(("run", nxt))
         elif isinstance(event, Cancel):
             self.cancel(event.task)
+        elif isinstance(event, Withdraw):
+            self.withdraw(event.token)
         else:
             self.barrier(event.token)
         return self.drain()
@@ -202,10 +208,10 @@ class Scheduler:
             task.error = error
             self._move(task, "failed")
             self.failed += 1
-        inline = self._retire(task)
-        if inline is not None and not chain:
-            self.queues[inline.device].push(inline)
-            inline = None
+            self._finalize_dependents(task)
+        if task.watchers is not None:
+            self.out.append(("resolve", task))
+        inline = self._release_and_cascade(task, inline_ok=chain)
         if self._admission:
             self._admit_waiters()
         if inline is not None:
@@ -224,6 +230,7 @@ class Scheduler:
         if state == "admitting":
             self._admission = deque(e for e in self._admission if e[0] is not task)
             self._final(task, "cancelled", None)
+            self._admit_waiters()  # those queued behind it may fit now
             return True
         if state == "new":
             self._final(task, "cancelled", None)
@@ -232,12 +239,21 @@ class Scheduler:
             return False
         if state == "ready":
             self._unqueue(task)
-        self.pending -= 1
         self._final(task, "cancelled", None)
-        self._release_and_cascade(task)
+        self._finalize_dependents(task)
+        if task.n_waiting == 0:
+            self._release_and_cascade(task)
+        # else it keeps its place in the order until its parents finish
         if self._admission:
             self._admit_waiters()
         return True
+
+    def withdraw(self, token: Any) -> bool:
+        """Take a waiter that holds no task (``throttle``) out of the admission queue."""
+        before = len(self._admission)
+        self._admission = deque(e for e in self._admission if e[1] is not token)
+        self._admit_waiters()
+        return len(self._admission) < before
 
     def cancel_pending(self) -> list[Any]:
         """Stop starting work: cancel queued tasks now and each task as it becomes ready.
@@ -359,44 +375,53 @@ class Scheduler:
         if parents is not None:
             parents.append(parent)
 
-    def _retire(self, task: Task) -> Task | None:
-        """Release a finished task; queue newly ready dependents, except one returned."""
-        self.pending -= 1
-        if task.watchers is not None:
-            self.out.append(("resolve", task))
-        return self._release_and_cascade(task, inline_ok=True)
+    def _finalize_dependents(self, root: Task) -> None:
+        """``root`` failed or was cancelled: so are, now, the tasks that take its value, transitively.
+
+        They are final for their futures at once, but each keeps its place in
+        the graph (buffers, edges) until its own parents finish: a hazard edge
+        orders only through the last writer, so releasing it early would let a
+        later reader overtake an earlier writer that is still running.
+        """
+        work = [root]
+        while work:
+            parent = work.pop()
+            for child in parent.dependents or ():
+                if child.state == "waiting" and any(dep is parent for dep in child.deps):
+                    self._fail_from(child, parent)
+                    work.append(child)
 
     def _release_and_cascade(self, root: Task, inline_ok: bool = False) -> Task | None:
+        """Release a final task with no unfinished parents; queue dependents it made ready.
+
+        With ``inline_ok``, the first task this release made ready is returned
+        instead of queued.  Dependents that were finalized early are released in turn.
+        """
         inline: Task | None = None
-        stack: list[Task] = []  # tasks failed or cancelled through a parent, still to release
+        stack: list[Task] = []  # final tasks whose last parent just finished
         task = root
         while True:
             self._release(task)
             dependents = task.dependents
             if dependents is not None:
                 task.dependents = None
-                ok = task.state == "done"
                 for child in dependents:
-                    if child.state != "waiting":
-                        continue  # already failed or cancelled through another parent
-                    if not ok and any(dep is task for dep in child.deps):
-                        self.pending -= 1
-                        self._fail_from(child, task)
-                        stack.append(child)
-                        continue
                     child.n_waiting -= 1
                     if child.n_waiting:
                         continue
+                    if child.state != "waiting":
+                        stack.append(child)  # failed or cancelled through a parent earlier
+                        continue
                     if self._cancelling:
-                        self.pending -= 1
                         self._final(child, "cancelled", None)
+                        self._finalize_dependents(child)
                         stack.append(child)
                         continue
                     self._move(child, "ready")
                     child.t_ready = self._clock()
                     if child.staged == self._epoch:
                         self.staged.append(child)  # its burst is not handed over yet
-                    elif inline_ok and inline is None and task is root:
+                    elif inline_ok and inline is None:
                         inline = child
                     else:
                         self.queues[child.device].push(child)
@@ -405,6 +430,7 @@ class Scheduler:
             task = stack.pop()
 
     def _release(self, task: Task) -> None:
+        self.pending -= 1
         buffers = self._buffers
         freed = task.nbytes
         for key, _, write in task.buffers:
@@ -494,7 +520,8 @@ class Scheduler:
         assert self.pending == len(live), (self.pending, len(live))
         assert self.pending <= self.max_pending or any(t.nested for t in live), "over max_pending"
         states = [t.state for t in live]
-        assert all(s in ("waiting", "ready", "running") for s in states), states
+        for task in live:  # final tasks stay in the graph only while a parent is unfinished
+            assert task.state in ("waiting", "ready", "running") or task.n_waiting > 0, task
         assert self.running == states.count("running")
         for device, queue in self.queues.items():
             ready = queue.tasks()
@@ -504,9 +531,9 @@ class Scheduler:
         assert all(t.state == "ready" and t in live for t in staged)
         assert sum(q.count for q in self.queues.values()) + len(staged) == states.count("ready")
         for task, parents in live.items():
-            unfinished = [p for p in parents if p.state not in FINAL_STATES]
+            unfinished = [p for p in parents if p in live]  # released parents are gone
             assert task.n_waiting == len(unfinished), (task, task.n_waiting, unfinished)
-            assert (task.state == "waiting") == (task.n_waiting > 0), task
+            assert (task.state in ("ready", "running")) == (task.n_waiting == 0), task
         users: dict[int, int] = {}
         for task in live:
             for key, _, _ in task.buffers:
@@ -550,6 +577,11 @@ class Finish:
 @dataclass(frozen=True, slots=True)
 class Cancel:
     task: Task
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    token: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,8 +84,16 @@ class Runtime:
 
     # -- called with the lock held -------------------------------------------
 
-    def stage_next(self) -> bool:
-        """With the lock held, on the loop thread: should the next submission be staged?"""
+    def stage_next(self, priority: int) -> bool:
+        """With the lock held, on the loop thread: should the next submission be staged?
+
+        A task with a priority other than the default is never staged, and
+        first makes everything staged visible: priorities order only what the
+        workers can see.
+        """
+        if priority:
+            self.core.publish()
+            return False
         if self._eager_left > 0:
             self._eager_left -= 1
             if self._eager_left == 0 and not self._flush_scheduled:

@@ -10,6 +10,7 @@ arguments, so the key cannot be reused while the task is unfinished.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,12 @@ class _Found:
             for item in obj:
                 self.visit(item, write)
         elif kind is dict:
+            for item in obj.values():
+                self.visit(item, write)
+        elif isinstance(obj, list | tuple):  # namedtuples and other subclasses
+            for item in obj:
+                self.visit(item, write)
+        elif isinstance(obj, dict):  # OrderedDict, defaultdict, Counter, ...
             for item in obj.values():
                 self.visit(item, write)
         else:
@@ -134,5 +141,16 @@ def substitute(obj: Any) -> Any:
         return tuple(substitute(x) for x in obj)
     if kind is dict:
         return {k: substitute(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        items = [substitute(x) for x in obj]
+        return kind._make(items) if hasattr(kind, "_make") else kind(items)
+    if isinstance(obj, list | dict):  # a shallow copy keeps the subclass and its state
+        new = copy.copy(obj)
+        if isinstance(obj, list):
+            new[:] = [substitute(x) for x in obj]
+        else:
+            for key, value in obj.items():
+                new[key] = substitute(value)
+        return new
     hook = getattr(obj, "__schedsvc_substitute__", None)
     return obj if hook is None else hook()
