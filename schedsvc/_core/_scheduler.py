@@ -471,14 +471,21 @@ class Scheduler:
         if parent.state == "cancelled":
             self._final(task, "cancelled", None)
         else:
-            label = parent.name or getattr(parent.fn, "__name__", "task")
-            err = DependencyError(
-                f"{task!r} did not run: its input {label} (task #{parent.seq}) failed with "
-                f"{type(parent.error).__name__}: {parent.error}"
-            )
             cause = parent.error
             if isinstance(cause, DependencyError) and cause.__cause__ is not None:
                 cause = cause.__cause__  # point at the original failure, not the relay
+                how = "did not run either"
+            else:
+                how = "failed"
+            label = parent.name or getattr(parent.fn, "__name__", "task")
+            text = str(cause)
+            if len(text) > 200:  # the whole text is on __cause__
+                text = text[:200] + "..."
+            name = task.name or getattr(task.fn, "__name__", "task")
+            err = DependencyError(
+                f"{name} (task #{task.seq}) did not run: its input {label} (task #{parent.seq}) {how}; "
+                f"the original error: {type(cause).__name__}: {text}"
+            )
             err.__cause__ = cause
             self._final(task, "failed", err)
 

@@ -1,0 +1,891 @@
+"""The pure scheduling core, event by event: no threads, no event loop, ``validate()`` after every step."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schedsvc import DependencyError, MemoryLimitError
+from schedsvc._core import (
+    FINAL_STATES,
+    TRANSITIONS,
+    Barrier,
+    Cancel,
+    Enqueue,
+    Finish,
+    Scheduler,
+    Submit,
+    Take,
+    Task,
+)
+
+BIG = 1 << 40
+
+
+def make(
+    *,
+    max_pending: int = 1000,
+    max_pending_bytes: int = BIG,
+    devices: tuple[str, ...] = ("cpu",),
+) -> Scheduler:
+    return Scheduler(
+        max_pending=max_pending, max_pending_bytes=max_pending_bytes, devices=devices, check=True
+    )
+
+
+def task(name: str, **fields: Any) -> Task:
+    """A task whose completion the scheduler reports (it has watchers, as an awaited future does)."""
+    t = Task(name=name, **fields)
+    t.watchers = []
+    return t
+
+
+def step(s: Scheduler, event: Any) -> list[tuple[str, Any]]:
+    out = s.handle(event)
+    s.validate()
+    return out
+
+
+def submit(s: Scheduler, *tasks: Task) -> None:
+    for t in tasks:
+        assert step(s, Submit(t)) == [], t
+    s.validate()
+
+
+def take(s: Scheduler, device: str = "cpu") -> Task | None:
+    out = step(s, Take(device))
+    if not out:
+        return None
+    assert len(out) == 1 and out[0][0] == "run", out
+    return out[0][1]
+
+
+def take_all(s: Scheduler, device: str = "cpu") -> list[Task]:
+    taken = []
+    while (t := take(s, device)) is not None:
+        taken.append(t)
+    return taken
+
+
+def resolved(out: list[tuple[str, Any]]) -> list[Task]:
+    return [obj for kind, obj in out if kind == "resolve"]
+
+
+def runs(out: list[tuple[str, Any]]) -> list[Task]:
+    return [obj for kind, obj in out if kind == "run"]
+
+
+def R(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
+    return (key, nbytes, False)
+
+
+def W(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
+    return (key, nbytes, True)
+
+
+# -- the state table -----------------------------------------------------------
+
+
+def test_transition_table_covers_every_state() -> None:
+    states = {"new", "admitting", "waiting", "ready", "running", "done", "failed", "cancelled"}
+    assert set(TRANSITIONS) == states
+    assert set(FINAL_STATES) == {"done", "failed", "cancelled"}
+    for final in FINAL_STATES:
+        assert not TRANSITIONS[final]
+    assert "running" not in TRANSITIONS["waiting"]
+    assert "cancelled" not in TRANSITIONS["running"]
+
+
+def test_validate_needs_check_mode() -> None:
+    with pytest.raises(AssertionError):
+        Scheduler(max_pending=1, max_pending_bytes=1).validate()
+
+
+# -- readiness and dependencies -------------------------------------------------
+
+
+def test_independent_tasks_are_ready_at_once() -> None:
+    s = make()
+    a, b, c = task("a"), task("b"), task("c")
+    submit(s, a, b, c)
+    assert [t.state for t in (a, b, c)] == ["ready"] * 3
+    assert s.ready_count("cpu") == 3
+    assert take_all(s) == [a, b, c]
+    assert all(t.state == "running" for t in (a, b, c))
+    assert s.running == 3
+
+
+def test_data_dependency_waits_for_its_parent() -> None:
+    s = make()
+    a = task("a")
+    b = task("b", deps=(a,))
+    submit(s, a, b)
+    assert a.state == "ready"
+    assert b.state == "waiting"
+    assert take_all(s) == [a]
+    out = step(s, Finish(a, value=1))
+    assert resolved(out) == [a]
+    assert runs(out) == [b]  # the only dependent runs inline on the finishing worker
+    assert a.state == "done" and a.value == 1
+    assert b.state == "running"
+    out = step(s, Finish(b, value=2))
+    assert resolved(out) == [b]
+    assert s.pending == 0 and s.completed == 2
+
+
+def test_dependency_on_a_finished_task_is_ready_at_once() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    take(s)
+    step(s, Finish(a, value=1))
+    b = task("b", deps=(a,))
+    submit(s, b)
+    assert b.state == "ready"
+
+
+def test_task_with_two_parents_waits_for_both() -> None:
+    s = make()
+    a, b = task("a"), task("b")
+    c = task("c", deps=(a, b))
+    submit(s, a, b, c)
+    assert take_all(s) == [a, b]
+    assert runs(step(s, Finish(b))) == []
+    assert c.state == "waiting"
+    assert runs(step(s, Finish(a))) == [c]
+
+
+def test_two_dependents_made_ready_by_one_finish_both_run() -> None:
+    s = make()
+    a = task("a")
+    b, c = task("b", deps=(a,)), task("c", deps=(a,))
+    submit(s, a, b, c)
+    take(s)
+    inline = runs(step(s, Finish(a)))
+    rest = take_all(s)
+    assert sorted(t.name for t in inline + rest) == ["b", "c"]  # type: ignore[type-var]
+    assert len(inline) <= 1
+    assert b.state == c.state == "running"
+
+
+def test_tasks_of_other_devices_are_not_taken() -> None:
+    s = make(devices=("cpu", "cuda:0"))
+    a = task("a", device="cuda:0")
+    b = task("b")
+    submit(s, a, b)
+    assert take_all(s) == [b]
+    assert take_all(s, "cuda:0") == [a]
+
+
+# -- buffer hazards ---------------------------------------------------------------
+
+
+def test_read_after_write_waits() -> None:
+    s = make()
+    w, r = task("w", buffers=(W(1),)), task("r", buffers=(R(1),))
+    submit(s, w, r)
+    assert r.state == "waiting"
+    assert take_all(s) == [w]
+    assert runs(step(s, Finish(w))) == [r]
+
+
+def test_write_after_read_waits() -> None:
+    s = make()
+    r, w = task("r", buffers=(R(1),)), task("w", buffers=(W(1),))
+    submit(s, r, w)
+    assert w.state == "waiting"
+    assert take_all(s) == [r]
+    assert runs(step(s, Finish(r))) == [w]
+
+
+def test_write_after_write_waits() -> None:
+    s = make()
+    w1, w2 = task("w1", buffers=(W(1),)), task("w2", buffers=(W(1),))
+    submit(s, w1, w2)
+    assert w2.state == "waiting"
+    assert take_all(s) == [w1]
+    assert runs(step(s, Finish(w1))) == [w2]
+
+
+def test_concurrent_readers_are_both_ready() -> None:
+    s = make()
+    r1, r2 = task("r1", buffers=(R(1),)), task("r2", buffers=(R(1),))
+    submit(s, r1, r2)
+    assert take_all(s) == [r1, r2]
+
+
+def test_writer_waits_for_every_earlier_reader() -> None:
+    s = make()
+    r1, r2 = task("r1", buffers=(R(1),)), task("r2", buffers=(R(1),))
+    w = task("w", buffers=(W(1),))
+    submit(s, r1, r2, w)
+    assert take_all(s) == [r1, r2]
+    assert runs(step(s, Finish(r2))) == []
+    assert w.state == "waiting"
+    assert runs(step(s, Finish(r1))) == [w]
+
+
+def test_reader_after_writer_after_readers_waits_for_the_writer_only() -> None:
+    s = make()
+    r1 = task("r1", buffers=(R(1),))
+    w = task("w", buffers=(W(1),))
+    r2 = task("r2", buffers=(R(1),))
+    submit(s, r1, w, r2)
+    assert r2.state == "waiting"
+    take_all(s)
+    assert runs(step(s, Finish(r1))) == [w]
+    assert runs(step(s, Finish(w))) == [r2]
+
+
+def test_different_buffers_do_not_order() -> None:
+    s = make()
+    a, b = task("a", buffers=(W(1),)), task("b", buffers=(W(2),))
+    submit(s, a, b)
+    assert take_all(s) == [a, b]
+
+
+def test_hazards_on_one_buffer_chain_in_submission_order() -> None:
+    s = make()
+    kinds = [W, R, R, W, W, R]
+    tasks = [task(f"t{i}", buffers=(k(7),)) for i, k in enumerate(kinds)]
+    submit(s, *tasks)
+    order: list[Task] = []
+    while len(order) < len(tasks):
+        batch = take_all(s)
+        assert batch, "nothing ready although tasks are unfinished"
+        while batch:
+            t = batch.pop(0)
+            order.append(t)
+            batch.extend(runs(step(s, Finish(t))))
+            batch.extend(take_all(s))
+    # writers run alone, in order; the readers between two writers may run in any order
+    assert order.index(tasks[0]) < order.index(tasks[1]) < order.index(tasks[3])
+    assert order.index(tasks[0]) < order.index(tasks[2]) < order.index(tasks[3])
+    assert order.index(tasks[3]) < order.index(tasks[4]) < order.index(tasks[5])
+
+
+# -- priorities -----------------------------------------------------------------------
+
+
+def test_higher_priority_first_fifo_within_a_priority() -> None:
+    s = make()
+    low = task("low", priority=0)
+    high1 = task("high1", priority=5)
+    mid = task("mid", priority=1)
+    high2 = task("high2", priority=5)
+    low2 = task("low2", priority=0)
+    neg = task("neg", priority=-3)
+    submit(s, low, high1, neg, mid, high2, low2)
+    assert take_all(s) == [high1, high2, mid, low, low2, neg]
+
+
+def test_finish_does_not_run_a_dependent_inline_when_a_higher_priority_task_is_queued() -> None:
+    s = make()
+    a = task("a")
+    b = task("b", deps=(a,), priority=0)
+    submit(s, a)
+    assert take(s) is a
+    urgent = task("urgent", priority=5)
+    submit(s, b, urgent)
+    out = step(s, Finish(a))
+    assert runs(out) == []
+    assert b.state == "ready"
+    assert take_all(s) == [urgent, b]
+
+
+def test_finish_runs_a_higher_priority_dependent_inline_over_lower_queued_work() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    take(s)
+    b = task("b", deps=(a,), priority=5)
+    low = task("low", priority=0)
+    submit(s, b, low)
+    assert runs(step(s, Finish(a))) == [b]
+    assert take_all(s) == [low]
+
+
+# -- failures -------------------------------------------------------------------------
+
+
+def test_failure_cascades_to_data_dependents_with_the_original_as_cause() -> None:
+    s = make()
+    a = task("a")
+    b = task("b", deps=(a,))
+    c = task("c", deps=(b,))
+    submit(s, a, b, c)
+    take(s)
+    boom = ValueError("boom")
+    out = step(s, Finish(a, error=boom))
+    assert runs(out) == []
+    assert set(resolved(out)) == {a, b, c}
+    assert a.state == "failed" and a.error is boom
+    for child in (b, c):
+        assert child.state == "failed"
+        assert isinstance(child.error, DependencyError)
+        assert child.error.__cause__ is boom
+    assert "a" in str(b.error)  # names the input that failed
+    assert s.failed == 3 and s.completed == 0 and s.pending == 0
+
+
+def test_submitting_a_dependent_of_a_failed_task_fails_it_at_once() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    take(s)
+    boom = KeyError("k")
+    step(s, Finish(a, error=boom))
+    b = task("b", deps=(a,))
+    out = step(s, Submit(b))
+    assert resolved(out) == [b]
+    assert b.state == "failed"
+    assert isinstance(b.error, DependencyError)
+    assert b.error.__cause__ is boom
+
+
+def test_hazard_only_dependent_still_runs_after_a_failure() -> None:
+    s = make()
+    a = task("a", buffers=(W(1),))
+    hazard = task("hazard", buffers=(R(1),))  # orders after a, does not take its value
+    data = task("data", deps=(a,))
+    submit(s, a, hazard, data)
+    take(s)
+    out = step(s, Finish(a, error=RuntimeError("x")))
+    assert data.state == "failed"
+    assert hazard.state in ("ready", "running")
+    ran = runs(out) + take_all(s)
+    assert ran == [hazard]
+    step(s, Finish(hazard, value=3))
+    assert hazard.state == "done" and hazard.value == 3
+
+
+def test_failure_cascade_over_a_long_chain_does_not_recurse() -> None:
+    n = 10_000
+    s = make(max_pending=n + 1)
+    first = task("t0")
+    chain = [first]
+    for i in range(1, n):
+        chain.append(task(f"t{i}", deps=(chain[-1],)))
+    for t in chain:
+        assert s.submit(t)
+    assert s.take("cpu") is first
+    boom = ValueError("first")
+    assert s.finish(first, error=boom) is None
+    s.validate()
+    assert all(t.state == "failed" for t in chain)
+    assert all(t.error.__cause__ is boom for t in chain[1:])  # type: ignore[union-attr]
+    assert s.pending == 0
+    assert len(resolved(s.drain())) == n
+
+
+def test_dependency_error_messages_stay_short_down_a_chain() -> None:
+    """Each relay names its input and the original failure is its __cause__; the message must not embed the
+    whole chain above it (that is quadratic time and memory: gigabytes for a 10,000-task chain)."""
+    n = 200
+    s = make(max_pending=n + 1)
+    chain = [task("t0")]
+    for i in range(1, n):
+        chain.append(task(f"t{i}", deps=(chain[-1],)))
+    for t in chain:
+        assert s.submit(t)
+    s.take("cpu")
+    boom = ValueError("root cause")
+    s.finish(chain[0], error=boom)
+    for t in chain[1:]:
+        assert isinstance(t.error, DependencyError)
+        assert t.error.__cause__ is boom
+        assert len(str(t.error)) < 500, f"{t.name}: {len(str(t.error))} characters"
+    s.validate()
+
+
+def test_cancel_cascade_over_a_long_chain_does_not_recurse() -> None:
+    n = 10_000
+    s = make(max_pending=n + 1)
+    chain = [task("t0")]
+    for i in range(1, n):
+        chain.append(task(f"t{i}", deps=(chain[-1],)))
+    for t in chain:
+        assert s.submit(t)
+    assert s.cancel(chain[0])
+    s.validate()
+    assert all(t.state == "cancelled" for t in chain)
+    assert s.pending == 0 and s.cancelled == n
+
+
+# -- cancellation ------------------------------------------------------------------------
+
+
+def test_cancel_ready_task_cancels_its_data_dependents() -> None:
+    s = make()
+    a = task("a")
+    b = task("b", deps=(a,))
+    c = task("c", deps=(b,))
+    hazard = task("hazard", buffers=(R(1),))
+    submit(s, a, b, c, hazard)
+    out = step(s, Cancel(a))
+    assert set(resolved(out)) == {a, b, c}
+    assert a.state == b.state == c.state == "cancelled"
+    assert take_all(s) == [hazard]
+    assert s.cancelled == 3
+
+
+def test_cancel_waiting_task_leaves_its_parent_alone() -> None:
+    s = make()
+    a = task("a")
+    b = task("b", deps=(a,))
+    c = task("c", deps=(b,))
+    submit(s, a, b, c)
+    assert take(s) is a
+    out = step(s, Cancel(b))
+    assert set(resolved(out)) == {b, c}
+    assert a.state == "running"
+    out = step(s, Finish(a, value=1))
+    assert runs(out) == []
+    assert a.state == "done" and s.pending == 0
+
+
+def test_cancel_releases_hazard_edges() -> None:
+    s = make()
+    a = task("a", buffers=(R(1),))
+    b = task("b", buffers=(W(1),))
+    c = task("c", buffers=(W(2),))
+    d = task("d", buffers=(R(2),))
+    submit(s, a, c, b, d)
+    assert take_all(s) == [a, c]
+    step(s, Cancel(b))
+    step(s, Finish(a))
+    assert runs(step(s, Finish(c))) == [d]
+
+
+def test_cancelling_a_waiting_task_keeps_the_hazard_order_around_it() -> None:
+    """w1 writes, w2 writes (waits for w1), r reads (waits for w2, hence for w1).
+
+    Cancelling w2 must not let r read while w1 is still writing: sequentially, r sees w1's write.
+    """
+    s = make()
+    w1 = task("w1", buffers=(W(1),))
+    w2 = task("w2", buffers=(W(1),))
+    r = task("r", buffers=(R(1),))
+    submit(s, w1, w2, r)
+    assert take_all(s) == [w1]
+    step(s, Cancel(w2))
+    assert w2.state == "cancelled"
+    assert r.state == "waiting", "r became ready while w1, which writes what r reads, is still running"
+    assert take_all(s) == []
+    assert runs(step(s, Finish(w1))) == [r]
+
+
+def test_failing_a_waiting_task_keeps_the_hazard_order_around_it() -> None:
+    """w2 takes p's value and writes what w1 writes; r reads it.  p fails, so w2 fails without running:
+    r must still wait for w1."""
+    s = make()
+    p = task("p")
+    w1 = task("w1", buffers=(W(1),))
+    w2 = task("w2", deps=(p,), buffers=(W(1),))
+    r = task("r", buffers=(R(1),))
+    submit(s, p, w1, w2, r)
+    assert take_all(s) == [p, w1]
+    step(s, Finish(p, error=ValueError("p")))
+    assert w2.state == "failed"
+    assert r.state == "waiting", "r became ready while w1, which writes what r reads, is still running"
+    assert runs(step(s, Finish(w1))) == [r]
+
+
+def test_cancelling_a_waiting_reader_keeps_the_writer_after_the_earlier_writer() -> None:
+    s = make()
+    w1 = task("w1", buffers=(W(1),))
+    r = task("r", buffers=(R(1),))
+    w2 = task("w2", buffers=(W(1),))
+    submit(s, w1, r, w2)
+    assert take_all(s) == [w1]
+    step(s, Cancel(r))
+    assert w2.state == "waiting", "w2 became ready while w1 is still writing the same buffer"
+    assert runs(step(s, Finish(w1))) == [w2]
+
+
+def test_running_task_cannot_be_cancelled() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    take(s)
+    assert s.cancel(a) is False
+    s.validate()
+    assert a.state == "running"
+    step(s, Finish(a, value=1))
+    assert a.state == "done"
+
+
+def test_final_task_cannot_be_cancelled() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    take(s)
+    step(s, Finish(a, value=1))
+    assert s.cancel(a) is False
+    assert a.state == "done"
+
+
+def test_cancel_a_task_waiting_for_admission() -> None:
+    s = make(max_pending=1)
+    a, b, c = task("a"), task("b"), task("c")
+    submit(s, a)
+    assert step(s, Submit(b)) == [("full", b)]
+    step(s, Enqueue(b, "tb"))
+    step(s, Enqueue(c, "tc"))
+    out = step(s, Cancel(b))
+    assert resolved(out) == [b]
+    assert b.state == "cancelled"
+    assert s.waiting_admission == 1
+    take(s)
+    out = step(s, Finish(a))
+    assert ("admitted", "tc") in out
+    assert ("admitted", "tb") not in out
+
+
+# -- admission ------------------------------------------------------------------------------
+
+
+def test_admission_by_count() -> None:
+    s = make(max_pending=2)
+    a, b, c = task("a"), task("b"), task("c")
+    assert s.submit(a) and s.submit(b)
+    assert s.submit(c) is False
+    s.validate()
+    assert c.state == "new"  # untouched
+    assert step(s, Submit(c)) == [("full", c)]
+    assert s.pending == 2
+
+
+def test_queued_submissions_are_admitted_fifo_as_tasks_finish() -> None:
+    s = make(max_pending=2)
+    a, b = task("a"), task("b")
+    submit(s, a, b)
+    queued = [task(f"q{i}") for i in range(3)]
+    for i, t in enumerate(queued):
+        assert step(s, Enqueue(t, f"tok{i}")) == []
+        assert t.state == "admitting"
+    assert s.waiting_admission == 3
+    take_all(s)
+    out = step(s, Finish(b))
+    assert [x for x in out if x[0] == "admitted"] == [("admitted", "tok0")]
+    assert queued[0].state == "ready"
+    out = step(s, Finish(a))
+    assert [x for x in out if x[0] == "admitted"] == [("admitted", "tok1")]
+    assert take_all(s) == [queued[0], queued[1]]
+    out = step(s, Finish(queued[1]))
+    assert [x for x in out if x[0] == "admitted"] == [("admitted", "tok2")]
+    assert s.waiting_admission == 0
+
+
+def test_submit_does_not_jump_the_admission_queue() -> None:
+    s = make(max_pending=10, max_pending_bytes=100)
+    a = task("a", buffers=(R(1, 60),))
+    big = task("big", buffers=(R(2, 60),))
+    small = task("small", buffers=(R(3, 10),))
+    submit(s, a)
+    assert s.submit(big) is False
+    step(s, Enqueue(big, "big"))
+    assert s.submit(small) is False  # would fit, but big waits ahead of it
+    assert s.fits(small) is False
+    step(s, Enqueue(small, "small"))
+    take(s)
+    out = step(s, Finish(a))
+    assert [x[1] for x in out if x[0] == "admitted"] == ["big", "small"]
+
+
+def test_admission_by_bytes_counts_each_buffer_once() -> None:
+    s = make(max_pending_bytes=100)
+    a = task("a", buffers=(R(1, 60),))
+    b = task("b", buffers=(W(1, 60),))  # the same buffer: no new bytes
+    c = task("c", buffers=(R(2, 60),))
+    submit(s, a, b)
+    assert s.pending_bytes == 60
+    assert s.submit(c) is False
+    take_all(s)
+    step(s, Finish(a))
+    assert s.pending_bytes == 60  # b still holds buffer 1
+    step(s, Finish(b))
+    assert s.pending_bytes == 0
+    assert s.submit(c)
+    assert s.peak_pending_bytes == 60
+
+
+def test_declared_output_bytes_count() -> None:
+    s = make(max_pending_bytes=100)
+    a = task("a", nbytes=70)
+    b = task("b", buffers=(R(1, 40),))
+    submit(s, a)
+    assert s.pending_bytes == 70
+    assert s.submit(b) is False
+    take(s)
+    step(s, Finish(a))
+    assert s.pending_bytes == 0
+    assert s.submit(b)
+
+
+def test_force_admits_over_the_limits() -> None:
+    s = make(max_pending=1)
+    a, b = task("a"), task("b", nested=True)
+    submit(s, a)
+    assert step(s, Submit(b, force=True)) == []
+    assert b.state == "ready"
+    assert s.pending == 2
+
+
+def test_task_that_can_never_fit_raises_memory_limit_error() -> None:
+    s = make(max_pending_bytes=100)
+    t = task("huge", buffers=(R(1, 150),), nbytes=10)
+    with pytest.raises(MemoryLimitError) as info:
+        s.submit(t)
+    message = str(info.value)
+    assert "160" in message and "100" in message
+    assert t.state == "new"
+    assert s.pending == 0 and s.pending_bytes == 0
+    s.validate()
+
+
+def test_task_exactly_at_the_byte_limit_fits() -> None:
+    s = make(max_pending_bytes=100)
+    t = task("exact", buffers=(R(1, 60),), nbytes=40)
+    submit(s, t)
+    assert s.pending_bytes == 100
+
+
+def test_enqueue_without_a_task_waits_for_room() -> None:
+    s = make(max_pending=1)
+    a = task("a")
+    submit(s, a)
+    s.enqueue(None, "throttle")
+    assert s.drain() == []
+    take(s)
+    out = step(s, Finish(a))
+    assert ("admitted", "throttle") in out
+
+
+# -- barriers --------------------------------------------------------------------------------
+
+
+def test_barrier_with_nothing_pending_fires_at_once() -> None:
+    s = make()
+    assert step(s, Barrier("t")) == [("barrier", "t")]
+
+
+def test_barrier_waits_for_earlier_tasks_only() -> None:
+    s = make()
+    a, b = task("a"), task("b")
+    submit(s, a, b)
+    assert step(s, Barrier("t")) == []
+    later = task("later")
+    submit(s, later)
+    take_all(s)
+    assert ("barrier", "t") not in step(s, Finish(a))
+    assert ("barrier", "t") in step(s, Finish(b))
+    assert later.state == "running"
+
+
+def test_barrier_counts_failed_and_cancelled_tasks_as_final() -> None:
+    s = make()
+    a = task("a")
+    b = task("b", deps=(a,))
+    c = task("c")
+    submit(s, a, b, c)
+    step(s, Barrier("t"))
+    assert take(s) is a
+    assert ("barrier", "t") not in step(s, Cancel(c))
+    assert ("barrier", "t") in step(s, Finish(a, error=ValueError()))
+
+
+def test_two_barriers_fire_in_their_own_time() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    step(s, Barrier("first"))
+    b = task("b")
+    submit(s, b)
+    step(s, Barrier("second"))
+    take_all(s)
+    out = step(s, Finish(b))
+    assert ("barrier", "first") not in out and ("barrier", "second") not in out
+    out = step(s, Finish(a))
+    assert ("barrier", "first") in out and ("barrier", "second") in out
+
+
+# -- stopping -----------------------------------------------------------------------------------
+
+
+def test_cancel_pending_stops_queued_and_future_work() -> None:
+    s = make(max_pending=4)
+    running = task("running")
+    submit(s, running)
+    assert take(s) is running
+    ready = task("ready")
+    waiting = task("waiting", deps=(running,))
+    hazard = task("hazard", buffers=(R(1),))
+    submit(s, ready, waiting, hazard)
+    queued = task("queued")
+    assert s.submit(queued) is False
+    s.enqueue(queued, "tok")
+    tokens = s.cancel_pending()
+    s.validate()
+    assert tokens == ["tok"]
+    assert ready.state == hazard.state == queued.state == "cancelled"
+    assert waiting.state == "waiting"
+    assert running.state == "running"
+    out = step(s, Finish(running, value=1))
+    assert runs(out) == []
+    assert running.state == "done"
+    assert waiting.state == "cancelled"  # became ready while stopping: cancelled, not run
+    assert s.pending == 0
+    assert take_all(s) == []
+
+
+# -- staging (the runtime's batched hand-off) ----------------------------------------------------
+
+
+def test_staged_tasks_are_hidden_from_take_until_published() -> None:
+    s = make()
+    a, b = task("a"), task("b")
+    assert s.submit(a, stage=True) and s.submit(b, stage=True)
+    s.validate()
+    assert a.state == b.state == "ready"
+    assert take(s) is None
+    s.publish()
+    s.validate()
+    assert take_all(s) == [a, b]
+
+
+def test_staged_and_queued_tasks_keep_priority_order_once_published() -> None:
+    s = make()
+    low = task("low", priority=0)
+    high = task("high", priority=3)
+    submit(s, low)
+    assert s.submit(high, stage=True)
+    s.publish()
+    assert take_all(s) == [high, low]
+
+
+def test_cancel_a_staged_task() -> None:
+    s = make()
+    a = task("a")
+    child = task("child", deps=(a,))
+    assert s.submit(a, stage=True) and s.submit(child, stage=True)
+    step(s, Cancel(a))
+    assert a.state == child.state == "cancelled"
+    s.publish()
+    s.validate()
+    assert take(s) is None
+
+
+def test_claim_a_staged_task() -> None:
+    s = make()
+    a = task("a")
+    assert s.submit(a, stage=True)
+    assert s.claim(a)
+    s.validate()
+    assert a.state == "running"
+    s.publish()
+    assert take(s) is None
+    assert s.claim(a) is False
+
+
+def test_cancel_pending_cancels_staged_tasks() -> None:
+    s = make()
+    a = task("a")
+    assert s.submit(a, stage=True)
+    assert s.cancel_pending() == []
+    s.validate()
+    assert a.state == "cancelled"
+    assert resolved(s.drain()) == [a]
+    s.publish()
+    assert take(s) is None
+
+
+# -- check mode -------------------------------------------------------------------------------------
+
+
+def test_illegal_transition_raises_in_check_mode() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    with pytest.raises(AssertionError, match="illegal transition"):
+        s.finish(a, value=1)  # finishing a task that never started
+
+
+def test_finishing_twice_raises_in_check_mode() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    take(s)
+    step(s, Finish(a, value=1))
+    with pytest.raises(AssertionError):  # from the transition check, or at the latest from validate()
+        s.finish(a, value=2)
+        s.validate()
+
+
+def test_tasks_without_watchers_resolve_silently() -> None:
+    s = make()
+    a = Task(name="quiet")
+    submit(s, a)
+    take(s)
+    assert step(s, Finish(a, value=1)) == []
+    assert a.state == "done"
+
+
+def test_final_task_lets_go_of_its_arguments() -> None:
+    s = make()
+    payload = object()
+    a = task("a", args=(payload,), kwargs={"x": payload}, buffers=(R(1),))
+    submit(s, a)
+    take(s)
+    step(s, Finish(a, value=1))
+    assert a.args == () and not a.kwargs and a.buffers == ()
+
+
+def test_stats_counters() -> None:
+    s = make()
+    ok, bad, child, gone = task("ok"), task("bad"), None, task("gone")
+    child = task("child", deps=(bad,))
+    submit(s, ok, bad, child, gone)
+    step(s, Cancel(gone))
+    take_all(s)
+    step(s, Finish(ok, value=1))
+    step(s, Finish(bad, error=ValueError()))
+    assert (s.submitted, s.completed, s.failed, s.cancelled, s.pending, s.running) == (4, 1, 2, 1, 0, 0)
+
+
+# -- purity ---------------------------------------------------------------------------------------------
+
+FORBIDDEN = {"threading", "asyncio", "numpy", "cupy", "concurrent", "anyio", "multiprocessing", "dask"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_core_imports_no_threads_event_loop_or_arrays() -> None:
+    core = Path(sys.modules[Scheduler.__module__].__file__ or "").parent
+    files = sorted(core.glob("*.py"))
+    assert files
+    for path in files:
+        bad = _imports(path) & FORBIDDEN
+        assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_core_imports_nothing_from_higher_layers() -> None:
+    core = Path(sys.modules[Scheduler.__module__].__file__ or "").parent
+    for path in sorted(core.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:
+                assert node.module == "_errors", f"{path.name} imports ..{node.module}"

@@ -1,0 +1,238 @@
+"""Settings: defaults, then TOML, then SCHEDSVC_* variables, then keywords; bad values name their field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pydantic
+import pytest
+
+import schedsvc as ss
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "schedsvc.toml"
+    path.write_text(text)
+    return path
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_defaults() -> None:
+    config = ss.Config()
+    assert config.cpu_workers == (os.cpu_count() or 1)
+    assert config.devices == ("cpu",)
+    assert config.max_pending == 1024
+    assert config.max_pending_bytes == physical_memory() // 4
+    assert config.streams_per_device >= 1
+    assert config.max_device_bytes is None
+    assert config.sync_mode is False
+    assert config.backend == "threads"
+    assert config.dask_address is None
+
+
+def test_keywords() -> None:
+    config = ss.Config(cpu_workers=3, max_pending=5, sync_mode=True)
+    assert (config.cpu_workers, config.max_pending, config.sync_mode) == (3, 5, True)
+
+
+def test_config_is_immutable() -> None:
+    config = ss.Config()
+    with pytest.raises((pydantic.ValidationError, AttributeError, TypeError)):
+        config.max_pending = 3  # type: ignore[misc]
+    assert config.max_pending == 1024
+
+
+def test_from_file(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        'cpu_workers = 3\nmax_pending = 7\nmax_pending_bytes = "16MiB"\ndevices = ["cpu"]\nsync_mode = true\n',
+    )
+    config = ss.Config.from_file(path)
+    assert config.cpu_workers == 3
+    assert config.max_pending == 7
+    assert config.max_pending_bytes == 16 * 2**20
+    assert config.devices == ("cpu",)
+    assert config.sync_mode is True
+
+
+def test_from_file_accepts_a_string_path(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "max_pending = 9\n")
+    assert ss.Config.from_file(str(path)).max_pending == 9
+
+
+def test_the_shipped_default_file_loads() -> None:
+    config = ss.Config.from_file(REPO / "config" / "default.toml")
+    assert config.devices == ("cpu",)
+    assert config.max_pending == 1024
+    assert config.backend == "threads"
+
+
+def test_toml_file_applies_only_to_from_file(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "max_pending = 7\n")
+    assert ss.Config.from_file(path).max_pending == 7
+    assert ss.Config().max_pending == 1024
+
+
+def test_environment_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "9")
+    monkeypatch.setenv("SCHEDSVC_SYNC_MODE", "true")
+    config = ss.Config()
+    assert config.max_pending == 9
+    assert config.sync_mode is True
+
+
+def test_environment_overrides_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_toml(tmp_path, "cpu_workers = 3\nmax_pending = 7\n")
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "9")
+    config = ss.Config.from_file(path)
+    assert config.max_pending == 9
+    assert config.cpu_workers == 3  # not set in the environment: TOML still applies
+
+
+def test_keywords_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "9")
+    assert ss.Config(max_pending=11).max_pending == 11
+
+
+def test_keywords_override_environment_and_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_toml(tmp_path, "max_pending = 7\ncpu_workers = 3\n")
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "9")
+    config = ss.Config.from_file(path, max_pending=11)
+    assert config.max_pending == 11
+    assert config.cpu_workers == 3
+
+
+def test_byte_sizes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING_BYTES", "16MiB")
+    assert ss.Config().max_pending_bytes == 16 * 2**20
+
+
+def test_devices_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_DEVICES", "cpu,cuda:0")
+    assert ss.Config().devices == ("cpu", "cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (16777216, 16777216),
+        ("16777216", 16777216),
+        ("16MiB", 16 * 2**20),
+        ("16 MiB", 16 * 2**20),
+        ("16mib", 16 * 2**20),
+        ("1KiB", 1024),
+        ("2GiB", 2 * 2**30),
+        ("2GB", 2 * 10**9),
+        ("3MB", 3 * 10**6),
+        ("1.5KiB", 1536),
+        ("512B", 512),
+    ],
+)
+def test_byte_strings(text: int | str, expected: int) -> None:
+    assert ss.Config(max_pending_bytes=text).max_pending_bytes == expected
+
+
+def test_byte_strings_for_device_memory() -> None:
+    assert ss.Config(max_device_bytes="1GiB").max_device_bytes == 2**30
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cpu_workers", 0),
+        ("cpu_workers", -1),
+        ("cpu_workers", "many"),
+        ("max_pending", 0),
+        ("max_pending", -5),
+        ("max_pending_bytes", 0),
+        ("max_pending_bytes", -1),
+        ("max_pending_bytes", "lots"),
+        ("max_pending_bytes", "16 parsecs"),
+        ("max_device_bytes", "-1MiB"),
+        ("streams_per_device", 0),
+        ("backend", "mpi"),
+        ("devices", ("tpu",)),
+        ("devices", ()),
+        ("devices", ("cuda",)),
+        ("devices", ("cpu", "gpu0")),
+    ],
+)
+def test_invalid_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ss.ConfigError) as info:
+        ss.Config(**{field: value})
+    assert field in str(info.value)
+
+
+def test_invalid_environment_value_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_CPU_WORKERS", "abc")
+    with pytest.raises(ss.ConfigError, match="cpu_workers"):
+        ss.Config()
+
+
+def test_invalid_toml_value_names_the_field(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "max_pending = -3\n")
+    with pytest.raises(ss.ConfigError, match="max_pending"):
+        ss.Config.from_file(path)
+
+
+def test_config_error_is_a_value_error_and_a_schedsvc_error() -> None:
+    with pytest.raises(ValueError):
+        ss.Config(max_pending=0)
+    with pytest.raises(ss.SchedsvcError):
+        ss.Config(max_pending=0)
+
+
+def test_extra_fields_are_rejected() -> None:
+    with pytest.raises(ss.ConfigError, match="bogus"):
+        ss.Config(bogus=1)
+
+
+def test_extra_fields_in_toml_are_rejected(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "max_pending = 7\nbogus = 3\n")
+    with pytest.raises(ss.ConfigError, match="bogus"):
+        ss.Config.from_file(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ss.ConfigError, match="does-not-exist"):
+        ss.Config.from_file(tmp_path / "does-not-exist.toml")
+
+
+def test_malformed_toml(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "max_pending = = 3\n")
+    with pytest.raises(ss.ConfigError, match="TOML"):
+        ss.Config.from_file(path)
+
+
+def test_devices_are_validated_and_deduplicated() -> None:
+    assert ss.Config(devices=["cpu", "cuda:0", "cpu"]).devices == ("cpu", "cuda:0")
+    assert ss.Config(devices=("cuda:1",)).devices == ("cuda:1",)
+
+
+def test_engine_takes_a_config_and_keyword_overrides() -> None:
+    config = ss.Config(cpu_workers=3, max_pending=7)
+    eng = ss.Engine(config, max_pending=8)
+    assert eng.config.cpu_workers == 3
+    assert eng.config.max_pending == 8
+    assert ss.Engine(max_pending=5).config.max_pending == 5
+    assert ss.Engine(config).config is config
+
+
+def test_engine_rejects_bad_configuration_at_construction() -> None:
+    with pytest.raises(ss.ConfigError, match="max_pending"):
+        ss.Engine(max_pending=-1)
+    with pytest.raises(ss.ConfigError, match="cpu_workers"):
+        ss.Engine(ss.Config(), cpu_workers=0)
+    with pytest.raises(ss.ConfigError, match="bogus"):
+        ss.Engine(bogus=True)
+
+
+def test_engine_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "13")
+    assert ss.Engine().config.max_pending == 13

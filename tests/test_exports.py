@@ -1,0 +1,108 @@
+"""The public surface: a sorted ``__all__`` of names that exist, and the names DESIGN.md promises."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import schedsvc as ss
+
+DESIGN_NAMES = [
+    "Config",
+    "DependencyError",
+    "DeviceError",
+    "Engine",
+    "EngineClosed",
+    "Future",
+    "MemoryLimitError",
+    "QueueFull",
+    "SchedsvcError",
+]
+
+ERRORS = [
+    "ConfigError",
+    "DependencyError",
+    "DeviceError",
+    "EngineClosed",
+    "InvalidTask",
+    "MemoryLimitError",
+    "QueueFull",
+]
+
+
+def test_all_is_sorted() -> None:
+    assert list(ss.__all__) == sorted(ss.__all__)
+
+
+def test_all_has_no_duplicates() -> None:
+    assert len(set(ss.__all__)) == len(ss.__all__)
+
+
+@pytest.mark.parametrize("name", ss.__all__)
+def test_every_exported_name_exists(name: str) -> None:
+    assert hasattr(ss, name)
+
+
+@pytest.mark.parametrize("name", DESIGN_NAMES)
+def test_design_names_are_exported(name: str) -> None:
+    assert name in ss.__all__
+    assert hasattr(ss, name)
+
+
+def test_public_modules_are_private_implementation() -> None:
+    """Names live in ``_``-modules and are re-exported; nothing public leaks from the implementation."""
+    for name in ss.__all__:
+        obj = getattr(ss, name)
+        if not inspect.isclass(obj):
+            continue
+        module = obj.__module__
+        assert module.startswith("schedsvc."), (name, module)
+        assert module.split(".")[1].startswith("_"), (name, module)
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_errors_share_one_base(name: str) -> None:
+    error = getattr(ss, name)
+    assert issubclass(error, ss.SchedsvcError)
+    assert issubclass(ss.SchedsvcError, Exception)
+
+
+def test_error_flavours() -> None:
+    """Errors that are also builtin kinds can be caught as those."""
+    assert issubclass(ss.ConfigError, ValueError)
+    assert issubclass(ss.InvalidTask, TypeError)
+
+
+@pytest.mark.parametrize(
+    "method", ["start", "aclose", "submit", "submit_nowait", "run", "waitall", "throttle", "stats"]
+)
+def test_engine_methods(method: str) -> None:
+    assert callable(getattr(ss.Engine, method))
+
+
+@pytest.mark.parametrize("method", ["aclose", "submit", "run", "waitall", "throttle", "start"])
+def test_engine_async_methods_are_coroutines(method: str) -> None:
+    assert inspect.iscoroutinefunction(getattr(ss.Engine, method))
+
+
+def test_engine_sync_methods_are_plain() -> None:
+    assert not inspect.iscoroutinefunction(ss.Engine.submit_nowait)
+    assert not inspect.iscoroutinefunction(ss.Engine.stats)
+
+
+def test_engine_is_an_async_context_manager() -> None:
+    assert hasattr(ss.Engine, "__aenter__")
+    assert hasattr(ss.Engine, "__aexit__")
+
+
+@pytest.mark.parametrize(
+    "method", ["done", "result", "exception", "cancel", "wait", "add_done_callback", "__await__"]
+)
+def test_future_methods(method: str) -> None:
+    assert callable(getattr(ss.Future, method))
+
+
+def test_version_is_a_string() -> None:
+    assert isinstance(ss.__version__, str)
+    assert ss.__version__
