@@ -205,7 +205,7 @@ class Runtime:
         worker = current_worker()
         if self.claim(task):  # this thread would only wait: run the task here
             if worker is not None:
-                worker.run_chain(task)
+                worker.run_chain(task, take=False)  # then back to the task that waits
             else:
                 self.execute(task, chain=False)
             return True
@@ -253,10 +253,14 @@ class Runtime:
             return True
         return False
 
-    def execute(self, task: Task, chain: bool = True) -> Task | None:
-        """Run a ``running`` task here, record the outcome; return a dependent to run next.
+    def execute(self, task: Task, chain: bool = True, take: bool = True) -> Task | None:
+        """Run a ``running`` task here, record the outcome; return the task to run next.
 
-        ``chain=False`` (a thread that is not a worker): dependents go to the queue.
+        On a worker (``chain=True``) that is a dependent this task made ready,
+        or else the next queued task of the device, taken under the same lock
+        hold as the finish (one lock round trip per task, not two); ``take=False``
+        skips the latter.  ``chain=False`` (a thread that is not a worker):
+        dependents go to the queue and nothing is taken.
         """
         t0 = time.perf_counter()
         self.queue_waits.append(t0 - task.t_ready)
@@ -288,6 +292,8 @@ class Runtime:
             self._costs[key] = elapsed if old is None else 0.7 * old + 0.3 * elapsed
         with self.lock:
             nxt = self.core.finish(task, value, error, chain)
+            if nxt is None and chain and take:
+                nxt = self.core.take(task.device)
             after = self.collect()
         if after is not None:
             after()

@@ -55,14 +55,14 @@ class CpuWorker:
             else:
                 self.run_chain(task)
 
-    def run_chain(self, task: Task | None) -> None:
-        """Run ``task`` and each dependent it hands on, until none is handed on."""
+    def run_chain(self, task: Task | None, take: bool = True) -> None:
+        """Run ``task``, then what each finish hands on: a dependent, or (``take``) a queued task."""
         execute = self.pool.rt.execute
         self._depth += 1
         t0 = time.perf_counter()
         try:
             while task is not None:
-                task = execute(task)
+                task = execute(task, True, take)
         finally:
             self._depth -= 1
             if self._depth == 0:
