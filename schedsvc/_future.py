@@ -52,29 +52,11 @@ class Future(Task, Generic[T]):
         name: str | None,
         nested: bool,
     ) -> Future[Any]:
-        """The submit hot path's constructor: every slot set directly, no keyword parsing."""
+        """The submit hot path's constructor: positional arguments, no keyword parsing."""
         self = cls.__new__(cls)
+        Task.__init__(self, fn, args, kwargs, device, priority, nbytes, buffers, deps, name, nested)
         self._engine = engine
         self._rt = engine._rt  # type: ignore[assignment]
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
-        self.device = device
-        self.priority = priority
-        self.nbytes = nbytes
-        self.buffers = buffers
-        self.deps = deps
-        self.name = name
-        self.nested = nested
-        self.seq = -1
-        self.staged = 0
-        self.state = "new"
-        self.n_waiting = 0
-        self.dependents = None
-        self.value = None
-        self.error = None
-        self.watchers = None
-        self.t_ready = 0.0
         return self
 
     def done(self) -> bool:

@@ -2,10 +2,6 @@
 # Create .venv (Python >= 3.11), install schedsvc, run the sources' experiments: `schedsvc demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e .
+source scripts/_venv.sh
+install_into_venv ""
 exec .venv/bin/schedsvc demo "$@"

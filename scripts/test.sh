@@ -3,12 +3,8 @@
 # Any failing step fails the script.  Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+source scripts/_venv.sh
+install_into_venv "[test]"
 echo "== ruff"
 .venv/bin/ruff check schedsvc tests scripts
 .venv/bin/ruff format --check schedsvc tests scripts

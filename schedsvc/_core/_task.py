@@ -65,7 +65,6 @@ class Task:
         fn: Any = None,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
-        *,
         device: str = "cpu",
         priority: int = 0,
         nbytes: int = 0,
