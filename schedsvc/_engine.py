@@ -15,6 +15,7 @@ from ._core import FINAL_STATES, Scheduler
 from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError
 from ._future import Future
 from ._runtime import Runtime, scan
+from ._runtime._runtime import fail_token
 from ._telemetry import Stats, percentile
 from .devices import check_device, make_device
 
@@ -42,6 +43,7 @@ class Engine:
         self.config = config
         self._rt: Runtime | None = None
         self._state = "new"
+        self._closing: asyncio.Future[None] | None = None
         self._sync_mode = config.sync_mode
         self._default_device = "cpu" if "cpu" in config.devices else config.devices[0]
 
@@ -73,30 +75,67 @@ class Engine:
         return self
 
     async def aclose(self, *, cancel_pending: bool = False) -> None:
-        """Finish (or with ``cancel_pending``, cancel) pending work, then stop every thread."""
+        """Finish (or with ``cancel_pending``, cancel) pending work, then stop every thread.
+
+        Tasks that are running may still submit nested work; it is waited for
+        too.  A second ``aclose`` waits for the first.  If the close itself is
+        cancelled, unstarted work is cancelled and the threads are told to stop.
+        """
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
+            return
         rt = self._rt
         if rt is None or self._state != "running":
             self._state = "closed"
             return
         self._state = "closing"
+        self._closing = asyncio.get_running_loop().create_future()
+        try:
+            await self._close(rt, cancel_pending)
+        finally:
+            self._state = "closed"
+            self._closing.set_result(None)
+
+    async def _close(self, rt: Runtime, cancel_pending: bool) -> None:
         with rt.lock:
             rt.closed = True
-            refused = rt.core.cancel_pending() if cancel_pending else []
+        try:
+            if cancel_pending:
+                self._cancel_pending(rt)
+            while True:  # nested work submitted by running tasks is admitted while closing
+                await self._barrier()
+                with rt.lock:
+                    if not rt.core.pending and not rt.core.waiting_admission:
+                        break
+        except BaseException:
+            self._cancel_pending(rt)
+            for device in rt.devices.values():
+                device.stop()
+            raise
+        for device in rt.devices.values():
+            device.stop()
+        stuck = await self._join(rt, _JOIN_TIMEOUT_S)
+        if stuck:
+            warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
+
+    def _cancel_pending(self, rt: Runtime) -> None:
+        with rt.lock:
+            refused = rt.core.cancel_pending()
             after = rt.collect()
         if after is not None:
             after()
         for token in refused:
-            if not token.done():
-                token.set_exception(EngineClosed("the engine closed with cancel_pending=True"))
-        try:
-            await self._barrier()
-        finally:
-            for device in rt.devices.values():
-                device.stop()
-            stuck = [t for d in rt.devices.values() for t in d.join(_JOIN_TIMEOUT_S)]
-            self._state = "closed"
-        if stuck:
-            warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
+            fail_token(token, EngineClosed("the engine closed with cancel_pending=True"))
+
+    @staticmethod
+    async def _join(rt: Runtime, timeout: float) -> list[Any]:
+        """Wait, without blocking the loop, for the device threads to end; return those still alive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [t for d in rt.devices.values() for t in d.join(0)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            await asyncio.sleep(0.001)  # they were told to stop; they exit within microseconds
 
     async def __aenter__(self) -> Engine:
         return await self.start()
@@ -164,29 +203,30 @@ class Engine:
         nbytes: int | None = None,
         **kwargs: Any,
     ) -> Future[T]:
-        """Admit a task now, or raise QueueFull at the limits.  Callable from any thread."""
+        """Admit a task now, or raise QueueFull at the limits.  Callable from any thread.
+
+        Inside a running task, submissions are admitted over the limits (and
+        while the engine closes), so nested work can never deadlock it.
+        """
         rt = self._rt
-        if rt is None or self._state != "running":
-            raise self._closed_error()
         tid = get_ident()
+        if rt is None or (self._state != "running" and tid not in rt.worker_threads):
+            raise self._closed_error()
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
         if self._sync_mode:
             return self._run_here(task)
         with rt.lock:
-            if rt.closed:
+            if rt.closed and not task.nested:
                 raise self._closed_error()
             stage = tid == rt.loop_thread and rt.stage_next(priority)
-            if not rt.core.submit(task, task.nested, stage):
+            admitted = rt.core.submit(task, task.nested, stage)
+            if not admitted:
                 rt.core.publish()  # a caller that retries must see progress
-                after = rt.collect()
-                full = QueueFull(self._full_message(task))
-            else:
-                full = None
-                after = rt.collect()
+            after = rt.collect()
         if after is not None:
             after()
-        if full is not None:
-            raise full
+        if not admitted:
+            raise QueueFull(self._full_message(task))
         return task
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
@@ -195,8 +235,9 @@ class Engine:
         return await fut
 
     async def waitall(self) -> None:
-        """Wait until every task submitted so far is final."""
-        self._running(allow_closing=True)
+        """Wait until every task submitted so far is final (at once on a closed engine)."""
+        if self._rt is None:
+            raise self._closed_error()
         await self._barrier()
 
     async def throttle(self) -> None:
@@ -255,9 +296,9 @@ class Engine:
 
     # -- internals -------------------------------------------------------------
 
-    def _running(self, allow_closing: bool = False) -> Runtime:
+    def _running(self) -> Runtime:
         rt = self._rt
-        if rt is None or self._state == "closed" or (self._state == "closing" and not allow_closing):
+        if rt is None or self._state != "running":
             raise self._closed_error()
         return rt
 
@@ -316,8 +357,7 @@ class Engine:
         if after is not None:
             after()
         if claimed:
-            nxt = rt.execute(task)
-            assert nxt is None  # nothing can depend on a task that was not returned yet
+            rt.execute(task, chain=False)
         elif task.state not in FINAL_STATES:
             task.result()
         if task.state == "failed" and task.error is not None:

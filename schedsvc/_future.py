@@ -126,7 +126,7 @@ class Future(Task, Generic[T]):
         raise error
 
     def __repr__(self) -> str:
-        label = self.name or getattr(self.fn, "__name__", None) or "task"
+        label = self.label
         extra = ""
         if self.state == "failed" and self.error is not None:
             extra = f" {type(self.error).__name__}"

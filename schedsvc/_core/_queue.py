@@ -41,7 +41,9 @@ class ReadyQueue:
                 task = bucket.popleft()
                 if task.state == "ready":
                     self.count -= 1
-                    if not bucket:
+                    if not self.count:
+                        self._clear()
+                    elif not bucket:
                         self._drop(neg)
                     return task
             self._drop(neg)
@@ -60,8 +62,15 @@ class ReadyQueue:
         return None
 
     def discard(self) -> None:
-        """Account for one queued task that left the ready state (cancelled)."""
+        """Account for one queued task that left the ready state (cancelled or claimed)."""
         self.count -= 1
+        if not self.count:
+            self._clear()
+
+    def _clear(self) -> None:
+        """Nothing is ready: drop the stale entries (they hold finished tasks' values)."""
+        self._buckets.clear()
+        self._order.clear()
 
     def tasks(self) -> list[Task]:
         """The ready tasks, in pop order (for validation and tests)."""

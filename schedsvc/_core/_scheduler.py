@@ -39,7 +39,7 @@ from typing import Any
 
 from .._errors import DependencyError, MemoryLimitError
 from ._queue import ReadyQueue
-from ._task import FINAL_STATES, TRANSITIONS, Task, TaskState
+from ._task import FINAL_STATES, TRANSITIONS, Task, TaskState, name_of
 
 __all__ = [
     "Barrier",
@@ -421,7 +421,7 @@ class Scheduler:
                     child.t_ready = self._clock()
                     if child.staged == self._epoch:
                         self.staged.append(child)  # its burst is not handed over yet
-                    elif inline_ok and inline is None:
+                    elif inline_ok and inline is None and child.device == root.device:
                         inline = child
                     else:
                         self.queues[child.device].push(child)
@@ -445,7 +445,10 @@ class Scheduler:
             else:
                 buf.readers.pop(task, None)
         self.pending_bytes -= freed
-        # a final task no longer needs its inputs: let the arrays go
+        # a final task no longer needs its inputs or its callable: let them go
+        if task.name is None:
+            task.name = name_of(task.fn)
+        task.fn = None
         task.args = ()
         task.kwargs = None
         task.deps = ()
@@ -477,13 +480,15 @@ class Scheduler:
                 how = "did not run either"
             else:
                 how = "failed"
-            label = parent.name or getattr(parent.fn, "__name__", "task")
-            text = str(cause)
+            try:
+                text = str(cause)
+            except Exception:  # a user exception whose __str__ raises
+                text = "<unprintable>"
             if len(text) > 200:  # the whole text is on __cause__
                 text = text[:200] + "..."
-            name = task.name or getattr(task.fn, "__name__", "task")
             err = DependencyError(
-                f"{name} (task #{task.seq}) did not run: its input {label} (task #{parent.seq}) {how}; "
+                f"{task.label} (task #{task.seq}) did not run: its input {parent.label} "
+                f"(task #{parent.seq}) {how}; "
                 f"the original error: {type(cause).__name__}: {text}"
             )
             err.__cause__ = cause

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-__all__ = ["FINAL_STATES", "TRANSITIONS", "Buffer", "Task", "TaskState"]
+__all__ = ["FINAL_STATES", "TRANSITIONS", "Buffer", "Task", "TaskState", "name_of"]
 
 TaskState = Literal["new", "admitting", "waiting", "ready", "running", "done", "failed", "cancelled"]
 
@@ -33,6 +33,15 @@ FINAL_STATES: Final[frozenset[str]] = frozenset({"done", "failed", "cancelled"})
 #: One buffer a task touches: (key, nbytes, is_write).  ``key`` identifies the
 #: underlying memory (the id of a view's base); the task's args keep it alive.
 Buffer = tuple[int, int, bool]
+
+
+def name_of(fn: Any) -> str | None:
+    """``fn.__name__`` if it has a usable one; never raises (user objects run code here)."""
+    try:
+        name = getattr(fn, "__name__", None)
+    except Exception:
+        return None
+    return name if type(name) is str else None
 
 
 class Task:
@@ -93,7 +102,12 @@ class Task:
         self.watchers: list[Any] | None = None
         self.t_ready = 0.0
 
+    @property
+    def label(self) -> str:
+        """The task's name, or its callable's, for messages."""
+        return self.name or name_of(self.fn) or "task"
+
     def __repr__(self) -> str:
-        label = self.name or getattr(self.fn, "__name__", None) or type(self).__name__
+        label = self.label
         seq = f"#{self.seq} " if self.seq >= 0 else ""
         return f"<{type(self).__name__} {seq}{label} {self.state}>"

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Callable
+from threading import get_ident
 from typing import Any, Protocol
+
+import numpy as np
 
 from .._core import FINAL_STATES, Instruction, Scheduler, Task
 from ._scan import substitute, substitute_args
@@ -166,13 +171,23 @@ class Runtime:
         with self.lock:
             items, self._to_loop = self._to_loop, []
             self._drain_scheduled = False
-        for kind, obj in items:
-            if kind == "resolve":
-                for watcher in obj.watchers:
-                    if type(watcher) is not _LockType:
-                        _fire(watcher, obj)
-            else:  # "admitted" / "barrier": obj is an asyncio future token
-                _fire(obj, None)
+        for i, (kind, obj) in enumerate(items):
+            try:
+                if kind == "resolve":
+                    watchers, obj.watchers = obj.watchers, None  # fired once; let them go
+                    for watcher in watchers or ():
+                        if type(watcher) is not _LockType:
+                            _fire(watcher, obj)
+                else:  # "admitted" / "barrier": obj is an asyncio future token
+                    _fire(obj, None)
+            except BaseException:  # KeyboardInterrupt in a callback: deliver the rest later
+                with self.lock:
+                    self._to_loop[:0] = items[i + 1 :]
+                    rearm = not self._drain_scheduled and bool(self._to_loop)
+                    self._drain_scheduled = self._drain_scheduled or rearm
+                if rearm:
+                    self._schedule_drain()
+                raise
 
     # -- waiting -----------------------------------------------------------------
 
@@ -203,11 +218,8 @@ class Runtime:
         task waiting on another never starves the pool.
         """
         worker = current_worker()
-        if self.claim(task):  # this thread would only wait: run the task here
-            if worker is not None:
-                worker.run_chain(task, take=False)  # then back to the task that waits
-            else:
-                self.execute(task, chain=False)
+        if task.device == "cpu" and self.claim(task):  # this thread would only wait: run it here
+            self.execute(task, chain=False)  # just this task: its dependents go to the queue
             return True
         self.flush()
         gate = threading.Lock()
@@ -216,9 +228,9 @@ class Runtime:
             if task.state in FINAL_STATES:
                 return True
             _watch(task, gate)
-        if worker is not None:
-            worker.pool.blocking(+1)
         try:
+            if worker is not None:
+                worker.pool.blocking(+1)
             got = gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
         finally:
             if worker is not None:
@@ -242,13 +254,13 @@ class Runtime:
             return False
         try:
             cost = self._costs.get(_cost_key(task))
-        except TypeError:  # an unhashable callable
+        except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
             return False
         return cost is not None and cost < self.inline_threshold_s
 
     def run_inline(self, task: Task) -> bool:
         """Run a ready task on this (the awaiting) thread if it is cheap; False if not run."""
-        if task.state == "ready" and self.is_cheap(task) and self.claim(task):
+        if task.state == "ready" and task.device == "cpu" and self.is_cheap(task) and self.claim(task):
             self.execute(task, chain=False)
             return True
         return False
@@ -269,8 +281,9 @@ class Runtime:
             try:
                 key = _cost_key(task)
                 hash(key)
-            except TypeError:
+            except Exception:  # user code raising in __hash__/__getattr__: just do not learn
                 key = None
+        guest = not chain and self._enter_guest()
         try:
             if task.deps:
                 if task.kwargs:
@@ -284,6 +297,8 @@ class Runtime:
             error = None
         except BaseException as exc:  # the task's failure is its result, whatever it is
             value, error = None, exc
+        if guest:
+            self.worker_threads.discard(get_ident())
         if key is not None:
             elapsed = time.perf_counter() - t0
             old = self._costs.get(key)
@@ -299,6 +314,14 @@ class Runtime:
             after()
         return nxt
 
+    def _enter_guest(self) -> bool:
+        """A thread that is not a worker runs a task: submissions it makes meanwhile are nested."""
+        ident = get_ident()
+        if ident in self.worker_threads:
+            return False
+        self.worker_threads.add(ident)
+        return True
+
     def busy_seconds(self) -> dict[str, float]:
         busy: dict[str, float] = {}
         for device in self.devices.values():
@@ -307,12 +330,22 @@ class Runtime:
 
 
 _MAX_COST_KEYS = 4096
+_LONG_LIVED = (types.BuiltinFunctionType, np.ufunc, type)
 
 
 def _cost_key(task: Task) -> tuple[Any, int]:
-    """What makes two tasks alike in cost: the same code, inputs within a factor of two."""
+    """What makes two tasks alike in cost: the same code, inputs within a factor of two.
+
+    The key never holds a transient object: functions and methods are keyed by
+    their code, partials by what they wrap, builtins and ufuncs (long-lived,
+    module-level) by themselves, other callables by their class.
+    """
     fn = task.fn
-    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None) or fn
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None)
+    if code is None:
+        code = fn if isinstance(fn, _LONG_LIVED) else type(fn)
     size = 0
     for buffer in task.buffers:
         size += buffer[1]
@@ -362,6 +395,21 @@ def _fire(watcher: Any, task: Task | None) -> None:
             loop.call_exception_handler(
                 {"message": f"exception in done callback {watcher!r} of {task!r}", "exception": _last_exc()}
             )
+
+
+def fail_token(token: asyncio.Future[None], error: BaseException) -> None:
+    """Fail an asyncio future from any thread, on its own loop."""
+
+    def fail() -> None:
+        if not token.done():
+            token.set_exception(error)
+
+    loop = token.get_loop()
+    if _on_loop(loop):
+        fail()
+    else:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
+            loop.call_soon_threadsafe(fail)
 
 
 def _set_if_pending(fut: asyncio.Future[None]) -> None:

@@ -10,6 +10,7 @@ the surplus once the worker is back, so blocking never starves the pool.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +45,7 @@ class CpuWorker:
         while True:
             with lock:
                 if pool.live - pool.blocked > pool.size or (pool.stopping and not core.queues["cpu"].count):
-                    pool.live -= 1  # a stand-in no longer needed, or the engine is closing
+                    pool.retire(self)  # a stand-in no longer needed, or the engine is closing
                     pool.rt.worker_threads.discard(ident)
                     return
                 task = core.take("cpu")
@@ -78,7 +79,10 @@ class CpuPool:
         self.rt = rt
         self.size = size
         self.idle: list[CpuWorker] = []
-        self.workers: list[CpuWorker] = []
+        self.workers: list[CpuWorker] = []  # live ones
+        self.retired: list[threading.Thread] = []  # ended or ending; joined by join()
+        self.retired_busy = 0.0
+        self.spawned = 0
         self.live = 0
         self.blocked = 0
         self.stopping = False
@@ -89,10 +93,19 @@ class CpuPool:
                 self._spawn()
 
     def _spawn(self) -> None:
-        worker = CpuWorker(self, len(self.workers))
+        worker = CpuWorker(self, self.spawned)
+        worker.thread.start()  # may raise (no more threads): then nothing is counted
+        self.spawned += 1
         self.workers.append(worker)
         self.live += 1
-        worker.thread.start()
+
+    def retire(self, worker: CpuWorker) -> None:
+        """With the lock held: ``worker`` is leaving; keep its busy time, forget the worker."""
+        self.live -= 1
+        self.workers.remove(worker)
+        self.retired_busy += worker.busy
+        self.retired = [t for t in self.retired if t.is_alive()]
+        self.retired.append(worker.thread)
 
     def wake(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: take parked workers for ``ready`` tasks; return their wake-up."""
@@ -110,7 +123,8 @@ class CpuPool:
         with self.rt.lock:
             self.blocked += delta
             if delta > 0 and not self.stopping and self.live - self.blocked < self.size:
-                self._spawn()
+                with contextlib.suppress(RuntimeError):  # cannot start a thread: carry on with fewer
+                    self._spawn()
             elif delta < 0 and self.live - self.blocked > self.size and self.idle:
                 release = self.idle.pop().park.release  # let a parked stand-in retire
         if release is not None:
@@ -124,13 +138,18 @@ class CpuPool:
 
     def join(self, timeout: float | None) -> list[threading.Thread]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        for worker in self.workers:
+        with self.rt.lock:
+            threads = [w.thread for w in self.workers] + self.retired
+        for thread in threads:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            worker.thread.join(left)
-        return [w.thread for w in self.workers if w.thread.is_alive()]
+            thread.join(left)
+        return [t for t in threads if t.is_alive()]
 
     def busy_seconds(self) -> dict[str, float]:
-        return {w.name: w.busy for w in self.workers}
+        busy = {w.name: w.busy for w in self.workers}
+        if self.retired_busy:
+            busy["retired"] = self.retired_busy  # workers that ended (stand-ins, mostly)
+        return busy
 
 
 def _release_all(workers: list[CpuWorker]) -> None:
