@@ -83,6 +83,8 @@ class Engine:
         """
         if self._closing is not None:
             await asyncio.shield(self._closing)
+            if self._rt is not None:  # a close that was cancelled left threads finishing up
+                await self._join(self._rt, _JOIN_TIMEOUT_S)
             return
         rt = self._rt
         if rt is None or self._state != "running":

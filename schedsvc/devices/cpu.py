@@ -88,16 +88,29 @@ class CpuPool:
         self.stopping = False
 
     def start(self) -> None:
-        with self.rt.lock:
-            for _ in range(self.size):
-                self._spawn()
+        for _ in range(self.size):
+            with self.rt.lock:
+                worker = self._reserve()
+            self._launch(worker)
 
-    def _spawn(self) -> None:
+    def _reserve(self) -> CpuWorker:
+        """With the lock held: count a new worker in; ``_launch`` it after releasing the lock."""
         worker = CpuWorker(self, self.spawned)
-        worker.thread.start()  # may raise (no more threads): then nothing is counted
         self.spawned += 1
         self.workers.append(worker)
         self.live += 1
+        return worker
+
+    def _launch(self, worker: CpuWorker) -> None:
+        """Start a reserved worker's thread (without the lock: starting a thread is slow)."""
+        try:
+            worker.thread.start()
+        except RuntimeError:  # cannot start a thread: carry on with fewer
+            with self.rt.lock:
+                self.live -= 1
+                self.workers.remove(worker)
+            if not self.workers:
+                raise
 
     def retire(self, worker: CpuWorker) -> None:
         """With the lock held: ``worker`` is leaving; keep its busy time, forget the worker."""
@@ -120,13 +133,16 @@ class CpuPool:
     def blocking(self, delta: int) -> None:
         """A worker starts (+1) or stops (-1) blocking on another task's result."""
         release = None
+        stand_in = None
         with self.rt.lock:
             self.blocked += delta
             if delta > 0 and not self.stopping and self.live - self.blocked < self.size:
-                with contextlib.suppress(RuntimeError):  # cannot start a thread: carry on with fewer
-                    self._spawn()
+                stand_in = self._reserve()
             elif delta < 0 and self.live - self.blocked > self.size and self.idle:
                 release = self.idle.pop().park.release  # let a parked stand-in retire
+        if stand_in is not None:
+            with contextlib.suppress(RuntimeError):  # the blocked worker is not lost, only helped
+                self._launch(stand_in)
         if release is not None:
             release()
 
@@ -141,8 +157,9 @@ class CpuPool:
         with self.rt.lock:
             threads = [w.thread for w in self.workers] + self.retired
         for thread in threads:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            thread.join(left)
+            if thread.is_alive():  # (a stand-in being launched right now is not started yet)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                thread.join(left)
         return [t for t in threads if t.is_alive()]
 
     def busy_seconds(self) -> dict[str, float]:

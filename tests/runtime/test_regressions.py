@@ -1,0 +1,534 @@
+"""Regressions: one test per concurrency bug that a code review reproduced (and that is now fixed).
+
+Each test's docstring says what used to go wrong.  A deadlock fails through a bounded wait (and the engine's
+close is bounded too, see ``started``), never by hanging the suite; a leak is checked with a weak reference.
+Some tests look at the runtime's internals (``eng._rt``) to set up an exact state, or to make sure that the
+path the bug was on is still the path the test takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import operator
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+import schedsvc as ss
+from schedsvc._core import Scheduler, Task
+
+from .helpers import TIMEOUT, Gate, occupied, until, wait_thread_event, within
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def started(**options: Any) -> AsyncIterator[ss.Engine]:
+    """``async with ss.Engine(**options)``, with a bounded close: a wedged engine fails the test, never hangs it."""
+    eng = await ss.Engine(**options).start()
+    try:
+        yield eng
+    except BaseException:
+        await within(eng.aclose(cancel_pending=True))
+        raise
+    await within(eng.aclose())
+
+
+async def await_while_queued(fut: ss.Future[Any], gate: Gate) -> Any:
+    """Await ``fut`` while it is queued behind the tasks ``gate`` holds, then open the gate.
+
+    The gate opens only once this coroutine has suspended, so the awaiter is registered before any worker
+    can take the task: the worker runs it as an *awaited* task, which is when the engine learns task costs.
+    """
+    async with asyncio.timeout(TIMEOUT):
+        asyncio.get_running_loop().call_soon(gate.open)
+        return await fut
+
+
+def block_loop_until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    """Poll ``condition`` on the event-loop thread *without* yielding to the loop (bounded).
+
+    For a state the worker threads reach by themselves, when letting the loop run its callbacks would
+    change what is tested (the scheduled flush that re-arms the eager hand-off budget).
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the worker threads"
+        time.sleep(1e-4)
+
+
+async def next_loop_step() -> None:
+    """Return once every callback already scheduled on the loop has run (callbacks run in FIFO order)."""
+    ran = asyncio.Event()
+    asyncio.get_running_loop().call_soon(ran.set)
+    await within(ran.wait())
+
+
+def engine_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("schedsvc-")]
+
+
+class Payload:
+    """An object whose lifetime a test watches through a weak reference."""
+
+
+class KeyErrorProxy:
+    """A callable proxy object: looking up an attribute it does not have raises KeyError."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, Any] = {}
+
+    def __getattr__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __call__(self, x: int = 0) -> int:
+        return x + 1
+
+
+class ValueErrorHash:
+    """A callable whose __hash__ raises something other than TypeError."""
+
+    def __hash__(self) -> int:
+        raise ValueError("not hashable")
+
+    def __call__(self, x: int = 0) -> int:
+        return x + 1
+
+
+class FailingProxy(KeyErrorProxy):
+    def __call__(self, x: int = 0) -> int:
+        raise ValueError("bad input")
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        return "error {}: {}".format(*self.args[0])  # the code is not a pair: str() raises TypeError
+
+
+def raise_unprintable(_: int) -> None:
+    raise UnprintableError(42)
+
+
+# -- waiting inside tasks --------------------------------------------------------------------------------
+
+
+async def test_result_inside_a_task_runs_only_the_awaited_task() -> None:
+    """r1: result() in a task ran the awaited task *and* the dependent it made ready on the waiting task's
+    stack; a dependent that needs the waiting task to finish (a buffer hazard) deadlocked the engine."""
+    a = np.zeros(4)
+    async with started(cpu_workers=1, inline_threshold_us=0) as eng:
+
+        def reader(v: int) -> float:  # a dependent of x; its nested task reads a, which outer writes
+            return float(eng.submit_nowait(np.sum, a).result(TIMEOUT)) + v
+
+        def outer(arr: np.ndarray) -> tuple[int, ss.Future[float]]:
+            x = eng.submit_nowait(operator.add, 1, 1)  # queued: this task holds the only worker
+            y = eng.submit_nowait(reader, x)
+            got = x.result(TIMEOUT)  # this thread claims x and runs it here
+            arr.fill(1)
+            return got, y
+
+        fut = await eng.submit(outer, a, writes=a)
+        await within(fut.wait())
+        got, y = fut.result()
+        assert got == 2
+        assert await within(y) == 4.0 + 2
+
+
+async def test_a_task_run_inline_on_the_loop_thread_submits_nested_work() -> None:
+    """r2/r2b: a cheap awaited task run inline on the event-loop thread did not count as nested, so its
+    submit_nowait at max_pending raised QueueFull where the same task on a worker is admitted."""
+    loop_thread = threading.get_ident()
+    async with started(cpu_workers=1, max_pending=2, inline_threshold_us=1e6) as eng:
+        ran_on: list[int] = []
+
+        def spawn() -> int:
+            ran_on.append(threading.get_ident())
+            return eng.submit_nowait(operator.add, 3, 4).result(TIMEOUT)
+
+        # first, on the worker and awaited: the engine learns that spawn is cheap
+        gate = Gate()
+        eng.submit_nowait(gate.hold())
+        await gate.wait_started(1)
+        first = eng.submit_nowait(spawn)  # 2 of 2 pending
+        assert await await_while_queued(first, gate) == 7
+        assert ran_on[-1] != loop_thread
+        # then inline in the awaiting coroutine, with the engine full again
+        async with occupied(eng, 1):
+            second = eng.submit_nowait(spawn)
+            assert await within(second) == 7
+            assert ran_on[-1] == loop_thread, "spawn did not run inline: the test no longer covers r2"
+
+
+async def test_result_on_another_engines_future_runs_it_on_that_engine() -> None:
+    """r14: a task of engine A calling result() on a queued future of engine B ran B's task through A's
+    runtime: A recorded a task it never admitted (its worker died on the buffers) and B never learnt that
+    the task finished, so B's awaiters and B.waitall() hung."""
+    async with (
+        started(cpu_workers=1, inline_threshold_us=0) as a_eng,
+        started(cpu_workers=1, inline_threshold_us=0) as b_eng,
+    ):
+        async with occupied(b_eng, 1):  # B's only worker is busy: fb stays queued
+            fb = b_eng.submit_nowait(np.sum, np.ones(3))
+            fa = a_eng.submit_nowait(lambda: fb.result(TIMEOUT))
+            assert await within(fa) == 3.0  # A's worker ran fb, on B's behalf
+            assert fb.done()
+        await within(b_eng.waitall())
+        assert await within(fb) == 3.0
+        a, b = a_eng.stats(), b_eng.stats()
+        assert (a.submitted, a.completed, a.pending, a.running) == (1, 1, 0, 0)
+        assert (b.submitted, b.completed, b.pending, b.running) == (2, 2, 0, 0)
+
+
+async def test_sync_mode_with_two_threads_ordered_by_a_buffer() -> None:
+    """r18: in sync_mode, the thread finishing a writer was handed the reader that another thread waited for
+    (and then failed ``assert nxt is None``): the reader never ran and the other thread hung in result()."""
+    a = np.zeros(3)
+    async with started(cpu_workers=1, sync_mode=True) as eng:
+        gate = Gate()
+        out: dict[str, Any] = {}
+
+        def write() -> str:
+            a[:] += 1
+            return "written"
+
+        def run(key: str, fn: Callable[[], Any]) -> None:
+            try:
+                out[key] = fn()
+            except BaseException as exc:
+                out[key] = exc
+
+        writer = threading.Thread(
+            target=run, args=("writer", lambda: eng.submit_nowait(gate.hold(write), writes=a).result())
+        )
+        reader = threading.Thread(target=run, args=("reader", lambda: eng.submit_nowait(np.sum, a).result()))
+        writer.daemon = reader.daemon = True  # a regression leaves the reader blocked for good
+        writer.start()
+        await gate.wait_started(1)  # the writer runs in its thread
+        reader.start()
+        await until(lambda: eng.stats().pending == 2)  # the reader is admitted, ordered after the writer
+        gate.open()
+        for thread in (writer, reader):
+            await within(asyncio.to_thread(thread.join, TIMEOUT))
+            assert not thread.is_alive(), f"{thread.name} is still blocked"
+        assert out == {"writer": "written", "reader": 3.0}
+
+
+# -- user code inside the engine's bookkeeping -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [KeyErrorProxy, ValueErrorHash])
+async def test_a_callable_raising_on_attribute_lookup_or_hash_runs_normally(make: Callable[[], Any]) -> None:
+    """r8: the cost key was computed outside the task's try: a callable whose __getattr__ raised KeyError (or
+    whose __hash__ raised ValueError) made ``await fut`` raise, or killed the worker and left the task running."""
+    async with started(
+        cpu_workers=2
+    ) as eng:  # the default inline threshold: awaited tasks' costs are learned
+        gate = Gate()
+        for _ in range(2):
+            eng.submit_nowait(gate.hold())
+        await gate.wait_started(2)
+        fut = eng.submit_nowait(make(), 1)
+        assert await await_while_queued(fut, gate) == 2  # awaited while queued, run by a watched worker
+        assert await within(eng.run(make(), 2)) == 3
+        await within(eng.waitall())
+
+
+@pytest.mark.parametrize(
+    "fn", [raise_unprintable, FailingProxy()], ids=["exception-str-raises", "fn-getattr-raises"]
+)
+async def test_a_failure_that_cannot_be_described_still_fails_its_dependents(fn: Any) -> None:
+    """r9: the core built the DependencyError with str(error) and getattr(fn, "__name__") under the engine
+    lock; when either raised, finish() stopped half way: the worker died, the dependent never resolved, and
+    waitall() and aclose() hung."""
+    async with started(cpu_workers=2, inline_threshold_us=0) as eng:
+        async with occupied(eng, 2):  # both are admitted before the parent runs
+            parent = eng.submit_nowait(fn, 1)
+            child = eng.submit_nowait(abs, parent)
+        await within(eng.waitall())
+        original = parent.exception()
+        assert isinstance(original, UnprintableError | ValueError)
+        error = child.exception()
+        assert isinstance(error, ss.DependencyError)
+        assert error.__cause__ is original
+        assert "did not run" in str(error)
+        late = eng.submit_nowait(abs, parent)  # a dependent of the failed task, failed at admission
+        await within(late.wait())
+        assert isinstance(late.exception(), ss.DependencyError)
+        assert late.exception().__cause__ is original  # type: ignore[union-attr]
+        assert await within(eng.run(operator.add, 1, 1)) == 2
+
+
+async def test_queue_full_for_a_callable_with_a_raising_getattr_loses_no_wake_up() -> None:
+    """r10: at the limits, submit_nowait took parked workers to wake for the staged burst but formatted the
+    QueueFull message (repr of the task: fn.__getattr__ raising KeyError) before waking them; the workers
+    stayed parked with work ready, and waitall() hung."""
+    async with started(cpu_workers=2, max_pending=2, inline_threshold_us=0) as eng:
+        rt = eng._rt
+        assert rt is not None
+        pool = rt.devices["cpu"]
+        # Spend the loop thread's eager hand-off budget (one task per worker), then stay on the loop thread
+        # without yielding: the flush the loop would run next re-arms the budget.
+        spent = [eng.submit_nowait(operator.add, i, 0) for i in range(2)]
+        block_loop_until(lambda: all(f.done() for f in spent) and len(pool.idle) == 2)
+        staged = [eng.submit_nowait(operator.add, i, 10) for i in range(2)]  # held for the flush; 2 of 2
+        assert len(rt.core.staged) == 2 and not rt.core.queues["cpu"].count
+        try:
+            eng.submit_nowait(KeyErrorProxy())  # publishes the burst and wakes both parked workers
+        except Exception as exc:
+            refused = exc
+        else:
+            pytest.fail("admitted over max_pending")
+        await within(eng.waitall())  # the staged tasks run: the parked workers were woken
+        assert [f.result() for f in staged] == [10, 11]
+        assert isinstance(refused, ss.QueueFull), repr(refused)
+
+
+def test_a_finishing_worker_is_never_handed_a_task_of_another_device() -> None:
+    """r13: Scheduler.finish() handed the dependent it made ready to the finishing worker without looking
+    at its device: a cpu worker finishing a cpu task was given a cuda:0 task to run."""
+    core = Scheduler(max_pending=10, max_pending_bytes=1 << 40, devices=("cpu", "cuda:0"), check=True)
+    a = Task(device="cpu", name="a")
+    on_gpu = Task(device="cuda:0", deps=(a,), name="on_gpu")
+    on_cpu = Task(device="cpu", deps=(a,), name="on_cpu")
+    for t in (a, on_gpu, on_cpu):
+        assert core.submit(t)
+    core.validate()
+    assert core.take("cpu") is a
+    assert core.finish(a, 1) is on_cpu  # the cpu dependent still runs at once; the cuda one is queued
+    core.validate()
+    assert on_gpu.state == "ready"
+    assert core.take("cpu") is None
+    assert core.take("cuda:0") is on_gpu
+    assert core.finish(on_gpu, 2) is None
+    assert core.finish(on_cpu, 3) is None
+    core.validate()
+    assert core.pending == 0
+
+
+# -- closing --------------------------------------------------------------------------------------------
+
+
+async def test_a_cancelled_aclose_does_not_block_the_event_loop() -> None:
+    """r6: when aclose() was cancelled (wait_for around it), it joined the worker threads on the event-loop
+    thread, freezing every coroutine, even one that a running task waited for, for up to 30 s."""
+    eng = await ss.Engine(cpu_workers=1).start()
+    running, release = threading.Event(), threading.Event()
+
+    def wait_for_the_loop() -> bool:
+        running.set()
+        return release.wait(TIMEOUT)
+
+    fut = eng.submit_nowait(wait_for_the_loop)
+    await wait_thread_event(running)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(eng.aclose(), 0.05)
+    # the cancelled close did not wait for the running task (a blocked loop would only return once it ended)
+    assert fut.running()
+
+    async def releaser() -> None:  # the loop is free: another coroutine runs, and the task sees it
+        release.set()
+
+    await within(asyncio.create_task(releaser()))
+    assert await within(fut) is True
+    await within(eng.aclose())
+    for thread in engine_threads():  # told to stop by the cancelled close; a later aclose() does not join
+        await within(asyncio.to_thread(thread.join, TIMEOUT))
+
+
+async def test_running_tasks_submit_nested_work_while_the_engine_closes() -> None:
+    """r12: once aclose() had started, a running task's nested submissions raised EngineClosed, so a fan-out
+    task failed just because the ``async with`` block was left before it finished."""
+    eng = await ss.Engine(cpu_workers=2).start()
+    gate = Gate()
+
+    def fanout(n: int) -> int:
+        return sum(f.result(TIMEOUT) for f in [eng.submit_nowait(abs, -i) for i in range(n)])
+
+    fut = eng.submit_nowait(gate.hold(lambda: fanout(4)))
+    await gate.wait_started(1)
+    closing = asyncio.create_task(eng.aclose())
+    await until(lambda: eng.closed)
+    with pytest.raises(ss.EngineClosed):
+        eng.submit_nowait(abs, 1)  # from outside a task, the closing engine refuses work
+    gate.open()
+    await within(closing)
+    assert fut.result() == 0 + 1 + 2 + 3
+
+
+async def test_a_second_aclose_waits_for_the_first() -> None:
+    """r17: a second aclose() during a close marked the engine closed and returned at once, while a task
+    still ran and the threads were alive (and waitall() in the meantime raised EngineClosed)."""
+    eng = await ss.Engine(cpu_workers=1).start()
+    gate = Gate()
+    held = eng.submit_nowait(gate.hold(lambda: "held"))
+    await gate.wait_started(1)
+    first = asyncio.create_task(eng.aclose())
+    await until(lambda: eng.closed)
+    second = asyncio.create_task(eng.aclose())
+    waiting = asyncio.create_task(eng.waitall())
+    await next_loop_step()  # both have run up to their first wait, or finished
+    assert not second.done(), "the second aclose() returned while a task was still running"
+    assert not waiting.done()
+    gate.open()
+    await within(second)
+    assert held.result() == "held"
+    assert not engine_threads()
+    await within(first)
+    await within(waiting)
+
+
+async def test_cancel_pending_refuses_a_submitter_waiting_on_another_event_loop() -> None:
+    """r16: aclose(cancel_pending=True) failed the admission token of a submitter waiting on another thread's
+    event loop by calling set_exception from the wrong thread: that loop was never woken, the submitter hung."""
+    eng = await ss.Engine(cpu_workers=1, max_pending=1, inline_threshold_us=0).start()
+    outcome: list[str] = []
+    finished = threading.Event()
+    other_loop: list[asyncio.AbstractEventLoop] = []
+
+    async def submit_there() -> None:
+        other_loop.append(asyncio.get_running_loop())
+        try:
+            await eng.submit(abs, -1)  # the engine is full: waits for admission on this thread's loop
+            outcome.append("admitted")
+        except ss.EngineClosed:
+            outcome.append("refused")
+
+    def other_thread() -> None:
+        try:
+            asyncio.run(submit_there())
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=other_thread, daemon=True)
+    gate = Gate()
+    held = eng.submit_nowait(gate.hold())
+    await gate.wait_started(1)
+    thread.start()
+    await until(lambda: eng.stats().waiting_admission == 1)
+    closing = asyncio.create_task(eng.aclose(cancel_pending=True))
+    try:
+        assert await asyncio.to_thread(finished.wait, TIMEOUT), (
+            "the submitter on the other loop was never woken"
+        )
+    finally:
+        if not finished.is_set():  # wake that loop so that the thread can end
+            other_loop[0].call_soon_threadsafe(lambda: None)
+        gate.open()
+        await within(closing)
+    await within(asyncio.to_thread(thread.join, TIMEOUT))
+    assert outcome == ["refused"]
+    assert held.done()
+
+
+# -- what the engine keeps alive --------------------------------------------------------------------------
+
+
+async def test_the_cost_table_keeps_no_callable_alive() -> None:
+    """r3: task costs were keyed by the callable itself when it had no __code__ (a functools.partial, a
+    callable instance), keeping it and what it captured alive after its future was gone."""
+
+    def use(_: Payload, x: int) -> int:
+        return x + 1
+
+    class Scaler:
+        def __init__(self, payload: Payload) -> None:
+            self.payload = payload
+
+        def __call__(self, x: int) -> int:
+            return x * 2
+
+    cases: list[tuple[Callable[[Payload], Callable[[int], int]], int]] = [
+        (lambda p: functools.partial(use, p), 21),
+        (Scaler, 40),
+    ]
+    refs = []
+    async with started(cpu_workers=1) as eng:  # the default inline threshold: costs are learned
+        rt = eng._rt
+        assert rt is not None
+        for make, expected in cases:
+            payload = Payload()
+            refs.append(weakref.ref(payload))
+            gate = Gate()
+            eng.submit_nowait(gate.hold())
+            await gate.wait_started(1)
+            fut = eng.submit_nowait(make(payload), 20)
+            del payload
+            assert await await_while_queued(fut, gate) == expected
+            del fut
+        await within(eng.waitall())
+        assert len(rt._costs) >= 2, "no cost was learned: the test no longer covers the cost table"
+        gc.collect()
+        assert [r() for r in refs] == [None, None], "the engine keeps a finished task's callable alive"
+
+
+async def test_stand_in_threads_are_forgotten_once_they_retire() -> None:
+    """r4: every result() that blocked inside a task started a stand-in thread, and the pool kept every
+    worker it ever started: its worker list and Stats.worker_busy_s grew without bound."""
+    async with started(cpu_workers=2, inline_threshold_us=0) as eng:
+        rt = eng._rt
+        assert rt is not None
+        pool: Any = rt.devices["cpu"]
+
+        def counts() -> tuple[int, int, int]:  # under the lock: a consistent view of the pool
+            with rt.lock:
+                return pool.blocked, pool.live, len(pool.workers)
+
+        for _ in range(20):
+            gate = Gate()
+            running = eng.submit_nowait(gate.hold(lambda: 1))
+            await gate.wait_started(1)
+            waiter = eng.submit_nowait(lambda r=running: r.result(TIMEOUT))  # blocks: a stand-in starts
+            await until(lambda: counts()[0] == 1)
+            assert counts()[1] == pool.size + 1
+            gate.open()
+            assert await within(waiter) == 1
+            await until(lambda: counts()[1] == pool.size)  # the surplus thread retired
+        assert counts() == (0, pool.size, pool.size)
+        assert len(eng.stats().worker_busy_s) <= pool.size + 1  # the live workers, and the retired in one
+
+
+async def test_a_claimed_task_does_not_stay_in_the_ready_queue() -> None:
+    """r5: a task claimed out of the ready queue (by a thread waiting in result()) left a stale entry behind
+    once the queue was empty, keeping the finished future and its value alive until more work came."""
+    async with started(cpu_workers=1, inline_threshold_us=0) as eng:
+        rt = eng._rt
+        assert rt is not None
+        queue = rt.core.queues["cpu"]
+        async with occupied(eng, 1):
+            fut = eng.submit_nowait(Payload)
+            await until(lambda: queue.count == 1)  # in the queue, not staged
+            value = await within(asyncio.to_thread(fut.result, TIMEOUT))  # a plain thread claims and runs it
+            assert queue.count == 0
+        await within(eng.waitall())
+        ref = weakref.ref(value)
+        del fut, value
+        gc.collect()
+        assert ref() is None, "the ready queue keeps a claimed task's future alive"
+
+
+async def test_a_finished_future_lets_go_of_its_callable_and_callbacks(engine: ss.Engine) -> None:
+    """r15: a finished task dropped its arguments but kept fn and its done-callbacks, so what a closure or
+    a callback captured lived as long as the result future."""
+    in_fn, in_callback = Payload(), Payload()
+    refs = weakref.ref(in_fn), weakref.ref(in_callback)
+    called = asyncio.Event()
+    gate = Gate()
+    fut = engine.submit_nowait(gate.hold(lambda p=in_fn: "value"))
+    fut.add_done_callback(lambda _, p=in_callback: called.set())  # registered while the task runs
+    del in_fn, in_callback
+    gate.open()
+    await within(called.wait())
+    await within(engine.waitall())
+    gc.collect()
+    assert fut.result() == "value"
+    assert refs[0]() is None, "the finished future still holds its callable"
+    assert refs[1]() is None, "the finished future still holds its done-callback"
