@@ -345,9 +345,7 @@ class Engine:
             if getattr(dep, "_engine", None) is not self:
                 raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
         nested = tid in self._rt.worker_threads  # type: ignore[union-attr]
-        return Future._new(
-            self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
-        )
+        return Future(self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested)
 
     def _run_here(self, task: Future[T]) -> Future[T]:
         """sync_mode: run the task in the caller now; its error is raised here."""

@@ -31,15 +31,7 @@ class Future(Task, Generic[T]):
     __slots__ = ("_engine", "_rt")
 
     def __init__(
-        self, engine: Engine, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, **fields: Any
-    ) -> None:
-        super().__init__(fn, args, kwargs, **fields)
-        self._engine = engine
-        self._rt: Runtime = engine._rt  # type: ignore[assignment]
-
-    @classmethod
-    def _new(
-        cls,
+        self,
         engine: Engine,
         fn: Any,
         args: tuple[Any, ...],
@@ -51,13 +43,11 @@ class Future(Task, Generic[T]):
         deps: tuple[Task, ...],
         name: str | None,
         nested: bool,
-    ) -> Future[Any]:
-        """The submit hot path's constructor: positional arguments, no keyword parsing."""
-        self = cls.__new__(cls)
+    ) -> None:
+        # positional all the way: this runs once per submission
         Task.__init__(self, fn, args, kwargs, device, priority, nbytes, buffers, deps, name, nested)
         self._engine = engine
-        self._rt = engine._rt  # type: ignore[assignment]
-        return self
+        self._rt: Runtime = engine._rt  # type: ignore[assignment]
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""

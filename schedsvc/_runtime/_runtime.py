@@ -265,14 +265,14 @@ class Runtime:
             return True
         return False
 
-    def execute(self, task: Task, chain: bool = True, take: bool = True) -> Task | None:
+    def execute(self, task: Task, chain: bool = True) -> Task | None:
         """Run a ``running`` task here, record the outcome; return the task to run next.
 
         On a worker (``chain=True``) that is a dependent this task made ready,
         or else the next queued task of the device, taken under the same lock
-        hold as the finish (one lock round trip per task, not two); ``take=False``
-        skips the latter.  ``chain=False`` (a thread that is not a worker):
-        dependents go to the queue and nothing is taken.
+        hold as the finish (one lock round trip per task, not two).
+        ``chain=False`` (a thread that is not a worker, or one that runs a task it
+        waits on): dependents go to the queue and nothing is taken.
         """
         t0 = time.perf_counter()
         self.queue_waits.append(t0 - task.t_ready)
@@ -307,7 +307,7 @@ class Runtime:
             self._costs[key] = elapsed if old is None else 0.7 * old + 0.3 * elapsed
         with self.lock:
             nxt = self.core.finish(task, value, error, chain)
-            if nxt is None and chain and take:
+            if nxt is None and chain:
                 nxt = self.core.take(task.device)
             after = self.collect()
         if after is not None:

@@ -30,7 +30,6 @@ class CpuWorker:
         self.busy = 0.0
         self.park = threading.Lock()
         self.park.acquire()
-        self._depth = 0
         self.thread = threading.Thread(target=self._main, name=f"schedsvc-{self.name}", daemon=True)
 
     def _main(self) -> None:
@@ -56,18 +55,15 @@ class CpuWorker:
             else:
                 self.run_chain(task)
 
-    def run_chain(self, task: Task | None, take: bool = True) -> None:
-        """Run ``task``, then what each finish hands on: a dependent, or (``take``) a queued task."""
+    def run_chain(self, task: Task | None) -> None:
+        """Run ``task``, then what each finish hands on: a dependent, or the next queued task."""
         execute = self.pool.rt.execute
-        self._depth += 1
         t0 = time.perf_counter()
         try:
             while task is not None:
-                task = execute(task, True, take)
+                task = execute(task)
         finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self.busy += time.perf_counter() - t0
+            self.busy += time.perf_counter() - t0
 
 
 class CpuPool:
