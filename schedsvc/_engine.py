@@ -8,20 +8,19 @@ import warnings
 from collections.abc import Callable
 from threading import get_ident
 from types import MappingProxyType, TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from ._config import Config
 from ._core import FINAL_STATES, Scheduler
 from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError
 from ._future import Future
 from ._runtime import Runtime, scan
-from ._runtime._runtime import fail_token
+from ._runtime._runtime import settle
 from ._telemetry import Stats, percentile
 from .devices import check_device, make_device
 
 __all__ = ["Engine"]
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 _JOIN_TIMEOUT_S = 30.0
@@ -121,13 +120,8 @@ class Engine:
             warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
 
     def _cancel_pending(self, rt: Runtime) -> None:
-        with rt.lock:
-            refused = rt.core.cancel_pending()
-            after = rt.collect()
-        if after is not None:
-            after()
-        for token in refused:
-            fail_token(token, EngineClosed("the engine closed with cancel_pending=True"))
+        for token in rt.under_lock(rt.core.cancel_pending):
+            settle(token, EngineClosed("the engine closed with cancel_pending=True"))
 
     @staticmethod
     async def _join(rt: Runtime, timeout: float) -> list[Any]:
@@ -261,11 +255,7 @@ class Engine:
         try:
             await token
         except asyncio.CancelledError:
-            with rt.lock:
-                core.withdraw(token)
-                after = rt.collect()
-            if after is not None:
-                after()
+            rt.under_lock(core.withdraw, token)
             raise
 
     def stats(self) -> Stats:
@@ -368,11 +358,7 @@ class Engine:
         rt = self._rt
         if rt is None:
             return False
-        with rt.lock:
-            rt.core.cancel(task)
-            after = rt.collect()
-        if after is not None:
-            after()
+        rt.under_lock(rt.core.cancel, task)
         return task.state == "cancelled"
 
     async def _barrier(self) -> None:

@@ -195,9 +195,10 @@ class Scheduler:
     ) -> Task | None:
         """Record a running task's outcome; return a dependent to run at once, if any.
 
-        The returned dependent (already ``running``) is the only one this
-        completion made ready and no queued task outranks it; the caller should
-        run it without a queue hand-off.  ``chain=False``: queue it instead.
+        The returned task (already ``running``) is the first this completion
+        made ready, on the same device, and no queued task outranks it; the
+        caller should run it without a queue hand-off.  ``chain=False``: queue
+        it instead.
         """
         self.running -= 1
         if error is None:

@@ -132,22 +132,26 @@ class Runtime:
             return wakes[0]
         return lambda: _call_all(wakes)
 
+    def under_lock(self, event: Callable[..., Any], *args: Any) -> Any:
+        """Apply one core event (off the hot path), then act on what it produced."""
+        with self.lock:
+            result = event(*args)
+            after = self.collect()
+        if after is not None:
+            after()
+        return result
+
     def flush(self) -> None:
         """Hand staged tasks to the workers now (before this thread waits)."""
-        with self.lock:
-            self.core.publish()
-            after = self.collect()
-        if after is not None:
-            after()
+        self.under_lock(self.core.publish)
 
     def _flush(self) -> None:
-        with self.lock:
-            self._flush_scheduled = False
-            self._eager_left = sum(d.size for d in self.devices.values())
-            self.core.publish()
-            after = self.collect()
-        if after is not None:
-            after()
+        self.under_lock(self._rearm_and_publish)
+
+    def _rearm_and_publish(self) -> None:
+        self._flush_scheduled = False
+        self._eager_left = sum(d.size for d in self.devices.values())
+        self.core.publish()
 
     def _resolve_threads(self, task: Task, wakes: list[Callable[[], None]]) -> None:
         for watcher in task.watchers or ():
@@ -213,9 +217,9 @@ class Runtime:
     def wait_blocking(self, task: Task, timeout: float | None) -> bool:
         """Block this thread until ``task`` is final; False on timeout.
 
-        On a worker thread, a task that is still queued is run right here, and
-        otherwise the pool starts a stand-in thread while this one blocks, so a
-        task waiting on another never starves the pool.
+        A CPU task that is still queued is run right here (this thread would
+        only wait).  Otherwise, on a worker, the pool starts a stand-in thread
+        while this one blocks, so a task waiting on another never starves it.
         """
         worker = current_worker()
         if task.device == "cpu" and self.claim(task):  # this thread would only wait: run it here
@@ -380,44 +384,30 @@ def _unwatch(task: Task, watcher: Any) -> None:
 def _fire(watcher: Any, task: Task | None) -> None:
     """Wake an asyncio future (on its own loop) or call a done-callback."""
     if isinstance(watcher, asyncio.Future):
-        loop = watcher.get_loop()
-        if _on_loop(loop):
-            if not watcher.done():
-                watcher.set_result(None)
+        settle(watcher)
+        return
+    try:
+        watcher(task)
+    except Exception as exc:  # a callback's error must not stop the others
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": f"exception in done callback {watcher!r} of {task!r}", "exception": exc}
+        )
+
+
+def settle(token: asyncio.Future[None], error: BaseException | None = None) -> None:
+    """Complete an asyncio future (with ``error``, if given) from any thread, on its own loop."""
+
+    def complete() -> None:
+        if token.done():
+            return
+        if error is None:
+            token.set_result(None)
         else:
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
-                loop.call_soon_threadsafe(_set_if_pending, watcher)
-    else:
-        try:
-            watcher(task)
-        except Exception:  # a callback's error must not stop the others
-            loop = asyncio.get_running_loop()
-            loop.call_exception_handler(
-                {"message": f"exception in done callback {watcher!r} of {task!r}", "exception": _last_exc()}
-            )
-
-
-def fail_token(token: asyncio.Future[None], error: BaseException) -> None:
-    """Fail an asyncio future from any thread, on its own loop."""
-
-    def fail() -> None:
-        if not token.done():
             token.set_exception(error)
 
     loop = token.get_loop()
     if _on_loop(loop):
-        fail()
+        complete()
     else:
         with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
-            loop.call_soon_threadsafe(fail)
-
-
-def _set_if_pending(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _last_exc() -> BaseException | None:
-    import sys
-
-    return sys.exc_info()[1]
+            loop.call_soon_threadsafe(complete)

@@ -59,13 +59,7 @@ class _Found:
             self.array(obj, write)
         elif isinstance(obj, Task):
             self.deps.append(obj)
-        elif kind is list or kind is tuple:
-            for item in obj:
-                self.visit(item, write)
-        elif kind is dict:
-            for item in obj.values():
-                self.visit(item, write)
-        elif isinstance(obj, list | tuple):  # namedtuples and other subclasses
+        elif isinstance(obj, list | tuple):  # namedtuples and other subclasses too
             for item in obj:
                 self.visit(item, write)
         elif isinstance(obj, dict):  # OrderedDict, defaultdict, Counter, ...
@@ -81,7 +75,8 @@ def scan(
     args: tuple[Any, ...], kwargs: dict[str, Any], reads: Any, writes: Any
 ) -> tuple[tuple[Task, ...], tuple[Buffer, ...]]:
     """Return (data dependencies, buffers) of a task's arguments."""
-    # reads=/writes= take one array or a container of them: test for "none given" by identity
+    # reads=/writes= take one array or a container of them: "none given" is the empty-tuple
+    # default, tested by type (an array's truth value is ambiguous)
     none_declared = type(reads) is tuple and not reads and type(writes) is tuple and not writes
     if not kwargs and none_declared and len(args) <= 2:
         fast = _scan_small(args)
