@@ -11,13 +11,17 @@ from ._errors import (
     MemoryLimitError,
     QueueFull,
     SchedsvcError,
+    TraceError,
 )
 from ._future import Future
 from ._telemetry import Stats
+from .compile import Compiled, load
+from .tensor import Tensor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Compiled",
     "Config",
     "ConfigError",
     "DependencyError",
@@ -30,5 +34,8 @@ __all__ = [
     "QueueFull",
     "SchedsvcError",
     "Stats",
+    "Tensor",
+    "TraceError",
     "__version__",
+    "load",
 ]

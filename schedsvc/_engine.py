@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import warnings
 from collections.abc import Callable
 from threading import get_ident
 from types import MappingProxyType, TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
 
 from ._config import Config
-from ._core import FINAL_STATES, Scheduler
-from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError
+from ._core import FINAL_STATES, Buffer, Scheduler, Task, name_of
+from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError, TraceError
 from ._future import Future
-from ._runtime import Runtime, scan
+from ._runtime import Runtime, buffer_of, scan
 from ._runtime._runtime import settle
 from ._telemetry import Stats, percentile
 from .devices import check_device, make_device
+from .tensor import OPS, Op, Tensor, concrete
+from .tensor._tensor import ACTIVE, tracing
+
+if TYPE_CHECKING:
+    from .compile import Compiled
 
 __all__ = ["Engine"]
 
@@ -45,6 +53,7 @@ class Engine:
         self._closing: asyncio.Future[None] | None = None
         self._sync_mode = config.sync_mode
         self._default_device = "cpu" if "cpu" in config.devices else config.devices[0]
+        self._compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -284,7 +293,174 @@ class Engine:
             queue_wait_p50_s=percentile(waits, 0.5),
             queue_wait_p99_s=percentile(waits, 0.99),
             worker_busy_s=MappingProxyType(rt.busy_seconds()),
+            compile_traces=self._compile_counts[0],
+            compile_replays=self._compile_counts[1],
         )
+
+    # -- tensors ---------------------------------------------------------------
+
+    def asarray(self, obj: Any, dtype: Any = None, *, device: str | None = None, shape: Any = None) -> Tensor:
+        """A Tensor of ``obj`` (an array, anything ``np.asarray`` takes, a Tensor or a Future).
+
+        An ndarray is used as it is, not copied (as ``np.asarray``): in-place
+        Tensor operations write it, ordered with the tasks that use it.  A
+        Future that is not done needs ``shape=`` and ``dtype=``: its value is
+        checked against them when it arrives.
+        """
+        device = self._device(device)
+        if isinstance(obj, Tensor):
+            return obj if dtype is None or np.dtype(dtype) == obj.dtype else obj.astype(dtype)
+        if isinstance(obj, Future):
+            return self._future_tensor(obj, dtype, shape, device)
+        array = np.asarray(obj, dtype=dtype)
+        self._running()
+        if shape is not None and tuple(shape) != array.shape:
+            raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
+        return concrete(self, array, device)
+
+    def zeros(self, shape: Any, dtype: Any = float, *, device: str | None = None) -> Tensor:
+        """A Tensor of zeros, created by a task."""
+        return self._create("zeros", device, shape=_shape_arg(shape), dtype=np.dtype(dtype))
+
+    def ones(self, shape: Any, dtype: Any = float, *, device: str | None = None) -> Tensor:
+        """A Tensor of ones, created by a task."""
+        return self._create("ones", device, shape=_shape_arg(shape), dtype=np.dtype(dtype))
+
+    def empty(self, shape: Any, dtype: Any = float, *, device: str | None = None) -> Tensor:
+        """A Tensor with uninitialised contents, created by a task."""
+        return self._create("empty", device, shape=_shape_arg(shape), dtype=np.dtype(dtype))
+
+    def full(self, shape: Any, fill_value: Any, dtype: Any = None, *, device: str | None = None) -> Tensor:
+        """A Tensor filled with ``fill_value`` (its dtype unless ``dtype`` is given)."""
+        attrs = {"shape": _shape_arg(shape), "fill_value": fill_value}
+        attrs["dtype"] = np.dtype(dtype) if dtype is not None else np.asarray(fill_value).dtype
+        return self._create("full", device, **attrs)
+
+    def arange(
+        self, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None, *, device: str | None = None
+    ) -> Tensor:
+        """``np.arange`` as a Tensor: ``arange(stop)`` or ``arange(start, stop, step)``."""
+        if stop is None:
+            start, stop = 0, start
+        attrs = {"start": start, "stop": stop, "step": step}
+        if dtype is not None:
+            attrs["dtype"] = np.dtype(dtype)
+        return self._create("arange", device, **attrs)
+
+    def compile(
+        self, fn: Callable[..., Any], *, max_signatures: int = 16, name: str | None = None
+    ) -> Compiled:
+        """Compile ``fn`` (array code on Tensors) the way ``hybridize`` does: trace once, replay fused.
+
+        The first call with a signature (the shapes, dtypes and devices of the
+        arguments, and the values of the other arguments) traces ``fn`` on
+        symbolic tensors; later calls replay the optimised graph as one task.
+        """
+        from .compile import Compiled
+
+        return Compiled(self, fn, max_signatures=max_signatures, name=name)
+
+    def _create(self, name: str, device: str | None, **attrs: Any) -> Tensor:
+        op = OPS[name]
+        if ACTIVE[0] and tracing.depth:  # inside a compiled function: a node of its graph
+            return tracing.trace.record(op, (), attrs, None)  # type: ignore[no-any-return]
+        shape, dtype, _ = op.infer((), attrs)
+        return self._tensor_task(op, [], attrs, shape, dtype, None, None, device=self._device(device))
+
+    def _future_tensor(self, fut: Future[Any], dtype: Any, shape: Any, device: str) -> Tensor:
+        if fut.state == "done" and isinstance(fut.value, np.ndarray) and shape is None:
+            return self.asarray(fut.value, dtype, device=device)
+        if shape is None or dtype is None:
+            raise TypeError(
+                f"{fut!r} has not finished, so its shape and dtype are not known yet; "
+                "await it first, or pass shape= and dtype= to eng.asarray"
+            )
+        attrs = {"shape": _shape_arg(shape), "dtype": np.dtype(dtype)}
+        return self._tensor_task(
+            _CHECKED, [fut], attrs, attrs["shape"], attrs["dtype"], None, None, device=device
+        )
+
+    def _device(self, device: str | None) -> str:
+        if device is None:
+            return self._default_device
+        if device not in self.config.devices:
+            check_device(device)
+            raise DeviceError(
+                f"device {device!r} is not one of this engine's devices {self.config.devices}; "
+                f"add it with Config(devices=(..., {device!r}))"
+            )
+        return device
+
+    def _tensor_task(
+        self,
+        op: Op,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        root: Tensor | None,
+        target: Tensor | None,
+        memory: tuple[int, int] | None = None,
+        device: str | None = None,
+        out_bytes: int | None = None,
+    ) -> Tensor:
+        """Queue one Tensor operation; it is admitted over the limits (operators cannot wait)."""
+        rt = self._rt
+        tid = get_ident()
+        if rt is None or (self._state != "running" and tid not in rt.worker_threads):
+            raise self._closed_error()
+        deps: list[Task] = []
+        buffers: list[Buffer] = []
+        for arg in args:
+            if isinstance(arg, Task):
+                deps.append(arg)
+                if device is None:
+                    device = arg.device
+                mem = arg.memory
+                if mem is not None:
+                    buffers.append((mem[0], mem[1], False))
+            elif isinstance(arg, np.ndarray):
+                key, nb = buffer_of(arg)
+                buffers.append((key, nb, False))
+        if target is not None:
+            deps.append(target)
+            buffers.append((target.memory[0], target.memory[1], True))
+        if len(buffers) > 1:
+            buffers = _merge(buffers)
+        if out_bytes is None:
+            fresh = root is None and target is None and memory is None
+            out_bytes = math.prod(shape) * dtype.itemsize if fresh else 0
+        task = Tensor(
+            self,
+            op.fn,
+            tuple(args),
+            kwargs or None,
+            device or self._default_device,
+            0,
+            out_bytes,
+            tuple(buffers),
+            tuple(deps),
+            op.name,
+            tid in rt.worker_threads,
+        )
+        task.shape, task.dtype, task._last_write = shape, dtype, None
+        owner = target._root if target is not None else root
+        if owner is not None:
+            task.memory, task._root = owner.memory, owner
+        else:
+            task.memory, task._root = memory or (id(task), out_bytes), task
+        if self._sync_mode:
+            self._run_here(task)
+            return task
+        with rt.lock:
+            if rt.closed and not task.nested:
+                raise self._closed_error()
+            stage = tid == rt.loop_thread and rt.stage_next(0)
+            rt.core.submit(task, True, stage)
+            after = rt.collect()
+        if after is not None:
+            after()
+        return task
 
     # -- internals -------------------------------------------------------------
 
@@ -312,6 +488,11 @@ class Engine:
         nbytes: int | None,
         tid: int,
     ) -> Future[Any]:
+        if ACTIVE[0] and tracing.depth:
+            raise TraceError(
+                f"eng.submit({name_of(fn) or 'fn'}, ...) inside a compiled function: it would run once, "
+                "while tracing, and never on replay; submit outside the compiled function"
+            )
         if not callable(fn):
             raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {fn!r}")
         if device is None:
@@ -335,7 +516,13 @@ class Engine:
             if getattr(dep, "_engine", None) is not self:
                 raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
         nested = tid in self._rt.worker_threads  # type: ignore[union-attr]
-        return Future(self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested)
+        task: Future[Any] = Future(
+            self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
+        )
+        if any(b[2] for b in buffers):  # `await t` of a Tensor written here must wait for this task
+            for target in _tensors_in((kwargs.get("out"), writes)):
+                target._root._last_write = task
+        return task
 
     def _run_here(self, task: Future[T]) -> Future[T]:
         """sync_mode: run the task in the caller now; its error is raised here."""
@@ -393,3 +580,43 @@ class Engine:
             f"pending={core.pending}/{core.max_pending} running={core.running} "
             f"bytes={core.pending_bytes}/{core.max_pending_bytes}>"
         )
+
+
+def _shape_arg(shape: Any) -> tuple[int, ...]:
+    import operator
+
+    if isinstance(shape, int | np.integer):
+        return (operator.index(shape),)
+    return tuple(operator.index(d) for d in shape)
+
+
+def _merge(buffers: list[Buffer]) -> list[Buffer]:
+    """One entry per buffer, a write if any use writes (a read and a write of one buffer is a write)."""
+    merged: dict[int, Buffer] = {}
+    for buffer in buffers:
+        seen = merged.get(buffer[0])
+        if seen is None or (buffer[2] and not seen[2]):
+            merged[buffer[0]] = buffer
+    return list(merged.values())
+
+
+def _tensors_in(obj: Any) -> list[Tensor]:
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        return [t for item in obj for t in _tensors_in(item)]
+    return []
+
+
+def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+    """The value of a Future made a Tensor: it must have the shape and dtype declared for it."""
+    array = np.asarray(value)
+    if array.shape != shape or array.dtype != dtype:
+        raise TypeError(
+            f"eng.asarray(future, shape={shape}, dtype={dtype}): the future's value has "
+            f"shape {array.shape} and dtype {array.dtype}"
+        )
+    return array
+
+
+_CHECKED = Op("asarray", _checked, lambda metas, attrs: (attrs["shape"], attrs["dtype"], False))

@@ -10,6 +10,7 @@ them all::
     ├── EngineClosed        the engine is closed, closing, or was never started
     ├── DeviceError         unknown or unavailable device
     ├── InvalidTask         not callable, bad priority/nbytes, a future of another engine (TypeError)
+    ├── TraceError          a compiled function did something a replay cannot repeat (TypeError)
     └── ConfigError         also a pydantic ValidationError's message, re-raised (ValueError)
 
 Each message says what happened and what to do about it.
@@ -26,6 +27,7 @@ __all__ = [
     "MemoryLimitError",
     "QueueFull",
     "SchedsvcError",
+    "TraceError",
 ]
 
 
@@ -59,3 +61,8 @@ class ConfigError(SchedsvcError, ValueError):
 
 class InvalidTask(SchedsvcError, TypeError):
     """A submission is malformed: not callable, a bad option, or a foreign future."""
+
+
+class TraceError(SchedsvcError, TypeError):
+    """While ``eng.compile`` traced a function, it needed a value (data-dependent control flow)
+    or had a Python side effect that a replay would not repeat."""

@@ -33,6 +33,10 @@ class Stats:
     queue_wait_p99_s: float
     worker_busy_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     """Seconds each worker spent running tasks."""
+    compile_traces: int = 0
+    """Traces of compiled functions (one per new signature, and after an eviction)."""
+    compile_replays: int = 0
+    """Calls of compiled functions (each one replay task)."""
 
 
 def percentile(samples: Iterable[float], q: float) -> float:

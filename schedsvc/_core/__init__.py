@@ -6,7 +6,7 @@ events it takes and the instructions it gives.
 
 from ._queue import ReadyQueue
 from ._scheduler import Barrier, Cancel, Enqueue, Finish, Instruction, Scheduler, Submit, Take, Withdraw
-from ._task import FINAL_STATES, TRANSITIONS, Buffer, Task, TaskState
+from ._task import FINAL_STATES, TRANSITIONS, Buffer, Task, TaskState, name_of
 
 __all__ = [
     "FINAL_STATES",
@@ -24,4 +24,5 @@ __all__ = [
     "Task",
     "TaskState",
     "Withdraw",
+    "name_of",
 ]

@@ -138,12 +138,12 @@ class Scheduler:
         runtime batches hand-offs this way).  Raises MemoryLimitError if the
         task alone exceeds max_pending_bytes.
         """
-        footprint = task.nbytes
+        footprint = task.out_bytes
         for buffer in task.buffers:
             footprint += buffer[1]
         if footprint > self.max_pending_bytes:
             raise MemoryLimitError(
-                f"{task!r} needs {footprint} bytes (its array arguments plus nbytes={task.nbytes}) "
+                f"{task!r} needs {footprint} bytes (its array arguments plus nbytes={task.out_bytes}) "
                 f"but max_pending_bytes is {self.max_pending_bytes}; it could never run. "
                 "Raise max_pending_bytes or split the task."
             )
@@ -310,7 +310,7 @@ class Scheduler:
     def _fits(self, task: Task) -> bool:
         if self.pending >= self.max_pending:
             return False
-        need = task.nbytes
+        need = task.out_bytes
         known = self._buffers
         for key, nbytes, _ in task.buffers:
             if key not in known:
@@ -331,7 +331,7 @@ class Scheduler:
         for dep in task.deps:
             if dep.state not in FINAL_STATES:
                 self._edge(dep, task, parents)
-        bytes_in = task.nbytes
+        bytes_in = task.out_bytes
         buffers = self._buffers
         for key, nbytes, write in task.buffers:
             buf = buffers.get(key)
@@ -433,7 +433,7 @@ class Scheduler:
     def _release(self, task: Task) -> None:
         self.pending -= 1
         buffers = self._buffers
-        freed = task.nbytes
+        freed = task.out_bytes
         for key, _, write in task.buffers:
             buf = buffers[key]
             buf.users -= 1
@@ -556,7 +556,7 @@ class Scheduler:
             assert buf.users == users[key], key
             assert buf.writer is None or buf.writer in live
             assert all(r in live for r in buf.readers)
-        held = sum(b.nbytes for b in self._buffers.values()) + sum(t.nbytes for t in live)
+        held = sum(b.nbytes for b in self._buffers.values()) + sum(t.out_bytes for t in live)
         assert self.pending_bytes == held, (self.pending_bytes, held)
         assert self.peak_pending_bytes >= self.pending_bytes
         for entry, _ in self._admission:

@@ -58,8 +58,8 @@ class Task:
         "kwargs",
         "n_waiting",
         "name",
-        "nbytes",
         "nested",
+        "out_bytes",
         "priority",
         "seq",
         "staged",
@@ -68,6 +68,10 @@ class Task:
         "value",
         "watchers",
     )
+
+    #: For a task whose value lives in memory the engine tracks (a Tensor): the
+    #: (key, nbytes) of that memory, so that passing the task is also a read of it.
+    memory: tuple[int, int] | None = None
 
     def __init__(
         self,
@@ -87,7 +91,7 @@ class Task:
         self.kwargs = kwargs
         self.device = device
         self.priority = priority
-        self.nbytes = nbytes
+        self.out_bytes = nbytes  # bytes its result will hold (counted while it is pending)
         self.buffers = buffers
         self.deps = deps
         self.name = name

@@ -2,6 +2,6 @@
 
 from .._core import Task
 from ._runtime import Device, Runtime, current_worker
-from ._scan import scan, substitute
+from ._scan import buffer_of, scan, substitute
 
-__all__ = ["Device", "Runtime", "Task", "current_worker", "scan", "substitute"]
+__all__ = ["Device", "Runtime", "Task", "buffer_of", "current_worker", "scan", "substitute"]

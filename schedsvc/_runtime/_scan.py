@@ -1,7 +1,7 @@
 """Find what a task depends on in its arguments, and put values in their place.
 
 A ``Task`` (a Future) anywhere in args/kwargs -- also inside lists, tuples and
-dicts -- is a data dependency.  A NumPy array is a read of its underlying
+dicts -- is a data dependency.  A NumPy array (or a Tensor) is a read of its underlying
 buffer (a view counts as its base); ``out=`` and ``writes=`` are writes;
 ``reads=`` adds reads the engine cannot see.  Buffers are keyed by the id of
 the object that owns the memory; the task keeps that object alive through its
@@ -44,7 +44,10 @@ class _Found:
         self.buffers: dict[int, list[Any]] = {}  # key -> [nbytes, is_write]
 
     def array(self, array: np.ndarray, write: bool) -> None:
-        key, nbytes = buffer_of(array)
+        self.memory(buffer_of(array), write)
+
+    def memory(self, memory: tuple[int, int], write: bool) -> None:
+        key, nbytes = memory
         entry = self.buffers.get(key)
         if entry is None:
             self.buffers[key] = [nbytes, write]
@@ -59,6 +62,8 @@ class _Found:
             self.array(obj, write)
         elif isinstance(obj, Task):
             self.deps.append(obj)
+            if obj.memory is not None:  # a Tensor: its memory is read (or written) too
+                self.memory(obj.memory, write)
         elif isinstance(obj, list | tuple):  # namedtuples and other subclasses too
             for item in obj:
                 self.visit(item, write)
@@ -111,7 +116,7 @@ def _scan_small(args: tuple[Any, ...]) -> tuple[tuple[Task, ...], tuple[Buffer, 
                 buffers = ((id(arg), arg.nbytes, False),)
         elif kind in _LEAVES:
             continue
-        elif isinstance(arg, Task):
+        elif isinstance(arg, Task) and arg.memory is None:
             deps = (*deps, arg)
         else:
             return None

@@ -1,0 +1,366 @@
+"""``Compiled``: the lifecycle of a compiled function, and saving it to JSON and back.
+
+The first call with a signature -- shapes, dtypes and devices of the array
+arguments, values of the others -- traces; later calls with it replay, as
+one engine task.  Signatures are kept in a bounded LRU cache; each trace is
+counted in ``Compiled.stats()`` and ``eng.stats()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._core import name_of
+from .._errors import SchedsvcError, TraceError
+from .._runtime import buffer_of
+from ..tensor import Op, Tensor
+from ..tensor._tensor import ACTIVE, tracing
+from ._graph import Graph, Node, Ref, emit
+from ._trace import trace
+
+if TYPE_CHECKING:
+    from .._engine import Engine
+
+__all__ = ["Compiled", "load"]
+
+_FORMAT = "schedsvc-compiled"
+_VERSION = 1
+_STATIC = (int, float, complex, bool, str, bytes, type(None), np.generic)
+
+
+class _Entry:
+    """One signature's optimised graph and its replay function."""
+
+    __slots__ = ("graph", "op", "out_bytes", "outputs", "replay", "signature")
+
+    def __init__(self, signature: Any, graph: Graph) -> None:
+        self.signature = signature
+        self.graph = graph
+        self.replay = emit(graph)
+        self.op = Op(f"compiled:{graph.name}", self.replay, _no_infer)
+        self.outputs = [
+            (graph.nodes[o].shape, graph.nodes[o].dtype, _input_of(graph, o)) for o in graph.outputs
+        ]
+        self.out_bytes = sum(math.prod(s) * d.itemsize for s, d, src in self.outputs if src is None)
+
+    def launch(self, engine: Engine, arrays: list[Any]) -> Any:
+        if self.graph.out_kind == "single":
+            shape, dtype, source = self.outputs[0]
+            root, memory = (None, None) if source is None else _alias(arrays, source)
+            return engine._tensor_task(
+                self.op, arrays, {}, shape, dtype, root, None, memory, None, self.out_bytes
+            )
+        whole = engine._tensor_task(self.op, arrays, {}, (), _OBJECT, None, None, out_bytes=self.out_bytes)
+        parts = []
+        for i, (shape, dtype, source) in enumerate(self.outputs):
+            root, memory = _alias(arrays, source)
+            parts.append(engine._tensor_task(_PICK, [whole], {"index": i}, shape, dtype, root, None, memory))
+        return tuple(parts) if self.graph.out_kind == "tuple" else parts
+
+
+def _no_infer(metas: Any, attrs: Any) -> Any:
+    raise AssertionError("a compiled replay's result is known from its graph")
+
+
+def _pick(results: tuple[Any, ...], index: int) -> Any:
+    return results[index]
+
+
+_PICK = Op("output", _pick, _no_infer)
+_OBJECT = np.dtype(object)
+
+
+def _input_of(graph: Graph, node: int) -> int | None:
+    """The argument position whose memory output ``node`` lives in, if any (returned input, or a view)."""
+    owner = graph.nodes[graph.nodes[node].base]
+    return owner.value if owner.op == "input" else None
+
+
+def _alias(arrays: list[Any], source: int | None) -> tuple[Tensor | None, tuple[int, int] | None]:
+    if source is None:
+        return None, None
+    arg = arrays[source]
+    if isinstance(arg, Tensor):
+        return arg._root, None
+    return None, buffer_of(arg)
+
+
+class Compiled:
+    """A function compiled by ``eng.compile``: call it like the function; it returns Tensors.
+
+    ``graph`` is the optimised graph of the latest signature; ``save(path)``
+    writes every traced signature to JSON; ``ss.load(path, eng)`` gives a
+    runnable Compiled back without the Python source.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        fn: Callable[..., Any] | None,
+        *,
+        max_signatures: int = 16,
+        name: str | None = None,
+    ) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError(f"eng.compile() needs a function, got {type(fn).__name__}")
+        if type(max_signatures) is not int or max_signatures < 1:
+            raise ValueError(f"max_signatures must be a positive int, got {max_signatures!r}")
+        self._engine = engine
+        self._fn = fn
+        self.name = re.sub(r"\W", "_", name or name_of(fn) or "compiled").strip("_") or "compiled"
+        self.max_signatures = max_signatures
+        self._cache: OrderedDict[Any, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._last: _Entry | None = None
+        self.traces = 0
+        self.replays = 0
+        self.evictions = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if ACTIVE[0] and tracing.depth:  # inside another compiled function: trace straight through
+            if self._fn is None:
+                raise TraceError(f"{self!r} was loaded without its source and cannot be traced into another")
+            return self._fn(*args, **kwargs)
+        signature, arrays, slots = _signature(args, kwargs)
+        entry = self._entry(signature, args, kwargs, slots)
+        with self._lock:
+            self.replays += 1
+        self._engine._compile_counts[1] += 1
+        return entry.launch(self._engine, arrays)
+
+    def _entry(
+        self, signature: Any, args: tuple[Any, ...], kwargs: dict[str, Any], slots: list[Any]
+    ) -> _Entry:
+        with self._lock:
+            entry = self._cache.get(signature)
+            if entry is not None:
+                self._cache.move_to_end(signature)
+                self._last = entry
+                return entry
+        if self._fn is None:
+            known = "\n  ".join(str(s) for s in self._cache) or "(none)"
+            raise TraceError(
+                f"{self!r} was loaded without its Python source, so it replays only the signatures it was "
+                f"saved with:\n  {known}\nThis call's signature is:\n  {signature}"
+            )
+        graph = trace(self._fn, self.name, list(args), kwargs, slots)
+        entry = _Entry(signature, graph)
+        with self._lock:
+            self.traces += 1
+            self._store(signature, entry)
+        self._engine._compile_counts[0] += 1
+        return entry
+
+    def _store(self, signature: Any, entry: _Entry) -> None:
+        self._cache[signature] = entry
+        self._cache.move_to_end(signature)
+        self._last = entry
+        while len(self._cache) > self.max_signatures:
+            self._cache.popitem(last=False)
+            self.evictions += 1
+
+    @property
+    def graph(self) -> Graph:
+        """The optimised graph of the most recent call (print it to read it)."""
+        if self._last is None:
+            raise SchedsvcError(f"{self!r} has not been traced yet: call it once first")
+        return self._last.graph
+
+    @property
+    def graphs(self) -> list[Graph]:
+        """The graph of every cached signature, oldest first."""
+        with self._lock:
+            return [entry.graph for entry in self._cache.values()]
+
+    def stats(self) -> dict[str, int]:
+        """Traces (one per new signature), replays, cached signatures, evictions."""
+        with self._lock:
+            return {
+                "traces": self.traces,
+                "replays": self.replays,
+                "signatures": len(self._cache),
+                "evictions": self.evictions,
+            }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write every cached signature's graph to ``path`` as JSON (no pickle, no Python source)."""
+        with self._lock:
+            entries = [
+                {"signature": _enc(e.signature), "graph": _enc_graph(e.graph)} for e in self._cache.values()
+            ]
+        if not entries:
+            raise SchedsvcError(f"{self!r} has no traced signature to save: call it once first")
+        doc = {"format": _FORMAT, "version": _VERSION, "name": self.name, "entries": entries}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+
+    def __repr__(self) -> str:
+        source = "" if self._fn is not None else " (loaded)"
+        return f"<Compiled {self.name}{source} signatures={len(self._cache)} traces={self.traces} replays={self.replays}>"
+
+
+def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
+    """A compiled function saved with ``Compiled.save``, runnable on ``engine`` without its source."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+        raise ValueError(f"{os.fspath(path)!r} is not a saved schedsvc compiled function")
+    if doc.get("version") != _VERSION:
+        raise ValueError(
+            f"{os.fspath(path)!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}"
+        )
+    compiled = Compiled(engine, None, name=doc["name"], max_signatures=max(1, len(doc["entries"])))
+    for item in doc["entries"]:
+        signature = _dec(item["signature"])
+        compiled._store(signature, _Entry(signature, _dec_graph(item["graph"])))
+    return compiled
+
+
+# -- signatures --------------------------------------------------------------------------
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any], list[Any]]:
+    """(hashable signature, array arguments in order, their (slot, shape, dtype))."""
+    parts: list[Any] = []
+    arrays: list[Any] = []
+    slots: list[Any] = []
+    for slot, value in [*enumerate(args), *sorted(kwargs.items())] if kwargs else enumerate(args):
+        if isinstance(value, Tensor | np.ndarray):
+            device = value.device if isinstance(value, Tensor) else "cpu"
+            parts.append((slot, "array", value.shape, value.dtype, device))
+            arrays.append(value)
+            slots.append((slot, value.shape, value.dtype))
+        else:
+            parts.append((slot, "static", _static(value)))
+    return tuple(parts), arrays, slots
+
+
+def _static(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return (type(value).__name__, tuple(_static(v) for v in value))
+    if isinstance(value, _STATIC):
+        return (type(value).__name__, value)
+    raise TypeError(
+        f"a compiled function's arguments must be Tensors, arrays, or constants (numbers, strings, "
+        f"tuples of them); got {type(value).__name__}"
+    )
+
+
+# -- JSON ---------------------------------------------------------------------------------
+
+
+def _enc(value: Any) -> Any:
+    if isinstance(value, Ref):
+        return {"ref": int(value)}
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if np.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, tuple | list):
+        return {type(value).__name__: [_enc(v) for v in value]}
+    if isinstance(value, complex):
+        return {"complex": [_enc(value.real), _enc(value.imag)]}
+    if isinstance(value, np.dtype):
+        return {"dtype": value.str}
+    if isinstance(value, np.ndarray | np.generic):
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            raise TypeError("a compiled graph with object arrays cannot be saved")
+        data = base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
+        kind = "array" if isinstance(value, np.ndarray) else "scalar"
+        return {kind: {"dtype": array.dtype.str, "shape": list(array.shape), "data": data}}
+    if isinstance(value, slice):
+        return {"slice": [_enc(value.start), _enc(value.stop), _enc(value.step)]}
+    if value is Ellipsis:
+        return {"ellipsis": None}
+    raise TypeError(f"cannot save {type(value).__name__} {value!r} in a compiled graph")
+
+
+def _dec(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    ((kind, body),) = value.items()
+    if kind == "ref":
+        return Ref(body)
+    if kind in ("tuple", "list"):
+        items = [_dec(v) for v in body]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "float":
+        return float(body)
+    if kind == "complex":
+        return complex(_dec(body[0]), _dec(body[1]))
+    if kind == "dtype":
+        return np.dtype(body)
+    if kind in ("array", "scalar"):
+        raw = base64.b64decode(body["data"])
+        array = np.frombuffer(raw, dtype=np.dtype(body["dtype"])).reshape(body["shape"]).copy()
+        if kind == "scalar":
+            return array[()]
+        array.flags.writeable = False
+        return array
+    if kind == "slice":
+        return slice(*(_dec(v) for v in body))
+    if kind == "ellipsis":
+        return Ellipsis
+    raise ValueError(f"unknown value {value!r} in a saved compiled graph")
+
+
+def _enc_graph(graph: Graph) -> dict[str, Any]:
+    nodes = []
+    for node in graph.nodes:
+        nodes.append(
+            {
+                "op": node.op,
+                "args": [_enc(a) for a in node.args],
+                "attrs": {k: _enc(v) for k, v in node.attrs.items()},
+                "shape": list(node.shape),
+                "dtype": node.dtype.str,
+                "base": node.base,
+                "out": node.out,
+                "value": _enc(node.value),
+            }
+        )
+    return {
+        "name": graph.name,
+        "nodes": nodes,
+        "inputs": graph.inputs,
+        "outputs": graph.outputs,
+        "out_kind": graph.out_kind,
+        "report": graph.report,
+        "reuse": [[k, v] for k, v in graph.reuse.items()],
+    }
+
+
+def _dec_graph(doc: dict[str, Any]) -> Graph:
+    from ..tensor import OPS
+
+    nodes = []
+    for item in doc["nodes"]:
+        if item["op"] not in OPS and item["op"] not in ("input", "const", "dead"):
+            raise ValueError(f"saved graph uses op {item['op']!r}, which this schedsvc does not have")
+        nodes.append(
+            Node(
+                item["op"],
+                tuple(_dec(a) for a in item["args"]),
+                {k: _dec(v) for k, v in item["attrs"].items()},
+                tuple(item["shape"]),
+                np.dtype(item["dtype"]),
+                item["base"],
+                item["out"],
+                _dec(item["value"]),
+            )
+        )
+    graph = Graph(doc["name"], nodes, list(doc["inputs"]), list(doc["outputs"]), doc["out_kind"])
+    graph.report = dict(doc["report"])
+    graph.reuse = {int(k): int(v) for k, v in doc["reuse"]}
+    return graph

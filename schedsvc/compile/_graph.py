@@ -1,0 +1,327 @@
+"""The traced graph: nodes in program order, the optimisation passes, and the replay code.
+
+A node is one registry op (``schedsvc.tensor.OPS``) on operands that are
+references to earlier nodes (``Ref``) or literals (scalars, None), or an
+``input`` / ``const``.  A *write* node (``out`` set) stores its result into
+an earlier node's memory, as ``t += 1``, ``out=`` and ``t[i] = v`` do; each
+node records the node whose memory its value lives in (``base``), so views
+and writes alias exactly as in NumPy.
+
+Optimisation, in order: constant folding (a node whose operands are all
+constants is computed once, at compile time), common-subexpression
+elimination, dead-code elimination (writes stay while their memory is read
+later), then a memory plan: an elementwise ufunc writes into an operand whose
+last use it is (same shape and dtype, memory nobody else aliases), and every
+intermediate is dropped after its last use.  The plan is emitted as one
+straight-line Python function of NumPy calls: a replay is one task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..tensor import OPS
+
+__all__ = ["Graph", "Node", "Ref", "optimize"]
+
+
+class Ref(int):
+    """An operand that refers to the node with this index."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"%{int(self)}"
+
+    def __str__(self) -> str:  # the index alone, as for an int ("v{ref}" names its variable)
+        return int.__repr__(self)
+
+    def __format__(self, spec: str) -> str:
+        return format(int(self), spec)
+
+
+@dataclasses.dataclass(slots=True)
+class Node:
+    op: str  # a registry op, or "input" / "const"
+    args: tuple[Any, ...]  # Ref | literal
+    attrs: dict[str, Any]
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    base: int  # the node whose memory holds this value
+    out: int | None = None  # write node: the node whose memory it writes
+    value: Any = None  # const: the array (read-only); input: its position
+
+
+@dataclasses.dataclass
+class Graph:
+    """A traced function: nodes in program order, inputs, outputs and what optimising did."""
+
+    name: str
+    nodes: list[Node]
+    inputs: list[int]
+    outputs: list[int]
+    out_kind: str = "single"  # "single", "tuple" or "list"
+    report: dict[str, int] = dataclasses.field(default_factory=dict)
+    reuse: dict[int, int] = dataclasses.field(default_factory=dict)  # node -> operand whose memory it reuses
+
+    def __str__(self) -> str:
+        ins = ", ".join(f"%{i}: {_type(self.nodes[i])}" for i in self.inputs)
+        outs = ", ".join(f"%{i}" for i in self.outputs)
+        lines = [f"graph {self.name}({ins}) -> {outs}"]
+        for i, node in enumerate(self.nodes):
+            if node.op in ("input", "dead"):
+                continue
+            lines.append(f"  %{i:<3} = {_describe(self, i, node):<48} {_type(node)}")
+        lines.append(f"  return {outs}")
+        if self.report:
+            lines.append("  # " + ", ".join(f"{k}: {v}" for k, v in self.report.items()))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _type(node: Node) -> str:
+    return f"{node.dtype}[{', '.join(str(d) for d in node.shape)}]"
+
+
+def _describe(graph: Graph, i: int, node: Node) -> str:
+    if node.op == "const":
+        return "const"
+    parts = [repr(a) if isinstance(a, Ref) else _literal(a) for a in node.args]
+    parts += [f"{k}={_literal(v)}" for k, v in node.attrs.items()]
+    if node.out is not None:
+        parts.append(f"out=%{node.out}")
+    elif i in graph.reuse:
+        parts.append(f"out=%{graph.reuse[i]} (reused)")
+    return f"{node.op}({', '.join(parts)})"
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, np.dtype):
+        return str(value)
+    if isinstance(value, tuple):
+        return f"({', '.join(_literal(v) for v in value)}{',' if len(value) == 1 else ''})"
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, slice):
+        return (
+            ":".join("" if v is None else str(v) for v in (value.start, value.stop, value.step)).rstrip(":")
+            or ":"
+        )
+    return repr(value)
+
+
+# -- optimisation ------------------------------------------------------------------
+
+
+def optimize(graph: Graph) -> Graph:
+    """Fold constants, merge common subexpressions, drop dead code, plan memory reuse."""
+    report = {"traced": sum(1 for n in graph.nodes if n.op not in ("input", "const"))}
+    folded = _fold(graph)
+    merged = _cse(graph)
+    graph = _dce(graph)
+    graph.reuse = _plan_reuse(graph)
+    report.update(folded=folded, merged=merged)
+    report["kept"] = sum(1 for n in graph.nodes if n.op not in ("input", "const", "dead"))
+    report["reused"] = len(graph.reuse)
+    graph.report = report
+    return graph
+
+
+def _written(graph: Graph) -> set[int]:
+    """Bases of memory some node writes."""
+    return {node.base for node in graph.nodes if node.out is not None}
+
+
+def _fold(graph: Graph) -> int:
+    """Compute, at compile time, every node whose operands are all constants."""
+    written = _written(graph)
+    count = 0
+    for i, node in enumerate(graph.nodes):
+        if node.op in ("input", "const") or node.out is not None or node.base in written:
+            continue
+        refs = [a for a in node.args if isinstance(a, Ref)]
+        if any(graph.nodes[r].op != "const" for r in refs):
+            continue
+        values = [graph.nodes[a].value if isinstance(a, Ref) else a for a in node.args]
+        try:
+            with np.errstate(all="ignore"):
+                value = OPS[node.op].fn(*values, **node.attrs)
+        except Exception:  # leave it to run (and fail) at replay, as it would eagerly
+            continue
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+        graph.nodes[i] = Node("const", (), {}, node.shape, node.dtype, i, value=value)
+        count += 1
+    return count
+
+
+def _cse(graph: Graph) -> int:
+    """Point uses of a repeated computation at its first occurrence (memory that is written excepted)."""
+    written = _written(graph)
+    seen: dict[Any, int] = {}
+    alias: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        if alias:
+            node.args = tuple(Ref(alias.get(a, a)) if isinstance(a, Ref) else a for a in node.args)
+            if node.out is not None:
+                node.out = alias.get(node.out, node.out)
+        if node.op in ("input", "const") or node.out is not None or node.base in written:
+            continue
+        if any(isinstance(a, Ref) and graph.nodes[a].base in written for a in node.args):
+            continue
+        key = _key(node)
+        if key is None:
+            continue
+        first = seen.setdefault(key, i)
+        if first != i:
+            alias[i] = first
+    graph.outputs = [alias.get(o, o) for o in graph.outputs]
+    return len(alias)
+
+
+def _key(node: Node) -> Any:
+    try:
+        key = (node.op, tuple((type(a), a) for a in node.args), tuple(sorted(node.attrs.items(), key=str)))
+        hash(key)
+    except TypeError:  # an unhashable attribute (a slice before Python 3.12): not merged
+        return None
+    return key
+
+
+def _dce(graph: Graph) -> Graph:
+    """Keep what the outputs need: their nodes, and every write to memory read after it."""
+    nodes = graph.nodes
+    live = set(graph.outputs)
+    read_later = {nodes[o].base for o in graph.outputs}
+    for i in range(len(nodes) - 1, -1, -1):
+        node = nodes[i]
+        if node.out is not None and node.base in read_later:
+            live.add(i)
+        if i not in live:
+            continue
+        for a in node.args:
+            if isinstance(a, Ref):
+                live.add(a)
+                read_later.add(nodes[a].base)
+        if node.out is not None:
+            live.add(node.out)
+    live.update(graph.inputs)  # inputs keep their positions even when unused
+    graph.nodes = [
+        n if i in live else Node("dead", (), {}, n.shape, n.dtype, n.base) for i, n in enumerate(nodes)
+    ]
+    return graph
+
+
+def _plan_reuse(graph: Graph) -> dict[int, int]:
+    """Elementwise ufunc nodes that write into an operand's memory, where that use is the memory's last.
+
+    The memory must be computed inside the graph (not an input or a
+    constant), never written by a write node, and whole: the operand is the
+    array that owns it or an earlier reuse of it, never a view.
+    """
+    nodes = graph.nodes
+    last_use = _last_uses(graph)
+    end = len(nodes)
+    memory_last: dict[int, int] = {}  # memory (base) -> last use of anything living in it
+    for ref, i in last_use.items():
+        base = nodes[ref].base
+        memory_last[base] = max(memory_last.get(base, -1), i)
+    written = _written(graph)
+    whole = {i for i, n in enumerate(nodes) if n.base == i and n.op not in ("input", "const", "dead")}
+    reuse: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        fn = OPS[node.op].fn if node.op in OPS else None
+        if node.out is not None or not node.shape or not isinstance(fn, np.ufunc) or fn.signature:
+            continue
+        for a in node.args:
+            if not isinstance(a, Ref) or a not in whole:
+                continue
+            src = nodes[a]
+            base = src.base
+            if (
+                base in written
+                or memory_last.get(base) != i
+                or (src.shape, src.dtype) != (node.shape, node.dtype)
+            ):
+                continue
+            reuse[i] = a
+            node.base = base
+            whole.add(i)
+            memory_last[base] = last_use.get(i, end)
+            break
+    return reuse
+
+
+def _last_uses(graph: Graph) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for a in node.args:
+            if isinstance(a, Ref):
+                last[a] = i
+        if node.out is not None:
+            last[node.out] = i
+    for o in graph.outputs:
+        last[o] = len(graph.nodes)
+    return last
+
+
+# -- replay code -----------------------------------------------------------------------
+
+
+def emit(graph: Graph) -> Callable[..., Any]:
+    """One Python function of NumPy calls that computes the graph's outputs from its inputs."""
+    namespace: dict[str, Any] = {}
+    lines: list[str] = []
+    last = _last_uses(graph)
+    drop_after: dict[int, list[int]] = {}
+    for ref, i in last.items():
+        if i < len(graph.nodes) and graph.nodes[ref].op != "const":
+            drop_after.setdefault(i, []).append(ref)
+    for i, node in enumerate(graph.nodes):
+        if node.op in ("input", "dead"):
+            continue
+        if node.op == "const":
+            namespace[f"c{i}"] = node.value
+            continue
+        namespace[f"f_{node.op}"] = OPS[node.op].fn
+        parts = [_operand(graph, a, namespace, f"k{i}_{j}") for j, a in enumerate(node.args)]
+        for key, value in node.attrs.items():
+            namespace[f"a{i}_{key}"] = value
+            parts.append(f"{key}=a{i}_{key}")
+        if node.out is not None and node.op != "setitem":  # setitem writes its first operand
+            parts.append(f"out={_name(graph, node.out)}")
+        elif i in graph.reuse:
+            parts.append(f"out=v{graph.reuse[i]}")
+        lines.append(f"    v{i} = f_{node.op}({', '.join(parts)})")
+        dead = [
+            f"v{r}" for r in drop_after.get(i, ()) if graph.nodes[r].op != "input" and r not in graph.outputs
+        ]
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
+    # a constant output is copied: the caller may write it, the graph's stays read-only
+    outs = [f"c{o}.copy()" if graph.nodes[o].op == "const" else _name(graph, o) for o in graph.outputs]
+    result = outs[0] if graph.out_kind == "single" else f"({', '.join(outs)}{',' if len(outs) == 1 else ''})"
+    params = ", ".join(f"v{i}" for i in graph.inputs)
+    source = f"def replay({params}):\n" + "\n".join(lines) + f"\n    return {result}\n"
+    code = compile(source, f"<schedsvc compiled {graph.name}>", "exec")
+    exec(code, namespace)  # our own generated source: registry calls on named values
+    replay: Callable[..., Any] = namespace["replay"]
+    replay.__qualname__ = replay.__name__ = f"replay_{graph.name}"
+    replay.source = source  # type: ignore[attr-defined]
+    return replay
+
+
+def _name(graph: Graph, ref: int) -> str:
+    return f"c{ref}" if graph.nodes[ref].op == "const" else f"v{ref}"
+
+
+def _operand(graph: Graph, arg: Any, namespace: dict[str, Any], slot: str) -> str:
+    if isinstance(arg, Ref):
+        return _name(graph, arg)
+    namespace[slot] = arg
+    return slot

@@ -1,0 +1,249 @@
+"""The registry of array operations a Tensor (or a traced function) can queue.
+
+An ``Op`` is a name, the NumPy call that runs it -- ``fn(*operands, **attrs)``
+-- and the rule that gives its result's shape and dtype.  Eager Tensors and
+compiled graphs both go through this table, so a replay calls exactly what
+eager execution calls (bit-identical results), and a saved graph names its
+operations by registry name instead of pickling code.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _meta
+from ._meta import Shape
+
+__all__ = ["OPS", "REDUCTIONS", "Op", "op_for_ufunc"]
+
+#: infer(operand metas, attrs) -> (shape, dtype, view): ``view`` is True when
+#: the result is a view of operand 0's memory (indexing, reshape, transpose).
+Infer = Callable[[Sequence[Any], dict[str, Any]], tuple[Shape, np.dtype[Any], bool]]
+
+
+class Op(NamedTuple):
+    name: str
+    fn: Callable[..., Any]
+    infer: Infer
+    #: a creation op (no operands; its attrs give the shape)
+    creates: bool = False
+
+
+OPS: dict[str, Op] = {}
+
+
+def _register(name: str, fn: Callable[..., Any], infer: Infer, creates: bool = False) -> None:
+    OPS[name] = Op(name, fn, infer, creates)
+
+
+# -- elementwise ufuncs ---------------------------------------------------------
+
+
+def _ufunc_infer(ufunc: np.ufunc) -> Infer:
+    def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+        if len(metas) != ufunc.nin:
+            raise TypeError(f"{ufunc.__name__}() takes {ufunc.nin} operands but {len(metas)} were given")
+        shape, dtype = _meta.ufunc_meta(ufunc, metas, attrs.get("dtype"))
+        return shape, dtype, False
+
+    return infer
+
+
+def _matmul_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    shape, dtype = _meta.matmul_meta(*metas)
+    return shape, dtype, False
+
+
+_UFUNC_NAMES: dict[np.ufunc, str] = {}
+for _value in vars(np).values():
+    if not isinstance(_value, np.ufunc) or _value.nout != 1:
+        continue
+    if _value.signature and _value is not np.matmul:  # other gufuncs (vecdot, ...): not supported
+        continue
+    _register(_value.__name__, _value, _matmul_infer if _value.signature else _ufunc_infer(_value))
+    _UFUNC_NAMES[_value] = _value.__name__
+
+
+def op_for_ufunc(ufunc: np.ufunc) -> Op | None:
+    """The registered op of a NumPy ufunc (one output), or None."""
+    name = _UFUNC_NAMES.get(ufunc)
+    return None if name is None else OPS[name]
+
+
+# -- reductions -----------------------------------------------------------------
+
+
+def _reduction(fn: Callable[..., Any]) -> Infer:
+    def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+        options = {k: v for k, v in attrs.items() if k not in ("axis", "keepdims")}
+        shape, dtype = _meta.reduce_meta(
+            fn, metas[0], attrs.get("axis"), attrs.get("keepdims", False), **options
+        )
+        return shape, dtype, False
+
+    return infer
+
+
+REDUCTIONS: dict[str, Callable[..., Any]] = {
+    "sum": np.sum,
+    "mean": np.mean,
+    "prod": np.prod,
+    "max": np.max,
+    "min": np.min,
+    "argmax": np.argmax,
+    "argmin": np.argmin,
+    "any": np.any,
+    "all": np.all,
+}
+for _name, _fn in REDUCTIONS.items():
+    _register(_name, _fn, _reduction(_fn))
+
+
+# -- other computing functions ----------------------------------------------------
+
+
+def _dot_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    shape, dtype = _meta.dot_meta(*metas)
+    return shape, dtype, False
+
+
+def _concatenate(*arrays: Any, axis: int | None = 0) -> Any:
+    return np.concatenate(arrays, axis=axis)
+
+
+def _stack(*arrays: Any, axis: int = 0) -> Any:
+    return np.stack(arrays, axis=axis)
+
+
+def _concat_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    shape, dtype = _meta.concat_meta(metas, attrs.get("axis", 0))
+    return shape, dtype, False
+
+
+def _stack_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    shape, dtype = _meta.stack_meta(metas, attrs.get("axis", 0))
+    return shape, dtype, False
+
+
+def _broadcasting(fn: Callable[..., Any], nin: int) -> Infer:
+    def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+        if len(metas) != nin:
+            raise TypeError(f"{fn.__name__}() takes {nin} operands but {len(metas)} were given")
+        shape, dtype = _meta.elementwise_meta(fn, metas)
+        return shape, dtype, False
+
+    return infer
+
+
+def _astype(x: Any, dtype: Any) -> Any:
+    return x.astype(dtype)
+
+
+def _astype_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    return metas[0][0], np.dtype(attrs["dtype"]), False
+
+
+def _copy_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    return metas[0][0], metas[0][1], False
+
+
+_register("dot", np.dot, _dot_infer)
+_register("concatenate", _concatenate, _concat_infer)
+_register("stack", _stack, _stack_infer)
+_register("where", np.where, _broadcasting(np.where, 3))
+_register("clip", np.clip, _broadcasting(np.clip, 3))
+_register("astype", _astype, _astype_infer)
+_register("copy", np.copy, _copy_infer)
+
+
+# -- views ----------------------------------------------------------------------
+
+
+def _getitem(x: Any, index: Any) -> Any:
+    return x[index]
+
+
+def _reshape(x: Any, shape: Shape) -> Any:
+    return np.reshape(x, shape)
+
+
+def _transpose(x: Any, axes: Shape | None = None) -> Any:
+    return np.transpose(x, axes)
+
+
+def _view(fn: Callable[..., Any], attr: str) -> Infer:
+    def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+        return _meta.view_meta(metas[0], fn, attrs.get(attr))
+
+    return infer
+
+
+_register("getitem", _getitem, _view(_getitem, "index"))
+_register("reshape", _reshape, _view(_reshape, "shape"))
+_register("transpose", _transpose, _view(_transpose, "axes"))
+
+
+# -- writes -----------------------------------------------------------------------
+
+
+def _setitem(x: Any, value: Any, index: Any) -> Any:
+    x[index] = value
+    return x
+
+
+def _setitem_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    target, value = metas
+    selected, _, _ = _meta.view_meta(target, _getitem, attrs["index"])
+    shape = _meta._shape(value)
+    trimmed = shape[len(shape) - len(selected) :] if len(shape) > len(selected) else shape
+    if (
+        any(d != 1 for d in shape[: len(shape) - len(trimmed)])
+        or _try_broadcast(trimmed, selected) != selected
+    ):
+        raise ValueError(f"could not broadcast input array from shape {shape} into shape {selected}")
+    return target[0], target[1], True
+
+
+def _try_broadcast(a: Shape, b: Shape) -> Shape | None:
+    try:
+        return np.broadcast_shapes(a, b)
+    except ValueError:
+        return None
+
+
+_register("setitem", _setitem, _setitem_infer)
+
+
+# -- creation -----------------------------------------------------------------------
+
+
+def _creation(fn: Callable[..., Any]) -> Infer:
+    def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+        probe = fn(**{**attrs, "shape": tuple(0 for _ in attrs["shape"])})
+        shape = tuple(operator.index(d) for d in attrs["shape"])
+        if any(d < 0 for d in shape):
+            raise ValueError("negative dimensions are not allowed")
+        return shape, probe.dtype, False
+
+    return infer
+
+
+def _arange_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
+    start, stop, step = attrs["start"], attrs["stop"], attrs["step"]
+    dtype = np.arange(start, start, step, dtype=attrs.get("dtype")).dtype
+    if all(isinstance(v, int | np.integer) for v in (start, stop, step)):
+        n = len(range(int(start), int(stop), int(step)))
+    else:
+        n = max(0, int(np.ceil((stop - start) / step)))
+    return (n,), dtype, False
+
+
+_register("zeros", np.zeros, _creation(np.zeros), creates=True)
+_register("ones", np.ones, _creation(np.ones), creates=True)
+_register("empty", np.empty, _creation(np.empty), creates=True)
+_register("full", np.full, _creation(np.full), creates=True)
+_register("arange", np.arange, _arange_infer, creates=True)
