@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["main"]
 
@@ -15,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run the sources' experiments on this machine and print a table")
     demo.add_argument("--reps", type=int, default=3, help="repetitions per experiment (median shown)")
     bench = sub.add_parser("bench", help="benchmarks against baselines measured in the same run")
-    bench.add_argument("suite", choices=["core"], help="which benchmark suite")
+    bench.add_argument("suite", choices=["core", "tensor"], help="which benchmark suite")
     bench.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median reported)")
     bench.add_argument("--cases", help="comma-separated subset of cases (ratios need all)")
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
@@ -36,6 +38,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.reps < 1:
         print("schedsvc bench: --reps must be at least 1", file=sys.stderr)
         return 2
+    if args.suite == "tensor":
+        return _bench_tensor(args)
     cases = args.cases.split(",") if args.cases else None
     unknown = set(cases or ()) - set(core.CASES)
     if unknown:
@@ -46,16 +50,32 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     quiet = args.json == "-"
     report = core.run(reps=args.reps, cases=cases, progress=None if quiet else _progress)
-    if args.json == "-":
+    _emit(report, args.json, core.format_report)
+    return 0
+
+
+def _bench_tensor(args: argparse.Namespace) -> int:
+    from ._bench import tensor
+
+    if args.cases:
+        print("schedsvc bench tensor: --cases applies to the core suite only", file=sys.stderr)
+        return 2
+    quiet = args.json == "-"
+    report = tensor.run(reps=args.reps, progress=None if quiet else _progress)
+    _emit(report, args.json, tensor.format_report)
+    return 0
+
+
+def _emit(report: dict[str, Any], path: str | None, fmt: Callable[[dict[str, Any]], str]) -> None:
+    if path == "-":
         json.dump(report, sys.stdout, indent=2)
         print()
-    else:
-        print(core.format_report(report))
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(report, fh, indent=2)
-            print(f"wrote {args.json}")
-    return 0
+        return
+    print(fmt(report))
+    if path:
+        with open(path, "w") as fh:
+            json.dump(report, fh, indent=2)
+        print(f"wrote {path}")
 
 
 def _progress(line: str) -> None:

@@ -42,6 +42,31 @@ def test_bench_rejects_unknown_cases(capsys: pytest.CaptureFixture[str]) -> None
 def test_demo_prints_a_row_per_experiment(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--reps", "1"]) == 0
     out = capsys.readouterr().out
-    for row in ("c = a * b + 2", "1,000 x (y = x + 1)", "8 x np.dot", "200 batches through a matmul"):
+    rows = (
+        "c = a * b + 2",
+        "1,000 x (y = x + 1)",
+        "8 x np.dot",
+        "200 batches through a matmul",
+        "MLP 512-256",
+    )
+    for row in rows:
         assert row in out
     assert "16 MiB bound: peak" in out
+
+
+def test_bench_tensor_json_has_the_three_variants_and_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "tensor", "--reps", "1", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    m = report["medians"]
+    for prefix in ("mlp", "fancy"):
+        for variant in ("numpy", "eager", "compiled"):
+            assert m[f"{prefix}_{variant}_us"] > 0
+        assert m[f"{prefix}_eager_over_compiled"] == pytest.approx(
+            m[f"{prefix}_eager_us"] / m[f"{prefix}_compiled_us"]
+        )
+    assert {t["figure"] for t in report["targets"]} == {"mlp_eager_over_compiled", "mlp_compiled_over_numpy"}
+
+
+def test_bench_tensor_rejects_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "tensor", "--cases", "x"]) == 2
+    assert "core suite only" in capsys.readouterr().err
