@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from threading import get_ident
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -156,7 +156,17 @@ class Engine:
 
     # -- submitting ------------------------------------------------------------
 
-    async def submit(
+    def submit(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> Coroutine[Any, Any, Future[T]]:
+        """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits.
+
+        Options: ``device``, ``priority``, ``name``, ``reads``, ``writes``,
+        ``nbytes``; other keywords are passed to ``fn``.  ``await`` it.
+        """
+        if ACTIVE[0] and tracing.depth:  # checked here: an un-awaited coroutine would never check
+            raise _submit_while_tracing(fn)
+        return self._submit(fn, *args, **options)
+
+    async def _submit(
         self,
         fn: Callable[..., T],
         /,
@@ -169,7 +179,6 @@ class Engine:
         nbytes: int | None = None,
         **kwargs: Any,
     ) -> Future[T]:
-        """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits."""
         rt = self._running()
         tid = get_ident()
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
@@ -419,12 +428,18 @@ class Engine:
                 mem = arg.memory
                 if mem is not None:
                     buffers.append((mem[0], mem[1], False))
+                    pending = _pending_write(arg)
+                    if pending is not None:
+                        deps.append(pending)  # reading after a write that fails fails, as NumPy stops
             elif isinstance(arg, np.ndarray):
                 key, nb = buffer_of(arg)
                 buffers.append((key, nb, False))
         if target is not None:
             deps.append(target)
             buffers.append((target.memory[0], target.memory[1], True))
+            previous = target.owner._last_write
+            if previous is not None and previous.state != "done":
+                deps.append(previous)  # a failed write fails the writes after it, as NumPy would stop
         if len(buffers) > 1:
             buffers = _merge(buffers)
         if out_bytes is None:
@@ -444,11 +459,12 @@ class Engine:
             tid in rt.worker_threads,
         )
         task.shape, task.dtype, task._last_write = shape, dtype, None
-        owner = target._root if target is not None else root
-        if owner is not None:
-            task.memory, task._root = owner.memory, owner
+        if target is not None:  # a write: the owner points at it (_last_write), not back
+            task.memory, task._root = target.memory, None
+        elif root is not None:
+            task.memory, task._root = root.memory, root
         else:
-            task.memory, task._root = memory or (id(task), out_bytes), task
+            task.memory, task._root = memory or (id(task), out_bytes), None
         if self._sync_mode:
             self._run_here(task)
             return task
@@ -489,10 +505,7 @@ class Engine:
         tid: int,
     ) -> Future[Any]:
         if ACTIVE[0] and tracing.depth:
-            raise TraceError(
-                f"eng.submit({name_of(fn) or 'fn'}, ...) inside a compiled function: it would run once, "
-                "while tracing, and never on replay; submit outside the compiled function"
-            )
+            raise _submit_while_tracing(fn)
         if not callable(fn):
             raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {fn!r}")
         if device is None:
@@ -512,6 +525,13 @@ class Engine:
                 f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}"
             )
         deps, buffers = scan(args, kwargs, reads, writes)
+        if any(type(d) is Tensor and d.owner._last_write is not None for d in deps):
+            deps = _with_pending_writes(deps)
+        written: list[Tensor] = []
+        if any(b[2] for b in buffers):  # `await t` of a Tensor written here must wait for this task
+            written = _tensors_in((kwargs.get("out"), writes))
+            previous = [t.owner._last_write for t in written]
+            deps = (*deps, *(p for p in previous if p is not None and p.state != "done"))
         for dep in deps:
             if getattr(dep, "_engine", None) is not self:
                 raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
@@ -519,9 +539,8 @@ class Engine:
         task: Future[Any] = Future(
             self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
         )
-        if any(b[2] for b in buffers):  # `await t` of a Tensor written here must wait for this task
-            for target in _tensors_in((kwargs.get("out"), writes)):
-                target._root._last_write = task
+        for target in written:
+            target.owner._last_write = task
         return task
 
     def _run_here(self, task: Future[T]) -> Future[T]:
@@ -588,6 +607,24 @@ def _shape_arg(shape: Any) -> tuple[int, ...]:
     if isinstance(shape, int | np.integer):
         return (operator.index(shape),)
     return tuple(operator.index(d) for d in shape)
+
+
+def _submit_while_tracing(fn: Any) -> TraceError:
+    return TraceError(
+        f"eng.submit({name_of(fn) or 'fn'}, ...) inside a compiled function: it would run once, "
+        "while tracing, and never on replay; submit outside the compiled function"
+    )
+
+
+def _pending_write(tensor: Any) -> Task | None:
+    """The last queued write to a Tensor's memory, unless it finished (a failed one counts)."""
+    last = tensor.owner._last_write if type(tensor) is Tensor else None
+    return last if last is not None and last.state != "done" and last is not tensor else None
+
+
+def _with_pending_writes(deps: tuple[Task, ...]) -> tuple[Task, ...]:
+    extra = [w for d in deps if (w := _pending_write(d)) is not None]
+    return (*deps, *extra)
 
 
 def _merge(buffers: list[Buffer]) -> list[Buffer]:

@@ -104,9 +104,17 @@ def test_engine_methods(method: str) -> None:
     assert callable(getattr(ss.Engine, method))
 
 
-@pytest.mark.parametrize("method", ["aclose", "submit", "run", "waitall", "throttle", "start"])
+@pytest.mark.parametrize("method", ["aclose", "run", "waitall", "throttle", "start"])
 def test_engine_async_methods_are_coroutines(method: str) -> None:
     assert inspect.iscoroutinefunction(getattr(ss.Engine, method))
+
+
+async def test_submit_returns_a_coroutine_to_await() -> None:
+    """``submit`` checks its caller at once (no submitting while tracing), then gives a coroutine."""
+    async with ss.Engine(cpu_workers=1) as eng:
+        pending = eng.submit(abs, -1)
+        assert inspect.iscoroutine(pending)
+        assert await (await pending) == 1
 
 
 def test_engine_sync_methods_are_plain() -> None:

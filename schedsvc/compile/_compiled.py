@@ -9,7 +9,9 @@ counted in ``Compiled.stats()`` and ``eng.stats()``.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
+import keyword
 import math
 import os
 import re
@@ -62,9 +64,15 @@ class _Entry:
             )
         whole = engine._tensor_task(self.op, arrays, {}, (), _OBJECT, None, None, out_bytes=self.out_bytes)
         parts = []
+        owners: dict[int, Tensor] = {}  # memory (graph base) -> the first output living in it
         for i, (shape, dtype, source) in enumerate(self.outputs):
             root, memory = _alias(arrays, source)
-            parts.append(engine._tensor_task(_PICK, [whole], {"index": i}, shape, dtype, root, None, memory))
+            base = self.graph.nodes[self.graph.outputs[i]].base
+            if root is None and memory is None and base in owners:
+                root = owners[base]  # outputs sharing memory order their writes together
+            part = engine._tensor_task(_PICK, [whole], {"index": i}, shape, dtype, root, None, memory)
+            owners.setdefault(base, part.owner)
+            parts.append(part)
         return tuple(parts) if self.graph.out_kind == "tuple" else parts
 
 
@@ -91,7 +99,7 @@ def _alias(arrays: list[Any], source: int | None) -> tuple[Tensor | None, tuple[
         return None, None
     arg = arrays[source]
     if isinstance(arg, Tensor):
-        return arg._root, None
+        return arg.owner, None
     return None, buffer_of(arg)
 
 
@@ -113,6 +121,11 @@ class Compiled:
     ) -> None:
         if fn is not None and not callable(fn):
             raise TypeError(f"eng.compile() needs a function, got {type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"eng.compile({name_of(fn)}): an async function cannot be compiled; compiled functions "
+                "are synchronous array code (await their result outside)"
+            )
         if type(max_signatures) is not int or max_signatures < 1:
             raise ValueError(f"max_signatures must be a positive int, got {max_signatures!r}")
         self._engine = engine
@@ -227,10 +240,13 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
         raise ValueError(
             f"{os.fspath(path)!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}"
         )
-    compiled = Compiled(engine, None, name=doc["name"], max_signatures=max(1, len(doc["entries"])))
-    for item in doc["entries"]:
-        signature = _dec(item["signature"])
-        compiled._store(signature, _Entry(signature, _dec_graph(item["graph"])))
+    try:
+        compiled = Compiled(engine, None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"])))
+        for item in doc["entries"]:
+            signature = _dec(item["signature"])
+            compiled._store(signature, _Entry(signature, _dec_graph(item["graph"])))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{os.fspath(path)!r} is not a valid saved compiled function: {exc!r}") from exc
     return compiled
 
 
@@ -247,7 +263,8 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list
             parts.append((slot, "array", t.shape, t.dtype, t.device))
             slots.append((slot, t.shape, t.dtype))
         return tuple(parts), list(args), slots
-    for slot, value in [*enumerate(args), *sorted(kwargs.items())] if kwargs else enumerate(args):
+    named: list[tuple[Any, Any]] = [*enumerate(args), *sorted(kwargs.items())]
+    for slot, value in named:
         if isinstance(value, Tensor | np.ndarray):
             device = value.device if isinstance(value, Tensor) else "cpu"
             parts.append((slot, "array", value.shape, value.dtype, device))
@@ -261,6 +278,8 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list
 def _static(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return (type(value).__name__, tuple(_static(v) for v in value))
+    if isinstance(value, float | complex | np.inexact):  # by repr: -0.0 is not 0.0, nan is nan
+        return (type(value).__name__, repr(value))
     if isinstance(value, _STATIC):
         return (type(value).__name__, value)
     raise TypeError(
@@ -275,6 +294,13 @@ def _static(value: Any) -> Any:
 def _enc(value: Any) -> Any:
     if isinstance(value, Ref):
         return {"ref": int(value)}
+    if isinstance(value, np.ndarray | np.generic):  # before float: np.float64 is a float, but strong
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            raise TypeError("a compiled graph with object arrays cannot be saved")
+        data = base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
+        kind = "array" if isinstance(value, np.ndarray) else "scalar"
+        return {kind: {"dtype": array.dtype.str, "shape": list(array.shape), "data": data}}
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -285,13 +311,6 @@ def _enc(value: Any) -> Any:
         return {"complex": [_enc(value.real), _enc(value.imag)]}
     if isinstance(value, np.dtype):
         return {"dtype": value.str}
-    if isinstance(value, np.ndarray | np.generic):
-        array = np.asarray(value)
-        if array.dtype.hasobject:
-            raise TypeError("a compiled graph with object arrays cannot be saved")
-        data = base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
-        kind = "array" if isinstance(value, np.ndarray) else "scalar"
-        return {kind: {"dtype": array.dtype.str, "shape": list(array.shape), "data": data}}
     if isinstance(value, slice):
         return {"slice": [_enc(value.start), _enc(value.stop), _enc(value.step)]}
     if value is Ellipsis:
@@ -373,7 +392,38 @@ def _dec_graph(doc: dict[str, Any]) -> Graph:
                 _dec(item["value"]),
             )
         )
-    graph = Graph(doc["name"], nodes, list(doc["inputs"]), list(doc["outputs"]), doc["out_kind"])
+    graph = Graph(str(doc["name"]), nodes, list(doc["inputs"]), list(doc["outputs"]), doc["out_kind"])
     graph.report = dict(doc["report"])
     graph.reuse = {int(k): int(v) for k, v in doc["reuse"]}
+    _check_graph(graph)
     return graph
+
+
+def _check_graph(graph: Graph) -> None:
+    """Everything a loaded graph puts into generated code is a node index or a known name."""
+    from ..tensor import OPS
+
+    n = len(graph.nodes)
+
+    def index(value: Any) -> None:
+        if type(value) is not int or not 0 <= value < n:
+            raise ValueError(f"node reference {value!r} is not a node index below {n}")
+
+    if graph.out_kind not in ("single", "tuple", "list"):
+        raise ValueError(f"unknown output kind {graph.out_kind!r}")
+    for value in [*graph.inputs, *graph.outputs, *graph.reuse, *graph.reuse.values()]:
+        index(value)
+    for i, node in enumerate(graph.nodes):
+        if node.op not in OPS and node.op not in ("input", "const", "dead"):
+            raise ValueError(f"node {i} uses op {node.op!r}, which this schedsvc does not have")
+        index(node.base)
+        if node.out is not None:
+            index(node.out)
+        for arg in node.args:
+            if isinstance(arg, Ref):
+                index(int(arg))
+        for key in node.attrs:
+            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
+                raise ValueError(f"node {i} has an attribute name {key!r} that is not an identifier")
+        if node.op == "input" and type(node.value) is not int:
+            raise ValueError(f"input node {i} has no argument position")

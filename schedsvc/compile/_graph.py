@@ -108,10 +108,8 @@ def _literal(value: Any) -> str:
     if value is Ellipsis:
         return "..."
     if isinstance(value, slice):
-        return (
-            ":".join("" if v is None else str(v) for v in (value.start, value.stop, value.step)).rstrip(":")
-            or ":"
-        )
+        text = f"{'' if value.start is None else value.start}:{'' if value.stop is None else value.stop}"
+        return text if value.step is None else f"{text}:{value.step}"
     return repr(value)
 
 
@@ -163,6 +161,7 @@ def _fold(graph: Graph) -> int:
 def _cse(graph: Graph) -> int:
     """Point uses of a repeated computation at its first occurrence (memory that is written excepted)."""
     written = _written(graph)
+    outputs = set(graph.outputs)  # two equal outputs are still two arrays, as eagerly
     seen: dict[Any, int] = {}
     alias: dict[int, int] = {}
     for i, node in enumerate(graph.nodes):
@@ -178,19 +177,16 @@ def _cse(graph: Graph) -> int:
         if key is None:
             continue
         first = seen.setdefault(key, i)
-        if first != i:
+        if first != i and i not in outputs:
             alias[i] = first
     graph.outputs = [alias.get(o, o) for o in graph.outputs]
     return len(alias)
 
 
 def _key(node: Node) -> Any:
-    try:
-        key = (node.op, tuple((type(a), a) for a in node.args), tuple(sorted(node.attrs.items(), key=str)))
-        hash(key)
-    except TypeError:  # an unhashable attribute (a slice before Python 3.12): not merged
-        return None
-    return key
+    """What makes two nodes the same computation; literals by repr, which tells -0.0 from 0.0."""
+    args = tuple(int(a) if isinstance(a, Ref) else (type(a), repr(a)) for a in node.args)
+    return node.op, args, repr(sorted(node.attrs.items()))
 
 
 def _dce(graph: Graph) -> Graph:
@@ -238,6 +234,8 @@ def _plan_reuse(graph: Graph) -> dict[int, int]:
         fn = OPS[node.op].fn if node.op in OPS else None
         if node.out is not None or not node.shape or not isinstance(fn, np.ufunc) or fn.signature:
             continue
+        if i in written:  # its memory is written through later: it keeps its own
+            continue
         for a in node.args:
             if not isinstance(a, Ref) or a not in whole:
                 continue
@@ -252,7 +250,11 @@ def _plan_reuse(graph: Graph) -> dict[int, int]:
             reuse[i] = a
             node.base = base
             whole.add(i)
-            memory_last[base] = last_use.get(i, end)
+            # node i and its views now live in that memory: their uses are its uses
+            memory_last[base] = memory_last.get(i, last_use.get(i, end))
+            for other in nodes[i + 1 :]:
+                if other.base == i:
+                    other.base = base
             break
     return reuse
 
@@ -293,11 +295,12 @@ def emit(graph: Graph) -> Callable[..., Any]:
         for key, value in node.attrs.items():
             namespace[f"a{i}_{key}"] = value
             parts.append(f"{key}=a{i}_{key}")
+        call = f"f_{node.op}({', '.join(parts)})"
         if node.out is not None and node.op != "setitem":  # setitem writes its first operand
-            parts.append(f"out={_name(graph, node.out)}")
+            call = f"f_{node.op}({', '.join([*parts, f'out={_name(graph, node.out)}'])})"
         elif i in graph.reuse:
-            parts.append(f"out=v{graph.reuse[i]}")
-        lines.append(f"    v{i} = f_{node.op}({', '.join(parts)})")
+            call = _reusing(graph, i, parts, call)
+        lines.append(f"    v{i} = {call}")
         dead = [
             f"v{r}" for r in drop_after.get(i, ()) if graph.nodes[r].op != "input" and r not in graph.outputs
         ]
@@ -306,7 +309,7 @@ def emit(graph: Graph) -> Callable[..., Any]:
     # a constant output is copied: the caller may write it, the graph's stays read-only
     outs = [f"c{o}.copy()" if graph.nodes[o].op == "const" else _name(graph, o) for o in graph.outputs]
     result = outs[0] if graph.out_kind == "single" else f"({', '.join(outs)}{',' if len(outs) == 1 else ''})"
-    params = ", ".join(f"v{i}" for i in graph.inputs)
+    params = ", ".join(f"v{int(i)}" for i in graph.inputs)
     source = f"def replay({params}):\n" + "\n".join(lines) + f"\n    return {result}\n"
     code = compile(source, f"<schedsvc compiled {graph.name}>", "exec")
     exec(code, namespace)  # our own generated source: registry calls on named values
@@ -314,6 +317,27 @@ def emit(graph: Graph) -> Callable[..., Any]:
     replay.__qualname__ = replay.__name__ = f"replay_{graph.name}"
     replay.source = source  # type: ignore[attr-defined]
     return replay
+
+
+def _reusing(graph: Graph, i: int, parts: list[str], call: str) -> str:
+    """Write into the dead operand's array -- when that gives the layout NumPy would choose.
+
+    NumPy lays a new result out like its operands (order 'K'); an operand's
+    array written in place keeps its own layout, so the two agree (and so do
+    later reductions, bit for bit) when every array operand is C-contiguous.
+    """
+    node = graph.nodes[i]
+    checks = []
+    for a in node.args:
+        if not isinstance(a, Ref):
+            continue
+        if graph.nodes[a].op == "const":
+            if not graph.nodes[a].value.flags.c_contiguous:
+                return call
+        else:
+            checks.append(f"v{int(a)}.flags.c_contiguous")
+    reused = f"f_{node.op}({', '.join([*parts, f'out=v{graph.reuse[i]}'])})"
+    return f"{reused} if {' and '.join(checks)} else {call}" if checks else reused
 
 
 def _name(graph: Graph, ref: int) -> str:

@@ -12,6 +12,7 @@ function -- raises ``ss.TraceError`` that says what happened.
 from __future__ import annotations
 
 import gc
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -146,7 +147,7 @@ class _Trace:
         if obj is None or isinstance(obj, _SCALARS):
             return obj, obj
         if isinstance(obj, Tensor):
-            last = obj._root._last_write
+            last = obj.owner._last_write
             if obj.state != "done" or (last is not None and last.state not in FINAL_STATES):
                 raise TraceError(
                     f"{op.name}(): {obj!r} is an engine Tensor that is still being computed, used inside a "
@@ -225,6 +226,11 @@ def trace(
         tracing.depth -= 1
         tracing.trace = previous
     del args, kwargs
+    if inspect.iscoroutine(result):
+        result.close()
+        raise TraceError(
+            "the compiled function returned a coroutine: compile synchronous array code, not async def"
+        )
     kind = "tuple" if type(result) is tuple else "list" if type(result) is list else "single"
     outputs = [_output(record, r) for r in (result if kind != "single" else (result,))]
     del result

@@ -29,6 +29,7 @@ class CpuWorker:
         self.name = f"cpu-{index}"
         self.busy = 0.0
         self.park = threading.Lock()
+        self.first: Task | None = None  # a task handed from the take loop to run_chain
         self.park.acquire()
         self.thread = threading.Thread(target=self._main, name=f"schedsvc-{self.name}", daemon=True)
 
@@ -53,11 +54,16 @@ class CpuWorker:
             if task is None:
                 self.park.acquire()
             else:
-                self.run_chain(task)
+                # hand the task over without keeping a reference here: a finished task's
+                # value (a Tensor's array) must be freed when its last user lets go of it
+                self.first, task = task, None
+                self.run_chain(None)
 
     def run_chain(self, task: Task | None) -> None:
-        """Run ``task``, then what each finish hands on: a dependent, or the next queued task."""
+        """Run ``task`` (or the one handed over in ``first``), then what each finish hands on."""
         execute = self.pool.rt.execute
+        if task is None:
+            task, self.first = self.first, None
         t0 = time.perf_counter()
         try:
             while task is not None:

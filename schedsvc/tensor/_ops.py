@@ -199,6 +199,12 @@ def _setitem_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, 
     target, value = metas
     selected, _, _ = _meta.view_meta(target, _getitem, attrs["index"])
     shape = _meta._shape(value)
+    if type(value) is not tuple:  # a scalar: NumPy converts it at the call ("abc" into floats raises)
+        np.empty((), target[1])[()] = value
+    elif value[1].kind in "USO":  # text or objects: NumPy parses them at the call
+        np.empty((), target[1])[()] = np.zeros((), value[1])
+    if type(value) is tuple and not selected and shape:
+        raise ValueError("setting an array element with a sequence.")
     trimmed = shape[len(shape) - len(selected) :] if len(shape) > len(selected) else shape
     if (
         any(d != 1 for d in shape[: len(shape) - len(trimmed)])

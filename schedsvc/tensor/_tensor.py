@@ -336,8 +336,14 @@ class Tensor(ArrayOps, Future[Any]):
     shape: Shape
     dtype: np.dtype[Any]
     memory: tuple[int, int]  # (buffer key, bytes) of the memory the value lives in
-    _root: Tensor  # the tensor that owns that memory (itself unless a view)
+    _root: Tensor | None  # the tensor that owns that memory; None: itself (no reference cycle)
     _last_write: Future[Any] | None  # on the root: the last queued write to its memory
+
+    @property
+    def owner(self) -> Tensor:
+        """The Tensor whose memory this one lives in: itself, or the base of a view."""
+        root = self._root
+        return self if root is None else root
 
     # -- running an op -----------------------------------------------------------
 
@@ -359,6 +365,8 @@ class Tensor(ArrayOps, Future[Any]):
             metas.append(meta)
         if target is not None and not isinstance(target, Tensor):
             raise TypeError(f"out= must be a Tensor of the same engine, got {type(target).__name__}")
+        if target is not None and engine is None:  # np.add(2, 1, out=t): t is the only Tensor
+            engine = target._engine
         if target is not None and target._engine is not engine:
             raise InvalidTask(f"{op.name}(): out= belongs to another engine")
         assert engine is not None
@@ -366,11 +374,11 @@ class Tensor(ArrayOps, Future[Any]):
         if target is not None:
             check_out(op, shape, dtype, target)
             kwargs = attrs if op.name == "setitem" else {**attrs, "out": target}
-            task = engine._tensor_task(op, args, kwargs, target.shape, target.dtype, target._root, target)
-            root = target._root
+            task = engine._tensor_task(op, args, kwargs, target.shape, target.dtype, target.owner, target)
+            root = target.owner
             root._last_write = task
             return target
-        base = args[0]._root if view and isinstance(args[0], Tensor) else None
+        base = args[0].owner if view and isinstance(args[0], Tensor) else None
         if view and base is None:  # a view of a plain ndarray operand: that array's memory
             return engine._tensor_task(op, args, attrs, shape, dtype, None, None, buffer_of(args[0]))
         return engine._tensor_task(op, args, attrs, shape, dtype, base, None)
@@ -378,7 +386,7 @@ class Tensor(ArrayOps, Future[Any]):
     # -- sync points -------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, Any]:
-        last = self._root._last_write
+        last = self.owner._last_write
         if last is not None and last.state not in FINAL_STATES:
             yield from last.wait().__await__()
         value = yield from Future.__await__(self)
@@ -392,7 +400,7 @@ class Tensor(ArrayOps, Future[Any]):
             raise SchedsvcError(
                 f"{self!r}.wait_to_read() would block the event loop that computes it; use 'await t'"
             )
-        last = self._root._last_write
+        last = self.owner._last_write
         if last is not None:
             if last.state not in FINAL_STATES and not self._rt.wait_blocking(last, timeout):
                 raise TimeoutError(f"the last write to {self!r} did not finish within {timeout} s")
@@ -445,7 +453,7 @@ class Tensor(ArrayOps, Future[Any]):
     def __repr__(self) -> str:
         dims = ", ".join(str(d) for d in self.shape)
         head = f"Tensor(shape=({dims}{',' if len(self.shape) == 1 else ''}), dtype={self.dtype}, device={self.device!r}"
-        last = self._root._last_write
+        last = self.owner._last_write
         settled = last is None or last.state in FINAL_STATES
         if self.state == "done" and settled:
             return f"{head},\n       {np.asarray(self.value)!r})"
@@ -484,7 +492,7 @@ def concrete(engine: Engine, array: np.ndarray, device: str) -> Tensor:
     t.value = array
     t.shape, t.dtype = array.shape, array.dtype
     t.memory = buffer_of(array)
-    t._root = t
+    t._root = None
     t._last_write = None
     return t
 

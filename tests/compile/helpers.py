@@ -1,0 +1,37 @@
+"""Shared checks for compile tests: bit-for-bit comparison and awaiting whatever a call returned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import schedsvc as ss
+
+from ..runtime.helpers import within
+
+
+def assert_same_bits(got: Any, want: Any, what: str = "result") -> None:
+    """Equal as NumPy would hold them: same dtype, same shape, same bytes (so -0.0 != 0.0, NaN == NaN)."""
+    got_a, want_a = np.asarray(got), np.asarray(want)
+    assert got_a.dtype == want_a.dtype, f"{what}: dtype {got_a.dtype} != {want_a.dtype}"
+    assert got_a.shape == want_a.shape, f"{what}: shape {got_a.shape} != {want_a.shape}"
+    assert np.array_equal(got_a, want_a, equal_nan=got_a.dtype.kind in "fc"), f"{what}: {got_a} != {want_a}"
+    assert got_a.tobytes() == want_a.tobytes(), f"{what}: bits differ: {got_a!r} vs {want_a!r}"
+
+
+async def values(result: Any) -> list[Any]:
+    """The awaited value(s) of a compiled or eager call: one Tensor, or a tuple/list of them."""
+    if isinstance(result, tuple | list):
+        return [await within(t) for t in result]
+    assert isinstance(result, ss.Tensor), f"expected a Tensor, got {type(result).__name__}"
+    return [await within(result)]
+
+
+async def assert_matches_eager(fn: Any, compiled: ss.Compiled, *args: Any) -> None:
+    """``compiled(*args)`` equals ``fn(*args)`` run eagerly, bit for bit, output by output."""
+    got = await values(compiled(*args))
+    want = await values(fn(*args))
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_same_bits(g, w, f"output {i}")
