@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Coroutine
 from threading import get_ident
 from types import MappingProxyType, TracebackType
@@ -54,6 +55,9 @@ class Engine:
         self._sync_mode = config.sync_mode
         self._default_device = "cpu" if "cpu" in config.devices else config.devices[0]
         self._compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
+        # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
+        # array share their writes, and eng.submit(..., out=array) counts as a write of them
+        self._owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -325,7 +329,13 @@ class Engine:
         self._running()
         if shape is not None and tuple(shape) != array.shape:
             raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
-        return concrete(self, array, device)
+        tensor = concrete(self, array, device)
+        owner = self._owners.get(tensor.memory[0])
+        if owner is None:
+            self._owners[tensor.memory[0]] = tensor
+        else:  # another Tensor over the same memory: they share one owner, so writes are seen by both
+            tensor._root = owner
+        return tensor
 
     def zeros(self, shape: Any, dtype: Any = float, *, device: str | None = None) -> Tensor:
         """A Tensor of zeros, created by a task."""
@@ -377,7 +387,7 @@ class Engine:
         return self._tensor_task(op, [], attrs, shape, dtype, None, None, device=self._device(device))
 
     def _future_tensor(self, fut: Future[Any], dtype: Any, shape: Any, device: str) -> Tensor:
-        if fut.state == "done" and isinstance(fut.value, np.ndarray) and shape is None:
+        if fut.state == "done" and shape is None:
             return self.asarray(fut.value, dtype, device=device)
         if shape is None or dtype is None:
             raise TypeError(
@@ -530,6 +540,7 @@ class Engine:
         written: list[Tensor] = []
         if any(b[2] for b in buffers):  # `await t` of a Tensor written here must wait for this task
             written = _tensors_in((kwargs.get("out"), writes))
+            written += [o for b in buffers if b[2] and (o := self._owners.get(b[0])) is not None]
             previous = [t.owner._last_write for t in written]
             deps = (*deps, *(p for p in previous if p is not None and p.state != "done"))
         for dep in deps:

@@ -74,10 +74,9 @@ def broadcast(*shapes: Shape) -> Shape:
 
 def ufunc_meta(ufunc: np.ufunc, metas: Sequence[Any], dtype: Any = None) -> Meta:
     """An elementwise ufunc call: broadcast shape, NumPy's resolved output dtype."""
-    shape = broadcast(*(_shape(m) for m in metas))
-    probes = [_probe(m) for m in metas]
+    probes = [_probe(m) for m in metas]  # dtype first: NumPy reports a type error before a shape one
     result = ufunc(*probes) if dtype is None else ufunc(*probes, dtype=dtype)
-    return shape, np.result_type(result)
+    return broadcast(*(_shape(m) for m in metas)), np.result_type(result)
 
 
 def matmul_meta(a: Any, b: Any) -> Meta:
@@ -123,7 +122,7 @@ def reduce_meta(fn: Callable[..., Any], meta: Any, axis: Any, keepdims: bool, **
     shape = _shape(meta)
     # max/argmax of an empty axis raise in NumPy: their probe keeps empty axes empty
     result = fn(_small(meta, fn in _NEEDS_IDENTITY), axis=axis, keepdims=keepdims, **options)
-    if axis is None:
+    if axis is None or not shape:  # NumPy takes axis 0 / -1 of a 0-d array (the probe checked it)
         axes: tuple[int, ...] = tuple(range(len(shape)))
     else:
         axes = (
@@ -175,9 +174,9 @@ def stack_meta(metas: Sequence[Any], axis: int) -> Meta:
 
 
 def elementwise_meta(fn: Callable[..., Any], metas: Sequence[Any]) -> Meta:
-    """A broadcasting function that is not a ufunc object (``np.where``, ``np.clip``)."""
-    shape = broadcast(*(_shape(m) for m in metas if m is not None))
-    return shape, np.result_type(fn(*(_probe(m) for m in metas)))
+    """A broadcasting function that is not a ufunc object (``np.where``, ``np.clip``, ``**``)."""
+    dtype = np.result_type(fn(*(_probe(m) for m in metas)))
+    return broadcast(*(_shape(m) for m in metas if m is not None)), dtype
 
 
 def view_meta(meta: Meta, fn: Callable[..., Any], *args: Any) -> tuple[Shape, np.dtype[Any], bool]:

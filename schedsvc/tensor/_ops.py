@@ -152,6 +152,8 @@ def _copy_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.
 
 
 _register("dot", np.dot, _dot_infer)
+# `a ** b` is ndarray.__pow__, which has shortcuts for scalar exponents (square, sqrt, ...) np.power lacks
+_register("pow", operator.pow, _broadcasting(operator.pow, 2))
 _register("concatenate", _concatenate, _concat_infer)
 _register("stack", _stack, _stack_infer)
 _register("where", np.where, _broadcasting(np.where, 3))
@@ -197,13 +199,13 @@ def _setitem(x: Any, value: Any, index: Any) -> Any:
 
 def _setitem_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
     target, value = metas
-    selected, _, _ = _meta.view_meta(target, _getitem, attrs["index"])
+    selected, _, is_view = _meta.view_meta(target, _getitem, attrs["index"])
     shape = _meta._shape(value)
     if type(value) is not tuple:  # a scalar: NumPy converts it at the call ("abc" into floats raises)
         np.empty((), target[1])[()] = value
     elif value[1].kind in "USO":  # text or objects: NumPy parses them at the call
         np.empty((), target[1])[()] = np.zeros((), value[1])
-    if type(value) is tuple and not selected and shape:
+    if type(value) is tuple and not is_view and shape:  # one element, not a 0-d view (t[...])
         raise ValueError("setting an array element with a sequence.")
     trimmed = shape[len(shape) - len(selected) :] if len(shape) > len(selected) else shape
     if (
@@ -229,10 +231,18 @@ _register("setitem", _setitem, _setitem_infer)
 
 def _creation(fn: Callable[..., Any]) -> Infer:
     def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
-        probe = fn(**{**attrs, "shape": tuple(0 for _ in attrs["shape"])})
         shape = tuple(operator.index(d) for d in attrs["shape"])
         if any(d < 0 for d in shape):
             raise ValueError("negative dimensions are not allowed")
+        if "fill_value" in attrs:  # np.full broadcasts its fill value into the shape
+            fill = np.asarray(attrs["fill_value"])
+            if _try_broadcast(fill.shape, shape) != shape:
+                raise ValueError(
+                    f"could not broadcast input array from shape {fill.shape} into shape {shape}"
+                )
+            np.full(fill.shape, attrs["fill_value"], attrs["dtype"])  # its conversion errors (300 in int8)
+            return shape, np.dtype(attrs["dtype"]), False
+        probe = fn(**{**attrs, "shape": tuple(0 for _ in shape)})
         return shape, probe.dtype, False
 
     return infer
@@ -240,12 +250,20 @@ def _creation(fn: Callable[..., Any]) -> Infer:
 
 def _arange_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
     start, stop, step = attrs["start"], attrs["stop"], attrs["step"]
-    dtype = np.arange(start, start, step, dtype=attrs.get("dtype")).dtype
+    try:  # an empty range of the same argument types: NumPy's dtype, and its argument errors
+        empty_stop = type(stop)(start)
+    except (TypeError, ValueError, OverflowError):
+        empty_stop = stop
+    dtype = np.arange(start, empty_stop, step, dtype=attrs.get("dtype")).dtype
     if all(isinstance(v, int | np.integer) for v in (start, stop, step)):
-        n = len(range(int(start), int(stop), int(step)))
-    else:
-        n = max(0, int(np.ceil((stop - start) / step)))
-    return (n,), dtype, False
+        return (len(range(int(start), int(stop), int(step))),), np.dtype(dtype), False
+    delta = float(stop) - float(start)
+    ratio = delta / float(step)
+    if not np.isfinite(ratio):
+        raise ValueError("arange: cannot compute length (the range is infinite or NaN)")
+    if ratio == 0.0 and delta != 0.0:  # NumPy: an underflowed positive length is 1
+        return (0 if np.signbit(ratio) else 1,), np.dtype(dtype), False
+    return (max(0, int(np.ceil(ratio))),), np.dtype(dtype), False
 
 
 _register("zeros", np.zeros, _creation(np.zeros), creates=True)

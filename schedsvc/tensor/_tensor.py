@@ -126,10 +126,10 @@ class ArrayOps:
         return apply(OPS["reshape"], (self,), {"shape": tuple(int(d) for d in shape)})
 
     def transpose(self, *axes: Any) -> Any:
-        given: Any = axes
+        given: Any = axes or None
         if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], int | np.integer)):
             given = axes[0]
-        attrs = {"axes": None if given in ((), None) else tuple(int(a) for a in given)}
+        attrs = {"axes": None if given is None else tuple(int(a) for a in given)}
         return apply(OPS["transpose"], (self,), attrs)
 
     def astype(self, dtype: Any) -> Any:
@@ -173,7 +173,9 @@ class ArrayOps:
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = _FUNCTIONS.get(func)
         if handler is None:
-            name = getattr(func, "__name__", repr(func))
+            module = str(getattr(func, "__module__", "numpy")).replace("numpy", "np", 1)
+            module = "np" if module.startswith("np._") else module  # np.sum lives in np._core...
+            name = f"{module}.{getattr(func, '__name__', repr(func))}".removeprefix("np.")
             raise TypeError(
                 f"np.{name} is not queued on Tensors; supported: {', '.join(sorted(_FUNCTION_NAMES))} "
                 f"and every one-output ufunc. Use eng.submit(np.{name}, ...) instead."
@@ -183,6 +185,7 @@ class ArrayOps:
 
 def _binary(name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     op = OPS[name]
+    op_inplace = OPS["power"] if name == "pow" else op  # `**=` is np.power(a, b, out=a)
 
     def forward(self: ArrayOps, other: Any) -> Any:
         return apply(op, (self, other), {}) if _is_operand(other) else NotImplemented
@@ -195,7 +198,7 @@ def _binary(name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable
             return NotImplemented
         if not self.shape:  # a 0-d result is a NumPy scalar: immutable, so `+=` rebinds
             return apply(op, (self, other), {})
-        return write(op, (self, other), {}, self)
+        return write(op_inplace, (self, other), {}, self)
 
     return forward, reflected, inplace
 
@@ -216,7 +219,7 @@ _BINARY = {
     "truediv": "divide",
     "floordiv": "floor_divide",
     "mod": "remainder",
-    "pow": "power",
+    "pow": "pow",
     "matmul": "matmul",
     "and": "bitwise_and",
     "or": "bitwise_or",
@@ -261,6 +264,11 @@ def _basic_index(index: Any) -> Any:
             continue
         if isinstance(item, int | np.integer) and not isinstance(item, bool | np.bool_):
             continue
+        if isinstance(item, float | np.floating):
+            raise IndexError(
+                "only integers, slices (`:`), ellipsis (`...`), numpy.newaxis (`None`) and integer or "
+                "boolean arrays are valid indices"
+            )
         raise TypeError(
             f"Tensor indexing takes ints, slices, None and '...'; got {type(item).__name__}. "
             "Advanced (array or boolean) indexing depends on data: use eng.submit(np.take, t, idx) "
@@ -306,18 +314,18 @@ def write(op: Op, operands: Sequence[Any], attrs: dict[str, Any], target: Any) -
 
 
 def check_out(op: Op, shape: Shape, dtype: np.dtype[Any], target: Any) -> None:
-    """NumPy's checks on an ``out=`` operand: broadcast into its shape, cast by 'same_kind'."""
+    """NumPy's checks on an ``out=`` operand, in NumPy's order: cast by 'same_kind', then broadcast."""
     if op.name == "setitem":
         return
-    if broadcast(shape, target.shape) != target.shape:
-        raise ValueError(
-            f"non-broadcastable output operand with shape {target.shape} doesn't match "
-            f"the broadcast shape {broadcast(shape, target.shape)}"
-        )
     if not np.can_cast(dtype, target.dtype, "same_kind"):
         raise TypeError(  # NumPy raises UFuncTypeError, a TypeError, with this message
             f"Cannot cast ufunc '{op.name}' output from {dtype!r} to {target.dtype!r} "
             "with casting rule 'same_kind'"
+        )
+    if broadcast(shape, target.shape) != target.shape:
+        raise ValueError(
+            f"non-broadcastable output operand with shape {target.shape} doesn't match "
+            f"the broadcast shape {broadcast(shape, target.shape)}"
         )
 
 
@@ -506,6 +514,16 @@ def _no(name: str, **given: Any) -> None:
         raise TypeError(f"np.{name}(..., {', '.join(bad)}=...) is not supported on Tensors; use eng.submit")
 
 
+def _np_extremum(name: str) -> Callable[..., Any]:
+    """np.max / np.min / np.any / np.all: (a, axis, out, keepdims), no dtype."""
+
+    def handler(a: Any, axis: Any = None, out: Any = None, keepdims: Any = False, **rest: Any) -> Any:
+        _no(name, out=out, **rest)
+        return _reduce(name, a, axis, bool(keepdims))
+
+    return handler
+
+
 def _np_reduction(name: str) -> Callable[..., Any]:
     def handler(
         a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: Any = False, **rest: Any
@@ -574,12 +592,12 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     np.sum: _np_reduction("sum"),
     np.mean: _np_reduction("mean"),
     np.prod: _np_reduction("prod"),
-    np.max: _np_reduction("max"),
-    np.min: _np_reduction("min"),
-    np.amax: _np_reduction("max"),
-    np.amin: _np_reduction("min"),
-    np.any: _np_reduction("any"),
-    np.all: _np_reduction("all"),
+    np.max: _np_extremum("max"),
+    np.min: _np_extremum("min"),
+    np.amax: _np_extremum("max"),
+    np.amin: _np_extremum("min"),
+    np.any: _np_extremum("any"),
+    np.all: _np_extremum("all"),
     np.argmax: _np_argreduction("argmax"),
     np.argmin: _np_argreduction("argmin"),
     np.dot: _np_dot,
