@@ -535,17 +535,20 @@ class Engine:
                 f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}"
             )
         deps, buffers = scan(args, kwargs, reads, writes)
-        if any(type(d) is Tensor and d.owner._last_write is not None for d in deps):
-            deps = _with_pending_writes(deps)
-        written: list[Tensor] = []
-        if any(b[2] for b in buffers):  # `await t` of a Tensor written here must wait for this task
-            written = _tensors_in((kwargs.get("out"), writes))
-            written += [o for b in buffers if b[2] and (o := self._owners.get(b[0])) is not None]
-            previous = [t.owner._last_write for t in written]
-            deps = (*deps, *(p for p in previous if p is not None and p.state != "done"))
+        # hot path: plain loops, no generator per submission
         for dep in deps:
             if getattr(dep, "_engine", None) is not self:
                 raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
+            if type(dep) is Tensor and dep.owner._last_write is not None:
+                deps = _with_pending_writes(deps)
+                break
+        written: list[Tensor] = []
+        for buffer in buffers:
+            if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
+                written = self._written_tensors(kwargs, writes, buffers)
+                previous = [t.owner._last_write for t in written]
+                deps = (*deps, *(p for p in previous if p is not None and p.state != "done"))
+                break
         nested = tid in self._rt.worker_threads  # type: ignore[union-attr]
         task: Future[Any] = Future(
             self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
@@ -553,6 +556,12 @@ class Engine:
         for target in written:
             target.owner._last_write = task
         return task
+
+    def _written_tensors(
+        self, kwargs: dict[str, Any], writes: Any, buffers: tuple[Buffer, ...]
+    ) -> list[Tensor]:
+        written = _tensors_in((kwargs.get("out"), writes))
+        return written + [o for b in buffers if b[2] and (o := self._owners.get(b[0])) is not None]
 
     def _run_here(self, task: Future[T]) -> Future[T]:
         """sync_mode: run the task in the caller now; its error is raised here."""
