@@ -167,6 +167,7 @@ def _cse(graph: Graph) -> int:
     for i, node in enumerate(graph.nodes):
         if alias:
             node.args = tuple(Ref(alias.get(a, a)) if isinstance(a, Ref) else a for a in node.args)
+            node.base = alias.get(node.base, node.base)  # a view of a merged node views the kept one
             if node.out is not None:
                 node.out = alias.get(node.out, node.out)
         if node.op in ("input", "const") or node.out is not None or node.base in written:

@@ -782,3 +782,20 @@ async def test_outputs_sharing_memory_order_writes(engine: ss.Engine) -> None:
         for _ in range(20):
             await asyncio.sleep(0)
     assert_same_bits(await within(reader), np.array([102.0]))
+
+
+# Regression (found by the property test while building issue 3): CSE merged a repeated expression but a view
+# of the dropped copy kept pointing at it, so the memory plan reused the kept copy while the view still read it
+async def test_view_of_a_merged_expression_keeps_its_memory(engine: ss.Engine) -> None:
+    def fn(x: Any) -> Any:
+        p5 = -(x + 2 + 2 + 2) + 2
+        p6 = p5 + 2  # noqa: F841 -- the first copy: dead, but CSE keeps it and merges the second into it
+        p7 = p5 + 2
+        view = p7[-1:]  # taken before the last op on p7, whose memory that op may then reuse
+        return -p7, view
+
+    c = engine.compile(fn)
+    x = engine.asarray(np.array([-2.0]))
+    got, want = await values(c(x)), await values(fn(x))
+    for g, w in zip(got, want, strict=True):
+        assert_same_bits(g, w)  # the view is +0.0, not the -0.0 the second negation wrote
