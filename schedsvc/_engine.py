@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -400,10 +401,11 @@ class Engine:
         )
 
     def _device(self, device: str | None) -> str:
+        """The device a task or Tensor asked for (None: the default), checked against this engine's."""
         if device is None:
             return self._default_device
         if device not in self.config.devices:
-            check_device(device)
+            check_device(device)  # an unknown or unavailable device says so first
             raise DeviceError(
                 f"device {device!r} is not one of this engine's devices {self.config.devices}; "
                 f"add it with Config(devices=(..., {device!r}))"
@@ -447,8 +449,8 @@ class Engine:
         if target is not None:
             deps.append(target)
             buffers.append((target.memory[0], target.memory[1], True))
-            previous = target.owner._last_write
-            if previous is not None and previous.state != "done":
+            previous = _pending_write(target)
+            if previous is not None:
                 deps.append(previous)  # a failed write fails the writes after it, as NumPy would stop
         if len(buffers) > 1:
             buffers = _merge(buffers)
@@ -518,14 +520,7 @@ class Engine:
             raise _submit_while_tracing(fn)
         if not callable(fn):
             raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {fn!r}")
-        if device is None:
-            device = self._default_device
-        elif device not in self.config.devices:
-            check_device(device)  # an unknown or unavailable device says so first
-            raise DeviceError(
-                f"device {device!r} is not one of this engine's devices {self.config.devices}; "
-                f"add it with Config(devices=(..., {device!r}))"
-            )
+        device = self._default_device if device is None else self._device(device)  # hot path: no call
         if type(priority) is not int:
             raise InvalidTask(f"priority must be an int, got {priority!r}")
         if nbytes is None:
@@ -540,14 +535,13 @@ class Engine:
             if getattr(dep, "_engine", None) is not self:
                 raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
             if type(dep) is Tensor and dep.owner._last_write is not None:
-                deps = _with_pending_writes(deps)
+                deps = _with_pending_writes(deps, deps)
                 break
         written: list[Tensor] = []
         for buffer in buffers:
             if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
                 written = self._written_tensors(kwargs, writes, buffers)
-                previous = [t.owner._last_write for t in written]
-                deps = (*deps, *(p for p in previous if p is not None and p.state != "done"))
+                deps = _with_pending_writes(deps, written)
                 break
         nested = tid in self._rt.worker_threads  # type: ignore[union-attr]
         task: Future[Any] = Future(
@@ -622,8 +616,6 @@ class Engine:
 
 
 def _shape_arg(shape: Any) -> tuple[int, ...]:
-    import operator
-
     if isinstance(shape, int | np.integer):
         return (operator.index(shape),)
     return tuple(operator.index(d) for d in shape)
@@ -642,8 +634,9 @@ def _pending_write(tensor: Any) -> Task | None:
     return last if last is not None and last.state != "done" and last is not tensor else None
 
 
-def _with_pending_writes(deps: tuple[Task, ...]) -> tuple[Task, ...]:
-    extra = [w for d in deps if (w := _pending_write(d)) is not None]
+def _with_pending_writes(deps: tuple[Task, ...], tensors: Sequence[Any]) -> tuple[Task, ...]:
+    """``deps`` plus the pending last write of each of ``tensors``."""
+    extra = [w for t in tensors if (w := _pending_write(t)) is not None]
     return (*deps, *extra)
 
 

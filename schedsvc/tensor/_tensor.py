@@ -33,7 +33,7 @@ from ._ops import OPS, Op, op_for_ufunc
 if TYPE_CHECKING:
     from .._engine import Engine
 
-__all__ = ["ACTIVE", "ArrayOps", "Tensor", "apply", "check_out", "concrete", "tracing", "write"]
+__all__ = ["ACTIVE", "ArrayOps", "Tensor", "apply", "check_out", "concrete", "tracing"]
 
 _SCALARS = (int, float, complex, bool, np.generic)
 _OPERANDS: tuple[type, ...] = ()  # set below, once ArrayOps exists
@@ -142,7 +142,7 @@ class ArrayOps:
         return apply(OPS["getitem"], (self,), {"index": _basic_index(index)})
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        write(OPS["setitem"], (self, value), {"index": _basic_index(index)}, self)
+        apply(OPS["setitem"], (self, value), {"index": _basic_index(index)}, self)
 
     # -- NumPy protocols -------------------------------------------------------
 
@@ -168,7 +168,7 @@ class ArrayOps:
         if out is None:
             return apply(op, inputs, attrs)
         target = out[0] if isinstance(out, tuple) else out
-        return write(op, inputs, attrs, target)
+        return apply(op, inputs, attrs, target)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = _FUNCTIONS.get(func)
@@ -198,7 +198,7 @@ def _binary(name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable
             return NotImplemented
         if not self.shape:  # a 0-d result is a NumPy scalar: immutable, so `+=` rebinds
             return apply(op, (self, other), {})
-        return write(op_inplace, (self, other), {}, self)
+        return apply(op_inplace, (self, other), {}, self)
 
     return forward, reflected, inplace
 
@@ -282,11 +282,15 @@ def _basic_index(index: Any) -> Any:
 # -- dispatch ---------------------------------------------------------------------
 
 
-def apply(op: Op, operands: Sequence[Any], attrs: dict[str, Any]) -> Any:
-    """Queue (or, while tracing, record) ``op`` on ``operands``; returns the new tensor."""
+def apply(op: Op, operands: Sequence[Any], attrs: dict[str, Any], target: Any = None) -> Any:
+    """Queue (or, while tracing, record) ``op`` on ``operands``; returns the new tensor.
+
+    With ``target``, the result is written into that tensor's memory and the
+    target is returned (``t += 1``, ``out=t``, ``t[i] = v``).
+    """
     if ACTIVE[0] and tracing.depth:
-        return tracing.trace.record(op, operands, attrs, None)
-    runner: Any = None
+        return tracing.trace.record(op, operands, attrs, target)
+    runner: Any = type(target) if isinstance(target, ArrayOps) else None
     for operand in operands:
         kind = type(operand)
         if kind is Tensor and runner is None:
@@ -295,22 +299,7 @@ def apply(op: Op, operands: Sequence[Any], attrs: dict[str, Any]) -> Any:
             runner = kind
     if runner is None:
         raise TypeError(f"{op.name}() needs at least one Tensor operand")
-    return runner._run_op(op, tuple(operands), attrs, None)
-
-
-def write(op: Op, operands: Sequence[Any], attrs: dict[str, Any], target: Any) -> Any:
-    """Run ``op`` with its result written into ``target``'s memory; returns ``target``."""
-    if ACTIVE[0] and tracing.depth:
-        return tracing.trace.record(op, operands, attrs, target)
-    runner = type(target) if isinstance(target, ArrayOps) else None
-    for operand in operands:
-        if isinstance(operand, ArrayOps) and (
-            runner is None or type(operand)._op_priority > runner._op_priority
-        ):
-            runner = type(operand)
-    if runner is None:
-        raise TypeError(f"{op.name}() needs at least one Tensor operand")
-    return runner._run_op(op, tuple(operands), attrs, target)  # type: ignore[attr-defined]
+    return runner._run_op(op, tuple(operands), attrs, target)
 
 
 def check_out(op: Op, shape: Shape, dtype: np.dtype[Any], target: Any) -> None:
