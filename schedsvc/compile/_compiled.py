@@ -58,7 +58,7 @@ class _Entry:
     def launch(self, engine: Engine, arrays: list[Any]) -> Any:
         if self.graph.out_kind == "single":
             shape, dtype, source = self.outputs[0]
-            root, memory = (None, None) if source is None else _alias(arrays, source)
+            root, memory = _alias(arrays, source)
             return engine._tensor_task(
                 self.op, arrays, {}, shape, dtype, root, None, memory, None, self.out_bytes
             )

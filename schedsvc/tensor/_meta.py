@@ -25,6 +25,7 @@ __all__ = [
     "broadcast",
     "concat_meta",
     "dot_meta",
+    "elementwise_meta",
     "matmul_meta",
     "reduce_meta",
     "stack_meta",

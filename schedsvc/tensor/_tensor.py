@@ -514,13 +514,12 @@ def _np_extremum(name: str) -> Callable[..., Any]:
 
 
 def _np_reduction(name: str) -> Callable[..., Any]:
+    """np.sum / np.mean / np.prod: (a, axis, dtype, out, keepdims)."""
+
     def handler(
         a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: Any = False, **rest: Any
     ) -> Any:
         _no(name, out=out, **rest)
-        if name in ("max", "min", "argmax", "argmin", "any", "all"):
-            _no(name, dtype=dtype)
-            return _reduce(name, a, axis, bool(keepdims))
         return _reduce(name, a, axis, bool(keepdims), dtype)
 
     return handler
