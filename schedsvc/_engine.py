@@ -415,8 +415,8 @@ class Engine:
     def _tensor_task(
         self,
         op: Op,
-        args: list[Any],
-        kwargs: dict[str, Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any] | None,
         shape: tuple[int, ...],
         dtype: np.dtype[Any],
         root: Tensor | None,
@@ -424,25 +424,39 @@ class Engine:
         memory: tuple[int, int] | None = None,
         device: str | None = None,
         out_bytes: int | None = None,
+        replay: Any = None,
     ) -> Tensor:
-        """Queue one Tensor operation; it is admitted over the limits (operators cannot wait)."""
+        """Queue one Tensor operation; it is admitted over the limits (operators cannot wait).
+
+        ``replay``: the ``Compiled`` this task replays, counted under the lock.
+        """
         rt = self._rt
         tid = get_ident()
         if rt is None or (self._state != "running" and tid not in rt.worker_threads):
             raise self._closed_error()
         deps: list[Task] = []
         buffers: list[Buffer] = []
-        for arg in args:
-            if isinstance(arg, Task):
+        for arg in args:  # hot path: one pass, no helper calls for the common operand
+            if type(arg) is Tensor:
                 deps.append(arg)
                 if device is None:
                     device = arg.device
                 mem = arg.memory
-                if mem is not None:
-                    buffers.append((mem[0], mem[1], False))
+                buffers.append((mem[0], mem[1], False))
+                owner = arg._root
+                last = (arg if owner is None else owner)._last_write
+                if last is not None and last is not arg and last.state != "done":
+                    deps.append(last)  # reading after a write that fails fails, as NumPy stops
+            elif isinstance(arg, Task):
+                deps.append(arg)
+                if device is None:
+                    device = arg.device
+                held = arg.memory
+                if held is not None:
+                    buffers.append((held[0], held[1], False))
                     pending = _pending_write(arg)
                     if pending is not None:
-                        deps.append(pending)  # reading after a write that fails fails, as NumPy stops
+                        deps.append(pending)
             elif isinstance(arg, np.ndarray):
                 key, nb = buffer_of(arg)
                 buffers.append((key, nb, False))
@@ -478,6 +492,9 @@ class Engine:
         else:
             task.memory, task._root = memory or (id(task), out_bytes), None
         if self._sync_mode:
+            if replay is not None:
+                replay.replays += 1
+                self._compile_counts[1] += 1
             self._run_here(task)
             return task
         with rt.lock:
@@ -485,6 +502,9 @@ class Engine:
                 raise self._closed_error()
             stage = tid == rt.loop_thread and rt.stage_next(0)
             rt.core.submit(task, True, stage)
+            if replay is not None:  # counted under the lock already held, not a second one
+                replay.replays += 1
+                self._compile_counts[1] += 1
             after = rt.collect()
         if after is not None:
             after()

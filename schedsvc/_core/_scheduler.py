@@ -177,7 +177,9 @@ class Scheduler:
         """Hand the next ready task of ``device`` to a worker (ready -> running)."""
         task = self.queues[device].pop()
         if task is not None:
-            self._move(task, "running")
+            if self._check:  # hot path: no call unless checking
+                self._move(task, "running")
+            task.state = "running"
             self.running += 1
         return task
 
@@ -203,7 +205,9 @@ class Scheduler:
         self.running -= 1
         if error is None:
             task.value = value
-            self._move(task, "done")
+            if self._check:  # hot path: no call unless checking
+                self._move(task, "done")
+            task.state = "done"
             self.completed += 1
         else:
             task.error = error
@@ -221,7 +225,9 @@ class Scheduler:
             if top is not None and top > inline.priority:
                 queue.push(inline)
                 return None
-            self._move(inline, "running")
+            if self._check:  # hot path: no call unless checking
+                self._move(inline, "running")
+            inline.state = "running"
             self.running += 1
         return inline
 
@@ -360,7 +366,9 @@ class Scheduler:
             self._move(task, "waiting")
             self.cancel(task)
         else:
-            self._move(task, "ready")
+            if self._check:  # hot path: no call unless checking
+                self._move(task, "ready")
+            task.state = "ready"
             task.t_ready = self._clock()
             if task.staged == self._epoch:
                 self.staged.append(task)
@@ -418,7 +426,9 @@ class Scheduler:
                         self._finalize_dependents(child)
                         stack.append(child)
                         continue
-                    self._move(child, "ready")
+                    if self._check:  # hot path: no call unless checking
+                        self._move(child, "ready")
+                    child.state = "ready"
                     child.t_ready = self._clock()
                     if child.staged == self._epoch:
                         self.staged.append(child)  # its burst is not handed over yet
@@ -460,15 +470,15 @@ class Scheduler:
             self._live.pop(task, None)
 
     def _count_barriers(self, task: Task) -> None:
-        keep = []
+        fired = False
         for entry in self._barriers:
             if task.seq <= entry[0]:
                 entry[1] -= 1
                 if entry[1] == 0:
                     self.out.append(("barrier", entry[2]))
-                    continue
-            keep.append(entry)
-        self._barriers = keep
+                    fired = True
+        if fired:
+            self._barriers = [entry for entry in self._barriers if entry[1]]
 
     def _fail_from(self, task: Task, parent: Task) -> None:
         """Finish ``task`` without running it because ``parent`` failed or was cancelled."""

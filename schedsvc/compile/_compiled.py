@@ -17,7 +17,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,7 +43,7 @@ _STATIC = (int, float, complex, bool, str, bytes, type(None), np.generic)
 class _Entry:
     """One signature's optimised graph and its replay function."""
 
-    __slots__ = ("graph", "op", "out_bytes", "outputs", "replay", "signature")
+    __slots__ = ("graph", "op", "out_bytes", "outputs", "replay", "signature", "tensors")
 
     def __init__(self, signature: Any, graph: Graph) -> None:
         self.signature = signature
@@ -54,15 +54,26 @@ class _Entry:
             (graph.nodes[o].shape, graph.nodes[o].dtype, _input_of(graph, o)) for o in graph.outputs
         ]
         self.out_bytes = sum(math.prod(s) * d.itemsize for s, d, src in self.outputs if src is None)
+        # (shape, dtype, device) per argument when the signature is Tensors/arrays in positional order:
+        # ``Compiled.__call__`` then matches a call without building its signature
+        parts = signature if isinstance(signature, tuple) else ()
+        positional = all(
+            isinstance(p, tuple) and len(p) == 5 and p[0] == i and p[1] == "array"
+            for i, p in enumerate(parts)
+        )
+        self.tensors = tuple(p[2:] for p in parts) if positional and parts else None
 
-    def launch(self, engine: Engine, arrays: list[Any]) -> Any:
+    def launch(self, engine: Engine, arrays: Sequence[Any], compiled: Compiled) -> Any:
+        """Queue one replay of ``compiled`` on ``arrays``; its Tensor (or tuple/list of them)."""
         if self.graph.out_kind == "single":
             shape, dtype, source = self.outputs[0]
             root, memory = _alias(arrays, source)
             return engine._tensor_task(
-                self.op, arrays, {}, shape, dtype, root, None, memory, None, self.out_bytes
+                self.op, arrays, None, shape, dtype, root, None, memory, None, self.out_bytes, compiled
             )
-        whole = engine._tensor_task(self.op, arrays, {}, (), _OBJECT, None, None, out_bytes=self.out_bytes)
+        whole = engine._tensor_task(
+            self.op, arrays, None, (), _OBJECT, None, None, out_bytes=self.out_bytes, replay=compiled
+        )
         parts = []
         owners: dict[int, Tensor] = {}  # memory (graph base) -> the first output living in it
         for i, (shape, dtype, source) in enumerate(self.outputs):
@@ -94,7 +105,7 @@ def _input_of(graph: Graph, node: int) -> int | None:
     return owner.value if owner.op == "input" else None
 
 
-def _alias(arrays: list[Any], source: int | None) -> tuple[Tensor | None, tuple[int, int] | None]:
+def _alias(arrays: Sequence[Any], source: int | None) -> tuple[Tensor | None, tuple[int, int] | None]:
     if source is None:
         return None, None
     arg = arrays[source]
@@ -144,20 +155,18 @@ class Compiled:
             if self._fn is None:
                 raise TraceError(f"{self!r} was loaded without its source and cannot be traced into another")
             return self._fn(*args, **kwargs)
+        entry = self._last
+        if entry is not None and not kwargs and entry.tensors is not None and _same(entry.tensors, args):
+            return entry.launch(self._engine, args, self)  # the latest signature again, Tensors only
         signature, arrays, slots = _signature(args, kwargs)
         with self._lock:
             entry = self._cache.get(signature)
-            if entry is not None:
-                if self._last is not entry:
-                    self._cache.move_to_end(signature)
-                    self._last = entry
-                self.replays += 1
+            if entry is not None and self._last is not entry:
+                self._cache.move_to_end(signature)
+                self._last = entry
         if entry is None:
             entry = self._entry(signature, args, kwargs, slots)
-            with self._lock:
-                self.replays += 1
-        self._engine._compile_counts[1] += 1
-        return entry.launch(self._engine, arrays)
+        return entry.launch(self._engine, arrays, self)  # counts the replay
 
     def _entry(
         self, signature: Any, args: tuple[Any, ...], kwargs: dict[str, Any], slots: list[Any]
@@ -273,6 +282,16 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list
         else:
             parts.append((slot, "static", _static(value)))
     return tuple(parts), arrays, slots
+
+
+def _same(tensors: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
+    """Are ``args`` Tensors with these (shape, dtype, device)?  (Per call: no signature is built.)"""
+    if len(args) != len(tensors):
+        return False
+    for i, arg in enumerate(args):
+        if type(arg) is not Tensor or (arg.shape, arg.dtype, arg.device) != tensors[i]:
+            return False
+    return True
 
 
 def _static(value: Any) -> Any:
