@@ -434,7 +434,9 @@ class Engine:
         tid = get_ident()
         if rt is None or (self._state != "running" and tid not in rt.worker_threads):
             raise self._closed_error()
+        args = tuple(args)
         deps: list[Task] = []
+        plain = True  # are the deps exactly the operands, in order? (then they share one tuple)
         buffers: list[Buffer] = []
         for arg in args:  # hot path: one pass, no helper calls for the common operand
             if type(arg) is Tensor:
@@ -447,7 +449,10 @@ class Engine:
                 last = (arg if owner is None else owner)._last_write
                 if last is not None and last is not arg and last.state != "done":
                     deps.append(last)  # reading after a write that fails fails, as NumPy stops
-            elif isinstance(arg, Task):
+                    plain = False
+                continue
+            plain = False
+            if isinstance(arg, Task):
                 deps.append(arg)
                 if device is None:
                     device = arg.device
@@ -461,6 +466,7 @@ class Engine:
                 key, nb = buffer_of(arg)
                 buffers.append((key, nb, False))
         if target is not None:
+            plain = False
             deps.append(target)
             buffers.append((target.memory[0], target.memory[1], True))
             previous = _pending_write(target)
@@ -474,13 +480,13 @@ class Engine:
         task = Tensor(
             self,
             op.fn,
-            tuple(args),
+            args,
             kwargs or None,
             device or self._default_device,
             0,
             out_bytes,
             tuple(buffers),
-            tuple(deps),
+            args if plain else tuple(deps),
             op.name,
             tid in rt.worker_threads,
         )

@@ -74,6 +74,7 @@ class Runtime:
         self.lock = threading.Lock()
         self.loop = loop
         self.devices: dict[str, Device] = {}
+        self._pools: list[tuple[Device, Any]] = []  # (device, its ready queue), for collect()
         self.worker_threads: set[int] = set()  # idents of threads that run tasks
         self.loop_thread = threading.get_ident()
         self.queue_waits: deque[float] = deque(maxlen=8192)
@@ -85,6 +86,7 @@ class Runtime:
 
     def add_device(self, name: str, device: Device) -> None:
         self.devices[name] = device
+        self._pools.append((device, self.core.queues[name]))
         self._eager_left += device.size
 
     # -- called with the lock held -------------------------------------------
@@ -110,8 +112,9 @@ class Runtime:
     def collect(self) -> Callable[[], None] | None:
         """Route the core's instructions; return what to do once the lock is released."""
         core = self.core
-        wakes: list[Callable[[], None]] = []
+        wakes: list[Callable[[], None]] | None = None  # hot path: most calls route nothing
         if core.out:
+            wakes = []
             for item in core.drain():
                 if item[0] == "resolve":
                     self._resolve_threads(item[1], wakes)
@@ -119,12 +122,13 @@ class Runtime:
             if not self._drain_scheduled:
                 self._drain_scheduled = True
                 wakes.append(self._schedule_drain)
-        for name, device in self.devices.items():
-            ready = core.queues[name].count
-            if not ready or not device.idle:
+        for device, queue in self._pools:
+            if not device.idle or not queue.count:
                 continue
-            wake = device.wake(ready)
+            wake = device.wake(queue.count)
             if wake is not None:
+                if wakes is None:
+                    wakes = []
                 wakes.append(wake)
         if not wakes:
             return None
