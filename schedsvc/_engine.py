@@ -443,8 +443,7 @@ class Engine:
                 deps.append(arg)
                 if device is None:
                     device = arg.device
-                mem = arg.memory
-                buffers.append((mem[0], mem[1], False))
+                buffers.append(arg.memory)  # (key, nbytes, False): a read of its memory
                 owner = arg._root
                 last = (arg if owner is None else owner)._last_write
                 if last is not None and last is not arg and last.state != "done":
@@ -458,7 +457,7 @@ class Engine:
                     device = arg.device
                 held = arg.memory
                 if held is not None:
-                    buffers.append((held[0], held[1], False))
+                    buffers.append(held)
                     pending = _pending_write(arg)
                     if pending is not None:
                         deps.append(pending)
@@ -496,7 +495,8 @@ class Engine:
         elif root is not None:
             task.memory, task._root = root.memory, root
         else:
-            task.memory, task._root = memory or (id(task), out_bytes), None
+            task.memory = (id(task), out_bytes, False) if memory is None else (memory[0], memory[1], False)
+            task._root = None
         if self._sync_mode:
             if replay is not None:
                 replay.replays += 1

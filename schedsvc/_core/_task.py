@@ -69,9 +69,10 @@ class Task:
         "watchers",
     )
 
-    #: For a task whose value lives in memory the engine tracks (a Tensor): the
-    #: (key, nbytes) of that memory, so that passing the task is also a read of it.
-    memory: tuple[int, int] | None = None
+    #: For a task whose value lives in memory the engine tracks (a Tensor): a read
+    #: of that memory, as the Buffer ``(key, nbytes, False)``, so that passing the
+    #: task is also a read of it (one entry, made once, however often it is read).
+    memory: Buffer | None = None
 
     def __init__(
         self,

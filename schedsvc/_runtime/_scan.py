@@ -46,8 +46,8 @@ class _Found:
     def array(self, array: np.ndarray, write: bool) -> None:
         self.memory(buffer_of(array), write)
 
-    def memory(self, memory: tuple[int, int], write: bool) -> None:
-        key, nbytes = memory
+    def memory(self, memory: tuple[int, ...], write: bool) -> None:
+        key, nbytes = memory[0], memory[1]
         entry = self.buffers.get(key)
         if entry is None:
             self.buffers[key] = [nbytes, write]

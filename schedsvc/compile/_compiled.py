@@ -67,7 +67,7 @@ class _Entry:
         """Queue one replay of ``compiled`` on ``arrays``; its Tensor (or tuple/list of them)."""
         if self.graph.out_kind == "single":
             shape, dtype, source = self.outputs[0]
-            root, memory = _alias(arrays, source)
+            root, memory = (None, None) if source is None else _alias(arrays, source)
             return engine._tensor_task(
                 self.op, arrays, None, shape, dtype, root, None, memory, None, self.out_bytes, compiled
             )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core import FINAL_STATES, Task
+from .._core import FINAL_STATES, Buffer, Task
 from .._errors import InvalidTask, SchedsvcError
 from .._future import Future
 from .._runtime import buffer_of
@@ -332,7 +332,7 @@ class Tensor(ArrayOps, Future[Any]):
 
     shape: Shape
     dtype: np.dtype[Any]
-    memory: tuple[int, int]  # (buffer key, bytes) of the memory the value lives in
+    memory: Buffer  # (buffer key, bytes, False): a read of the memory the value lives in
     _root: Tensor | None  # the tensor that owns that memory; None: itself (no reference cycle)
     _last_write: Future[Any] | None  # on the root: the last queued write to its memory
 
@@ -488,7 +488,8 @@ def concrete(engine: Engine, array: np.ndarray, device: str) -> Tensor:
     t.state = "done"
     t.value = array
     t.shape, t.dtype = array.shape, array.dtype
-    t.memory = buffer_of(array)
+    key, nbytes = buffer_of(array)
+    t.memory = (key, nbytes, False)
     t._root = None
     t._last_write = None
     return t
