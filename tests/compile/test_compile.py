@@ -98,6 +98,25 @@ async def test_new_shape_dtype_or_static_value_retraces(engine: ss.Engine) -> No
     assert stats(c)[:3] == (7, 8, 7)
 
 
+async def test_calls_that_differ_from_the_latest_signature_do_not_replay_it(engine: ss.Engine) -> None:
+    """A call with Tensors only is matched against the latest signature without building its own:
+    every way of differing from it (shape, dtype, arity, a non-Tensor, a keyword) still selects its own."""
+    c = engine.compile(lambda x, y=None: x * 2 if y is None else x - y)
+    x, x1 = engine.asarray(X), engine.asarray(X[:1])
+    x32 = engine.asarray(X.astype(np.float32))
+    big = engine.asarray(X.astype(">f8"))  # same shape and kind, other byte order: another dtype
+    for _ in range(2):  # the second round finds every signature cached
+        assert_same_bits(await c(x), X * 2)
+        assert_same_bits(await c(x1), X[:1] * 2)
+        assert_same_bits(await c(x32), X.astype(np.float32) * 2)
+        assert_same_bits(await c(big), X.astype(">f8") * 2)
+        assert_same_bits(await c(x, x), X - X)
+        assert_same_bits(await c(x, y=x1), X - X[:1])
+        assert_same_bits(await c(X), X * 2)  # an ndarray of the latest Tensor's signature
+        assert_same_bits(await c(x, 3.0), X - 3.0)
+    assert stats(c)[:3] == (7, 16, 7)
+
+
 async def test_static_strings_and_tuples_are_part_of_the_signature(engine: ss.Engine) -> None:
     def fn(x: Any, mode: str, axes: tuple[int, ...]) -> Any:
         return x.sum(axis=axes) if mode == "sum" else x.max(axis=axes)
