@@ -155,6 +155,15 @@ _register("dot", np.dot, _dot_infer)
 # `a ** b` is ndarray.__pow__, which has shortcuts for scalar exponents (square, sqrt, ...) np.power lacks
 _register("pow", operator.pow, _broadcasting(operator.pow, 2))
 _register("concatenate", _concatenate, _concat_infer)
+
+
+def _ipow(x: Any, y: Any, out: Any) -> Any:
+    """``x **= y`` (``x`` is ``out``): ndarray.__ipow__, with the same shortcuts, writing in place."""
+    x **= y
+    return x
+
+
+_register("ipow", _ipow, OPS["power"].infer)
 _register("stack", _stack, _stack_infer)
 _register("where", np.where, _broadcasting(np.where, 3))
 _register("clip", np.clip, _broadcasting(np.clip, 3))
@@ -205,8 +214,10 @@ def _setitem_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, 
         np.empty((), target[1])[()] = value
     elif value[1].kind in "USO":  # text or objects: NumPy parses them at the call
         np.empty((), target[1])[()] = np.zeros((), value[1])
-    if type(value) is tuple and not is_view and shape:  # one element, not a 0-d view (t[...])
-        raise ValueError("setting an array element with a sequence.")
+    if type(value) is tuple and not is_view and shape:  # an array with dimensions into one element:
+        ndim = len(target[0])  # NumPy converts it as a scalar, by dtype (a bool takes its truth value)
+        probe = np.zeros(tuple(min(d, 2) for d in shape), value[1])  # size 0, 1 or more, as the value's
+        np.empty((1,) * ndim, target[1])[(0,) * ndim] = probe
     trimmed = shape[len(shape) - len(selected) :] if len(shape) > len(selected) else shape
     if (
         any(d != 1 for d in shape[: len(shape) - len(trimmed)])

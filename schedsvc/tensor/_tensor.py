@@ -185,7 +185,7 @@ class ArrayOps:
 
 def _binary(name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     op = OPS[name]
-    op_inplace = OPS["power"] if name == "pow" else op  # `**=` is np.power(a, b, out=a)
+    op_inplace = OPS["ipow"] if name == "pow" else op  # `**=` is ndarray.__ipow__
 
     def forward(self: ArrayOps, other: Any) -> Any:
         return apply(op, (self, other), {}) if _is_operand(other) else NotImplemented
@@ -307,8 +307,9 @@ def check_out(op: Op, shape: Shape, dtype: np.dtype[Any], target: Any) -> None:
     if op.name == "setitem":
         return
     if not np.can_cast(dtype, target.dtype, "same_kind"):
+        ufunc = "power" if op.name == "ipow" else op.name
         raise TypeError(  # NumPy raises UFuncTypeError, a TypeError, with this message
-            f"Cannot cast ufunc '{op.name}' output from {dtype!r} to {target.dtype!r} "
+            f"Cannot cast ufunc '{ufunc}' output from {dtype!r} to {target.dtype!r} "
             "with casting rule 'same_kind'"
         )
     if broadcast(shape, target.shape) != target.shape:

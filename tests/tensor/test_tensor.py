@@ -762,8 +762,6 @@ async def test_transpose_with_empty_axes_raises(engine: ss.Engine) -> None:
 async def test_power_operator_follows_numpys_scalar_fast_paths(
     engine: ss.Engine, dtype: Any, exponent: Any, inplace: bool
 ) -> None:
-    if inplace and dtype == np.complex128 and exponent == 0.5:
-        pytest.xfail("open: `t **= 0.5` runs np.power(out=t); NumPy's __ipow__ takes its sqrt fast path")
     rng = np.random.default_rng(0)
     a = (rng.standard_normal(200) + 1j * rng.standard_normal(200)).astype(dtype)
     if inplace:
@@ -809,29 +807,34 @@ async def test_float_index_raises_indexerror(engine: ss.Engine) -> None:
         engine.zeros(3)[1.0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: assigning a size-1 array with dimensions to one element follows NumPy only for int and "
-    "float targets: NumPy accepts it for a bool target (truth value) and raises TypeError, not ValueError, "
-    "for a complex target; the Tensor raises ValueError for all",
+# Regression (a bug found while building issue 3, now fixed): assigning a size-1 array with dimensions
+# to one element followed NumPy only for int and float targets: NumPy accepts it for a bool target (its
+# truth value) and raises TypeError, not ValueError, for a complex one; the Tensor raised ValueError for all
+@pytest.mark.parametrize("dtype", [np.bool_, np.complex128, np.int64, np.float64])
+@pytest.mark.parametrize(
+    ("shape", "index", "value_shape"),
+    [((3,), 0, (1,)), ((2, 3), (1, 2), (1, 1)), ((3,), 0, (2,)), ((), (), (1,)), ((3,), -1, (0,))],
 )
-@pytest.mark.parametrize("dtype", [np.bool_, np.complex128])
 async def test_assigning_an_array_to_one_element_follows_numpy_per_dtype(
-    engine: ss.Engine, dtype: Any
+    engine: ss.Engine, dtype: Any, shape: Any, index: Any, value_shape: Any
 ) -> None:
-    reference = np.zeros(3, dtype)
+    value = np.full(value_shape, 1.0)
+    reference = np.zeros(shape, dtype)
     try:
-        reference[0] = np.ones(1)
+        reference[index] = value
         error: type[Exception] | None = None
     except (TypeError, ValueError) as exc:
         error = type(exc)
-    t = engine.zeros(3, dtype)
+    t = engine.zeros(shape, dtype)
     if error is None:
-        t[0] = np.ones(1)
+        t[index] = value
         np.testing.assert_array_equal(await within(t), reference, strict=True)
     else:
-        with pytest.raises(error):
-            t[0] = np.ones(1)
+        try:
+            with pytest.raises(error):
+                t[index] = value
+        finally:
+            await within(t.wait())
 
 
 # Regression (a bug found while building issue 3, now fixed): item assignment raises 'setting an array
