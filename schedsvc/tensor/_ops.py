@@ -147,6 +147,12 @@ def _astype_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, n
     return metas[0][0], np.dtype(attrs["dtype"]), False
 
 
+def _ipow(x: Any, y: Any, out: Any) -> Any:
+    """``x **= y``: ``x`` is ``out`` (the write's target), so the result is written in place."""
+    x **= y
+    return x
+
+
 def _copy_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
     return metas[0][0], metas[0][1], False
 
@@ -154,16 +160,9 @@ def _copy_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.
 _register("dot", np.dot, _dot_infer)
 # `a ** b` is ndarray.__pow__, which has shortcuts for scalar exponents (square, sqrt, ...) np.power lacks
 _register("pow", operator.pow, _broadcasting(operator.pow, 2))
-_register("concatenate", _concatenate, _concat_infer)
-
-
-def _ipow(x: Any, y: Any, out: Any) -> Any:
-    """``x **= y`` (``x`` is ``out``): ndarray.__ipow__, with the same shortcuts, writing in place."""
-    x **= y
-    return x
-
-
+# `a **= b` is ndarray.__ipow__, with the same shortcuts, in place
 _register("ipow", _ipow, OPS["power"].infer)
+_register("concatenate", _concatenate, _concat_infer)
 _register("stack", _stack, _stack_infer)
 _register("where", np.where, _broadcasting(np.where, 3))
 _register("clip", np.clip, _broadcasting(np.clip, 3))
