@@ -88,6 +88,8 @@ class Config(BaseSettings):
     coroutine, since handing it to a thread and back costs more; 0 turns this off."""
     sync_mode: bool = False
     """Debugging: run each task in the caller at submission and raise its error there."""
+    trace_path: str | None = None
+    """Record a Chrome/Perfetto trace of the engine's whole life to this JSON file (see ``eng.trace``)."""
     backend: Literal["threads", "dask"] = "threads"
     """Where CPU tasks run: this process's threads, or a Dask cluster."""
     dask_address: str | None = None
