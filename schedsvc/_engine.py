@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import operator
+import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,6 +24,7 @@ from ._future import Future
 from ._runtime import Runtime, buffer_of, scan
 from ._runtime._runtime import settle
 from ._telemetry import Stats, percentile
+from ._timeline import Timeline
 from .devices import check_device, make_device
 from .tensor import OPS, Op, Tensor, concrete
 from .tensor._tensor import ACTIVE, tracing
@@ -85,6 +88,8 @@ class Engine:
             device.start()
         self._rt = rt
         self._state = "running"
+        if self.config.trace_path is not None:  # the engine's whole life, written at aclose()
+            self._attach(rt, Timeline(self.config.trace_path))
         return self
 
     async def aclose(self, *, cancel_pending: bool = False) -> None:
@@ -132,6 +137,8 @@ class Engine:
         stuck = await self._join(rt, _JOIN_TIMEOUT_S)
         if stuck:
             warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
+        if self.config.trace_path is not None and rt.timeline is not None:
+            self._detach(rt).write()
 
     def _cancel_pending(self, rt: Runtime) -> None:
         for token in rt.under_lock(rt.core.cancel_pending):
@@ -280,6 +287,43 @@ class Engine:
         except asyncio.CancelledError:
             rt.under_lock(core.withdraw, token)
             raise
+
+    @contextlib.contextmanager
+    def trace(self, path: str | os.PathLike[str]) -> Iterator[Timeline]:
+        """Record what runs inside the block; write it to ``path`` as Chrome trace JSON at the end.
+
+        Open the file in https://ui.perfetto.dev or ``chrome://tracing``: a
+        track per worker thread with a span per task (name, argument shapes,
+        error), flow arrows along dependency edges, and counter tracks of
+        pending tasks and bytes.  Tasks that finish inside the block are
+        recorded: await the work (``await eng.waitall()``) before leaving it.
+        """
+        rt = self._running()
+        timeline = Timeline(path)
+        self._attach(rt, timeline)
+        try:
+            yield timeline
+        finally:
+            self._detach(rt)
+            timeline.write()
+
+    def _attach(self, rt: Runtime, timeline: Timeline) -> None:
+        with rt.lock:
+            if rt.timeline is not None:
+                raise SchedsvcError(
+                    f"a trace is already being recorded to {rt.timeline.path!r}; one trace at a time "
+                    "(Config(trace_path=...) records the whole life of the engine)"
+                )
+            rt.timeline, rt.core.edges = timeline, timeline.edges
+            timeline.sample(rt.core)
+
+    def _detach(self, rt: Runtime) -> Timeline:
+        with rt.lock:
+            timeline = rt.timeline
+            assert timeline is not None
+            timeline.sample(rt.core)
+            rt.timeline, rt.core.edges = None, None
+        return timeline
 
     def stats(self) -> Stats:
         """A snapshot of the counters."""

@@ -7,7 +7,7 @@ run.  BLAS is held at one thread throughout (threadpoolctl), so that parallel
 speed-up comes from the engine, not from BLAS.
 
 W1  submit cost of 10,000 tiny independent tasks (np.add on 2 elements), us/task
-W2  10,000 tiny independent tasks end to end, us/task
+W2  10,000 tiny independent tasks end to end, us/task; and inside ``eng.trace`` (recording cost)
 W3  a chain of 10,000 tiny tasks, each taking the previous result, us/task
 W4  the sources' experiment: 1,000 x (y = x + 1), awaited one by one vs all then waitall
 W5  8 independent 1000x1000 float64 np.dot: speed-up of cpu_workers over 1 worker
@@ -76,6 +76,25 @@ async def w1_w2_schedsvc() -> Figures:
         "w1_submit_await_us": (t3 - t2) / N_TINY * 1e6,
         "w2_us": (t2 - t0) / N_TINY * 1e6,
     }
+
+
+async def w2_traced() -> Figures:
+    """W2 inside ``eng.trace``: the cost of recording a timeline (writing the file is timed apart)."""
+    import tempfile
+
+    x = _tiny()
+    with tempfile.TemporaryDirectory() as tmp:
+        async with _engine() as eng:
+            await eng.run(np.add, x, 1)  # warm
+            with eng.trace(os.path.join(tmp, "w2.json")) as timeline:
+                t0 = time.perf_counter()
+                for _ in range(N_TINY):
+                    eng.submit_nowait(np.add, x, 1)
+                await eng.waitall()
+                t1 = time.perf_counter()
+            t2 = time.perf_counter()
+    assert len(timeline.spans) == N_TINY
+    return {"w2_traced_us": (t1 - t0) / N_TINY * 1e6, "trace_write_s": t2 - t1}
 
 
 def w1_w2_threadpool() -> Figures:
@@ -271,6 +290,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "w1_w2.schedsvc": w1_w2_schedsvc,
     "w1_w2.threadpool": w1_w2_threadpool,
     "w1_w2.executor": w1_w2_executor,
+    "w2.traced": w2_traced,
     "w3.schedsvc": w3_schedsvc,
     "w3.threadpool": w3_threadpool,
     "w4.schedsvc": w4_schedsvc,
@@ -283,6 +303,7 @@ CASES: dict[str, Callable[[], Any]] = {
 TARGETS: list[tuple[str, str, str, float]] = [
     ("W1 submit_nowait, us/task", "w1_us", "<=", 3.0),
     ("W2 end to end / ThreadPoolExecutor", "w2_vs_threadpool", "<=", 1 / 3),
+    ("W2 traced / W2 untraced", "w2_traced_vs_untraced", "<=", 1.2),
     ("W3 chain / ThreadPoolExecutor", "w3_vs_threadpool", "<=", 1 / 3),
     ("W4 sync loop / run_in_executor", "w4_sync_vs_executor", "<=", 0.4),
     ("W4 async loop / run_in_executor", "w4_async_vs_executor", "<=", 0.33),
@@ -306,6 +327,7 @@ def _ratios(m: dict[str, Figures]) -> Figures:
         "w1_vs_threadpool": s["w1_submit_nowait_us"] / tp["w1_submit_us"],
         "w2_vs_threadpool": s["w2_us"] / tp["w2_us"],
         "w2_vs_executor": s["w2_us"] / ex["w2_us"],
+        "w2_traced_vs_untraced": m["w2.traced"]["w2_traced_us"] / s["w2_us"],
         "w3_vs_threadpool": m["w3.schedsvc"]["w3_us"] / m["w3.threadpool"]["w3_us"],
         "w4_sync_vs_executor": m["w4.schedsvc"]["w4_sync_us"] / m["w4.executor"]["w4_sync_us"],
         "w4_sync_handoff_vs_executor": m["w4.schedsvc"]["w4_sync_handoff_us"]

@@ -102,6 +102,8 @@ class Scheduler:
         self._admission: deque[tuple[Task | None, Any]] = deque()
         self._barriers: list[list[Any]] = []  # [last seq, unfinished count, token]
         self._live: dict[Task, list[Task]] = {}  # check mode: live task -> its parents
+        #: while a timeline is recorded: every edge made, as (parent seq, child seq)
+        self.edges: list[tuple[int, int]] | None = None
 
     # -- events --------------------------------------------------------------
 
@@ -383,6 +385,8 @@ class Scheduler:
         child.n_waiting += 1
         if parents is not None:
             parents.append(parent)
+        if self.edges is not None:
+            self.edges.append((parent.seq, child.seq))
 
     def _finalize_dependents(self, root: Task) -> None:
         """``root`` failed or was cancelled: so are, now, the tasks that take its value, transitively.

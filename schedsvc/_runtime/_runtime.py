@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._core import FINAL_STATES, Instruction, Scheduler, Task
+from .._timeline import Timeline
 from ._scan import substitute, substitute_args
 
 __all__ = ["Device", "Runtime", "current_worker"]
@@ -75,6 +76,7 @@ class Runtime:
         self.loop = loop
         self.devices: dict[str, Device] = {}
         self._pools: list[tuple[Device, Any]] = []  # (device, its ready queue), for collect()
+        self.timeline: Timeline | None = None  # set while a trace is recorded (eng.trace)
         self.worker_threads: set[int] = set()  # idents of threads that run tasks
         self.loop_thread = threading.get_ident()
         self.queue_waits: deque[float] = deque(maxlen=8192)
@@ -112,6 +114,8 @@ class Runtime:
     def collect(self) -> Callable[[], None] | None:
         """Route the core's instructions; return what to do once the lock is released."""
         core = self.core
+        if self.timeline is not None:
+            self.timeline.sample(core)
         wakes: list[Callable[[], None]] | None = None  # hot path: most calls route nothing
         if core.out:
             wakes = []
@@ -307,6 +311,9 @@ class Runtime:
             value, error = None, exc
         if guest:
             self.worker_threads.discard(get_ident())
+        timeline = self.timeline
+        if timeline is not None:
+            timeline.span(task, t0, time.perf_counter(), error)
         if key is not None:
             elapsed = time.perf_counter() - t0
             old = self._costs.get(key)

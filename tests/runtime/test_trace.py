@@ -1,0 +1,191 @@
+"""Timeline traces (``eng.trace`` and ``Config(trace_path=...)``): the Chrome trace JSON is well formed,
+records what ran and where, and its flow arrows follow dependency edges that never overlap in time."""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import schedsvc as ss
+
+from .helpers import Gate, within
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    doc = json.loads(path.read_text())
+    assert doc["displayTimeUnit"] == "ms"
+    events: list[dict[str, Any]] = doc["traceEvents"]
+    return events
+
+
+def spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["ph"] == "X"]
+
+
+def check_well_formed(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Every span closed, every flow matched and bound to spans, every track named; spans by task number."""
+    named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    by_task: dict[int, dict[str, Any]] = {}
+    for span in spans(events):
+        assert span["dur"] > 0 and span["ts"] >= 0, span  # a complete event: opened and closed
+        assert span["tid"] in named, f"span on an unnamed track: {span}"
+        assert span["args"]["task"] not in by_task, "a task recorded twice"
+        by_task[span["args"]["task"]] = span
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts.keys() == finishes.keys(), "every flow arrow has both ends"
+    ids = [e["id"] for e in events if e["ph"] == "s"]
+    assert len(ids) == len(set(ids)), "a flow id used twice"
+    for i, start in starts.items():
+        finish = finishes[i]
+        assert finish["bp"] == "e"
+        parent = next(
+            s
+            for s in spans(events)
+            if s["tid"] == start["tid"] and s["ts"] <= start["ts"] <= s["ts"] + s["dur"]
+        )
+        child = next(s for s in spans(events) if s["tid"] == finish["tid"] and s["ts"] == finish["ts"])
+        # a dependent starts only after its parent ended: their spans never overlap
+        assert parent["ts"] + parent["dur"] <= child["ts"], (parent, child)
+    return by_task
+
+
+async def test_a_traced_run_is_well_formed_and_dependents_never_overlap(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=2) as eng:
+        with eng.trace(path) as timeline:
+            a = await eng.submit(np.ones, (64, 64))
+            b = await eng.submit(np.dot, a, a)  # data edge a -> b (passed twice: one arrow)
+            c = await eng.submit(operator.add, b, 1.0)
+            d = await eng.submit(operator.mul, a, 2.0)  # fan-out from a
+            buf = np.zeros(8)
+            w1 = await eng.submit(np.add, buf, 1.0, out=buf)  # write
+            r1 = await eng.submit(np.sum, buf)  # read after write: a buffer hazard, not data
+            w2 = await eng.submit(np.multiply, buf, 2.0, out=buf)  # write after read
+            await within(eng.waitall())
+        assert timeline.path == str(path)
+    events = load(path)
+    by_task = check_well_formed(events)
+    tasks = [a, b, c, d, w1, r1, w2]
+    assert sorted(by_task) == sorted(t.seq for t in tasks)
+    assert by_task[a.seq]["name"] == "ones" and by_task[b.seq]["name"] == "dot"
+    assert by_task[b.seq]["args"]["shapes"] == [[64, 64], [64, 64]]  # the shapes of its inputs' values
+    flows = {
+        (s["ts"], f["ts"])
+        for s in events
+        if s["ph"] == "s"
+        for f in events
+        if f["ph"] == "f" and f["id"] == s["id"]
+    }
+    assert len(flows) == sum(e["ph"] == "s" for e in events)
+    # every edge the scheduler made: a->b, b->c, a->d, w1->r1 (hazard), r1->w2 and w1->w2 (hazards)
+    edges = {
+        (p["args"]["task"], c_["args"]["task"])
+        for s in events
+        if s["ph"] == "s"
+        for f in events
+        if f["ph"] == "f" and f["id"] == s["id"]
+        for p in [
+            next(
+                x for x in spans(events) if x["tid"] == s["tid"] and x["ts"] <= s["ts"] <= x["ts"] + x["dur"]
+            )
+        ]
+        for c_ in [next(x for x in spans(events) if x["tid"] == f["tid"] and x["ts"] == f["ts"])]
+    }
+    assert {(a.seq, b.seq), (b.seq, c.seq), (w1.seq, r1.seq), (r1.seq, w2.seq)} <= edges
+    # the counter tracks go up with submissions and end at zero
+    pending = [e["args"]["tasks"] for e in events if e["ph"] == "C" and e["name"] == "pending tasks"]
+    assert max(pending) >= 2 and pending[-1] == 0
+    assert [e for e in events if e["ph"] == "C" and e["name"] == "pending bytes"]
+
+
+async def test_tracks_are_the_threads_that_ran_tasks(tmp_path: Path) -> None:
+    """Two tasks held at once run on two workers: two tracks, named after the workers."""
+    path = tmp_path / "run.json"
+    gate = Gate()
+    async with ss.Engine(cpu_workers=2) as eng:
+        with eng.trace(path):
+            held = [await eng.submit(gate.hold()) for _ in range(2)]
+            await gate.wait_started(2)
+            gate.opened.set()
+            await within(eng.waitall())
+    events = load(path)
+    check_well_formed(events)
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(tracks.values()) == ["cpu-0", "cpu-1"]
+    assert len({s["tid"] for s in spans(events)}) == 2
+    assert sorted(s["args"]["task"] for s in spans(events)) == sorted(t.seq for t in held)
+
+
+async def test_failures_and_cancelled_tasks(tmp_path: Path) -> None:
+    """A failed task's span says why; a task that never ran has no span and no dangling arrow."""
+    path = tmp_path / "run.json"
+
+    def boom() -> None:
+        raise ValueError("bad input")
+
+    async with ss.Engine(cpu_workers=1) as eng:
+        with eng.trace(path):
+            bad = await eng.submit(boom)
+            after = await eng.submit(operator.neg, bad)  # fails from its input: never runs
+            await within(eng.waitall())
+    assert after.exception() is not None
+    events = load(path)
+    by_task = check_well_formed(events)
+    assert by_task[bad.seq]["args"]["error"] == "ValueError: bad input"
+    assert after.seq not in by_task
+    assert not [e for e in events if e["ph"] in ("s", "f")]
+
+
+async def test_only_the_block_is_recorded_and_one_trace_at_a_time(tmp_path: Path) -> None:
+    async with ss.Engine(cpu_workers=2) as eng:
+        before = await eng.submit(operator.add, 1, 1)
+        await within(before)
+        with eng.trace(tmp_path / "a.json"):
+            inside = await eng.submit(operator.add, 2, 2)
+            with (
+                pytest.raises(ss.SchedsvcError, match="already being recorded"),
+                eng.trace(tmp_path / "b.json"),
+            ):
+                pass
+            await within(inside)
+        after = await eng.submit(operator.add, 3, 3)
+        await within(after)
+        assert eng._rt is not None and eng._rt.timeline is None and eng._rt.core.edges is None  # off again
+        with eng.trace(tmp_path / "c.json"):  # a new trace may start once the first ended
+            await within(eng.run(operator.add, 4, 4))
+    recorded = {s["args"]["task"] for s in spans(load(tmp_path / "a.json"))}
+    assert recorded == {inside.seq}
+    assert not (tmp_path / "b.json").exists()
+    assert len(spans(load(tmp_path / "c.json"))) == 1
+
+
+async def test_config_trace_path_records_the_whole_life(tmp_path: Path) -> None:
+    path = tmp_path / "life.json"
+    async with ss.Engine(cpu_workers=2, trace_path=str(path)) as eng:
+        x = eng.asarray(np.arange(6.0))
+        y = (x + 1) * 2  # Tensor ops: one task each, ordered by data edges
+        mlp = eng.compile(lambda t: np.maximum(t @ np.ones((6, 3)), 0))
+        z = mlp(y)
+        futs = [await eng.submit(operator.mul, i, i) for i in range(20)]
+        await within(z)
+        with pytest.raises(ss.SchedsvcError, match="already being recorded"), eng.trace(tmp_path / "x.json"):
+            pass
+    events = load(path)
+    by_task = check_well_formed(events)
+    names = Counter(s["name"] for s in spans(events))
+    assert names["add"] == 1 and names["multiply"] == 1 and names["mul"] == 20
+    assert any(n.startswith("compiled:") for n in names)
+    assert by_task[y.seq]["args"]["shapes"] == [[6]]
+    assert all(f.seq in by_task for f in futs)
+
+
+async def test_no_recording_without_a_trace(engine: ss.Engine) -> None:
+    await within(engine.run(operator.add, 1, 1))
+    assert engine._rt is not None and engine._rt.timeline is None and engine._rt.core.edges is None
