@@ -1,4 +1,9 @@
-"""The ``schedsvc`` command: demo, bench, info."""
+"""The ``schedsvc`` command: demo, bench, tune, info.
+
+Each subcommand lives in its own module, which adds its parser with
+``register(subparsers)`` and sets ``run`` (``args -> exit status``); heavy
+imports happen inside ``run``, so ``schedsvc --help`` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +13,30 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["emit", "main", "progress"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import _demo, _info, _tune
+
     parser = argparse.ArgumentParser(prog="schedsvc", description="schedsvc: async array compute engine")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the sources' experiments on this machine and print a table")
-    demo.add_argument("--reps", type=int, default=3, help="repetitions per experiment (median shown)")
+    _demo.register(sub)
+    _register_bench(sub)
+    _tune.register(sub)
+    _info.register(sub)
+    args = parser.parse_args(argv)
+    status: int = args.run(args)
+    return status
+
+
+def _register_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks against baselines measured in the same run")
     bench.add_argument("suite", choices=["core", "tensor"], help="which benchmark suite")
     bench.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median reported)")
     bench.add_argument("--cases", help="comma-separated subset of cases (ratios need all)")
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
-    sub.add_parser("info", help="version, devices and the settings in force")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        from ._demo import main as demo_main
-
-        return demo_main(reps=args.reps)
-    if args.command == "bench":
-        return _bench(args)
-    return _info()
+    bench.set_defaults(run=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -49,8 +56,8 @@ def _bench(args: argparse.Namespace) -> int:
         )
         return 2
     quiet = args.json == "-"
-    report = core.run(reps=args.reps, cases=cases, progress=None if quiet else _progress)
-    _emit(report, args.json, core.format_report)
+    report = core.run(reps=args.reps, cases=cases, progress=None if quiet else progress)
+    emit(report, args.json, core.format_report)
     return 0
 
 
@@ -61,12 +68,13 @@ def _bench_tensor(args: argparse.Namespace) -> int:
         print("schedsvc bench tensor: --cases applies to the core suite only", file=sys.stderr)
         return 2
     quiet = args.json == "-"
-    report = tensor.run(reps=args.reps, progress=None if quiet else _progress)
-    _emit(report, args.json, tensor.format_report)
+    report = tensor.run(reps=args.reps, progress=None if quiet else progress)
+    emit(report, args.json, tensor.format_report)
     return 0
 
 
-def _emit(report: dict[str, Any], path: str | None, fmt: Callable[[dict[str, Any]], str]) -> None:
+def emit(report: dict[str, Any], path: str | None, fmt: Callable[[dict[str, Any]], str]) -> None:
+    """Print ``fmt(report)``, and write the report as JSON to ``path`` ('-': JSON to stdout instead)."""
     if path == "-":
         json.dump(report, sys.stdout, indent=2)
         print()
@@ -78,27 +86,9 @@ def _emit(report: dict[str, Any], path: str | None, fmt: Callable[[dict[str, Any
         print(f"wrote {path}")
 
 
-def _progress(line: str) -> None:
+def progress(line: str) -> None:
+    """A progress line on stderr (stdout stays the report)."""
     print(f"  ... {line}", file=sys.stderr, flush=True)
-
-
-def _info() -> int:
-    import os
-
-    import schedsvc
-    from schedsvc._errors import DeviceError
-    from schedsvc.devices import check_device
-
-    print(f"schedsvc {schedsvc.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPU cores")
-    try:
-        check_device("cuda:0")
-        print("cuda:0: available")
-    except DeviceError as exc:
-        print(f"cuda: {exc}")
-    print("settings in force (defaults < SCHEDSVC_* environment):")
-    for field, value in schedsvc.Config().model_dump().items():
-        print(f"  {field} = {value!r}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,13 @@ import schedsvc as ss
 from ._bench import core as bench
 from ._bench import tensor as tensor_bench
 
-__all__ = ["main"]
+__all__ = ["main", "register"]
+
+
+def register(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="run the sources' experiments on this machine and print a table")
+    demo.add_argument("--reps", type=int, default=3, help="repetitions per experiment (median shown)")
+    demo.set_defaults(run=lambda args: main(reps=args.reps))
 
 
 async def _frontend_returns_at_once() -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The ``schedsvc`` command: info, bench (JSON) and demo run and report what they measured."""
+"""``schedsvc bench``: the core and tensor suites run and write JSON reports."""
 
 from __future__ import annotations
 
@@ -8,14 +8,6 @@ from pathlib import Path
 import pytest
 
 from schedsvc._cli import main
-
-
-def test_info_prints_version_and_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["info"]) == 0
-    out = capsys.readouterr().out
-    assert "schedsvc 0.1.0" in out
-    assert "max_pending = 1024" in out
-    assert "cuda" in out  # availability is reported either way
 
 
 def test_bench_writes_json_with_the_cases_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,21 +29,6 @@ def test_bench_writes_json_with_the_cases_run(tmp_path: Path, capsys: pytest.Cap
 def test_bench_rejects_unknown_cases(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "core", "--cases", "w9.nothing"]) == 2
     assert "unknown cases" in capsys.readouterr().err
-
-
-def test_demo_prints_a_row_per_experiment(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--reps", "1"]) == 0
-    out = capsys.readouterr().out
-    rows = (
-        "c = a * b + 2",
-        "1,000 x (y = x + 1)",
-        "8 x np.dot",
-        "200 batches through a matmul",
-        "MLP 512-256",
-    )
-    for row in rows:
-        assert row in out
-    assert "16 MiB bound: peak" in out
 
 
 def test_bench_tensor_json_has_the_three_variants_and_ratios(capsys: pytest.CaptureFixture[str]) -> None:
