@@ -315,6 +315,7 @@ class Engine:
                     "(Config(trace_path=...) records the whole life of the engine)"
                 )
             rt.timeline, rt.core.edges = timeline, timeline.edges
+            timeline.loop_thread = rt.loop_thread
             timeline.sample(rt.core)
 
     def _detach(self, rt: Runtime) -> Timeline:

@@ -20,6 +20,7 @@ import json
 import os
 import threading
 import time
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,34 +39,50 @@ _MAX_SHAPES = 8  # argument shapes listed per span
 class Timeline:
     """Records spans, dependency edges and counters while it is attached to a runtime."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], max_spans: int = 2_000_000) -> None:
         self.path = os.fspath(path)
         self.t0 = time.perf_counter()
-        # (seq, label, fn, thread ident, thread name, start, end, shapes, error)
+        self.max_spans = max_spans  # a whole-life trace of a long-running service stays bounded
+        self.dropped = 0  # spans not kept past max_spans
+        # (seq, name, thread ident, start, end, shapes or None, error or None)
         self.spans: list[tuple[Any, ...]] = []
+        self.threads: dict[int, str] = {}  # ident -> track name, for the threads that ran a task
+        self.loop_thread: int | None = None  # the event loop's thread: its track is the inline runs
         self.edges: list[tuple[int, int]] = []  # (parent seq, child seq), appended by the scheduler
-        self.counters: list[tuple[float, int, int]] = []  # (time, pending tasks, pending bytes)
+        #: (time, pending tasks, pending bytes), appended by the runtime at every scheduling event
+        self.counters: list[tuple[float, int, int]] = []
 
     # -- recording (hot path while tracing) -----------------------------------------
 
     def span(self, task: Task, start: float, end: float, error: BaseException | None) -> None:
         """``task`` ran on this thread from ``start`` to ``end`` (perf_counter seconds)."""
-        shapes = []
-        for arg in task.args:
-            shape = getattr(arg, "shape", None)  # ndarrays and Tensors
-            if shape is None and isinstance(arg, Task):  # a future: the shape of its value
+        if len(self.spans) >= self.max_spans:
+            self.dropped += 1
+            return
+        shapes = None
+        for arg in task.args:  # hot path: exact type checks, no getattr on arbitrary objects
+            if type(arg) is np.ndarray:
+                shape = arg.shape
+            elif isinstance(arg, Task):  # a future or Tensor: the shape of its value
                 shape = getattr(arg.value, "shape", None)
-            if type(shape) is tuple:
+                if type(shape) is not tuple:
+                    continue
+            else:
+                continue
+            if shapes is None:
+                shapes = [shape]
+            elif len(shapes) < _MAX_SHAPES:
                 shapes.append(shape)
-                if len(shapes) == _MAX_SHAPES:
-                    break
-        thread = threading.current_thread()
-        self.spans.append(
-            (task.seq, task.name, task.fn, thread.ident, thread.name, start, end, shapes, error)
-        )
+        ident = get_ident()
+        if ident not in self.threads:
+            self.threads[ident] = _track_name(ident == self.loop_thread)
+        name = task.name
+        if name is None:
+            name = name_of(task.fn)
+        self.spans.append((task.seq, name, ident, start, end, shapes, error))
 
     def sample(self, core: Scheduler) -> None:
-        """With the runtime lock held: the pending counters now."""
+        """With the runtime lock held: the pending counters now (the runtime inlines this)."""
         self.counters.append((time.perf_counter(), core.pending, core.pending_bytes))
 
     # -- output -----------------------------------------------------------------------
@@ -78,11 +95,11 @@ class Timeline:
         ]
         tids: dict[Any, int] = {}
         ends: dict[int, tuple[int, float, float]] = {}  # seq -> (tid, start, end) in us
-        for seq, label, fn, ident, thread, start, end, shapes, error in self.spans:
+        for seq, name, ident, start, end, shapes, error in self.spans:
             tid = tids.get(ident)
             if tid is None:
                 tid = tids[ident] = len(tids) + 1
-                track = thread.removeprefix("schedsvc-")
+                track = self.threads[ident]
                 events.append(
                     {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": track}}
                 )
@@ -101,11 +118,10 @@ class Timeline:
                 args["shapes"] = [list(s) for s in shapes]
             if error is not None:
                 args["error"] = f"{type(error).__name__}: {error}"[:300]
-            name = label or name_of(fn) or "task"
             events.append(
                 {
                     "ph": "X",
-                    "name": name,
+                    "name": name or "task",
                     "cat": "task",
                     "pid": _PID,
                     "tid": tid,
@@ -172,12 +188,20 @@ class Timeline:
         return events
 
     def write(self) -> None:
-        doc = {"traceEvents": self.events(), "displayTimeUnit": "ms", "otherData": {"producer": "schedsvc"}}
+        other = {"producer": "schedsvc", "spans": len(self.spans), "spans_dropped": self.dropped}
+        doc = {"traceEvents": self.events(), "displayTimeUnit": "ms", "otherData": other}
         with open(self.path, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, default=_jsonable)
 
     def _us(self, t: float) -> float:
         return round((t - self.t0) * 1e6, 3)
+
+
+def _track_name(on_loop: bool) -> str:
+    """This thread's track: a worker's name (``cpu-0``); the loop thread runs cheap awaited tasks inline."""
+    if on_loop:
+        return "event loop (inline runs)"
+    return threading.current_thread().name.removeprefix("schedsvc-")
 
 
 def _jsonable(value: Any) -> Any:
