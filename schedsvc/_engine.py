@@ -289,7 +289,7 @@ class Engine:
             raise
 
     @contextlib.contextmanager
-    def trace(self, path: str | os.PathLike[str]) -> Iterator[Timeline]:
+    def trace(self, path: str | os.PathLike[str], *, max_spans: int = 2_000_000) -> Iterator[Timeline]:
         """Record what runs inside the block; write it to ``path`` as Chrome trace JSON at the end.
 
         Open the file in https://ui.perfetto.dev or ``chrome://tracing``: a
@@ -297,9 +297,10 @@ class Engine:
         error), flow arrows along dependency edges, and counter tracks of
         pending tasks and bytes.  Tasks that finish inside the block are
         recorded: await the work (``await eng.waitall()``) before leaving it.
+        Spans past ``max_spans`` are counted, not kept (about 200 bytes each).
         """
         rt = self._running()
-        timeline = Timeline(path)
+        timeline = Timeline(path, max_spans)
         self._attach(rt, timeline)
         try:
             yield timeline

@@ -14,7 +14,7 @@ import pytest
 
 import schedsvc as ss
 
-from .helpers import Gate, within
+from .helpers import Gate, occupied, within
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -189,3 +189,33 @@ async def test_config_trace_path_records_the_whole_life(tmp_path: Path) -> None:
 async def test_no_recording_without_a_trace(engine: ss.Engine) -> None:
     await within(engine.run(operator.add, 1, 1))
     assert engine._rt is not None and engine._rt.timeline is None and engine._rt.core.edges is None
+
+
+async def test_a_task_run_inline_has_the_event_loop_track(tmp_path: Path) -> None:
+    """A cheap awaited task that the awaiting coroutine runs itself is drawn on the loop's own track."""
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=1, inline_threshold_us=1e6) as eng:
+        await within(eng.run(operator.add, 1, 1))  # learns that add is cheap
+        with eng.trace(path):
+            async with occupied(eng, 1):  # the only worker is held: the loop runs the next add itself
+                fut = eng.submit_nowait(operator.add, 2, 3)
+                assert await within(fut) == 5
+            await within(eng.waitall())
+    events = load(path)
+    by_task = check_well_formed(events)
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert tracks[by_task[fut.seq]["tid"]] == "event loop (inline runs)"
+    assert sorted(tracks.values()) == ["cpu-0", "event loop (inline runs)"]
+
+
+async def test_spans_past_max_spans_are_counted_not_kept(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=2) as eng:
+        with eng.trace(path, max_spans=3):
+            for i in range(5):
+                eng.submit_nowait(operator.add, i, 1)
+            await within(eng.waitall())
+    doc = json.loads(path.read_text())
+    check_well_formed(doc["traceEvents"])
+    assert len(spans(doc["traceEvents"])) == 3
+    assert doc["otherData"]["spans"] == 3 and doc["otherData"]["spans_dropped"] == 2
