@@ -6,10 +6,13 @@ import contextvars
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -41,6 +44,8 @@ _UNITS = {
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("schedsvc_toml", default=None)
+# field -> where its value came from, filled by the sources of the Config being built in this context
+_found: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("schedsvc_found")
 
 
 def parse_bytes(value: int | str) -> int:
@@ -67,6 +72,7 @@ class Config(BaseSettings):
 
     Precedence, lowest first: field defaults, the TOML file given to
     ``Config.from_file``, ``SCHEDSVC_<FIELD>`` environment variables, keywords.
+    ``config.sources()`` says which of these gave each field its value.
     """
 
     model_config = SettingsConfigDict(env_prefix="SCHEDSVC_", extra="forbid", frozen=True)
@@ -95,11 +101,36 @@ class Config(BaseSettings):
     dask_address: str | None = None
     """Scheduler address for ``backend="dask"``; None starts a local cluster."""
 
+    _sources: MappingProxyType[str, str] = PrivateAttr(default_factory=lambda: MappingProxyType({}))
+
     def __init__(self, **values: Any) -> None:
+        found: dict[str, str] = {}
+        token = _found.set(found)
         try:
             super().__init__(**values)
         except ValidationError as exc:
             raise ConfigError(_describe(exc)) from exc
+        finally:
+            _found.reset(token)
+        self._sources = MappingProxyType(found)
+
+    def sources(self) -> dict[str, str]:
+        """Where each field's value came from: ``"default"``, ``"file <path>"``,
+        ``"environment SCHEDSVC_<FIELD>"`` or ``"keyword"``."""
+        found = self._sources
+        return {name: found.get(name, "default") for name in type(self).model_fields}
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with ``changes`` applied (validated); the other fields keep their values and sources."""
+        if not changes:
+            return self
+        new = type(self)(**{**self.model_dump(), **changes})
+        new._sources = MappingProxyType({**self._sources, **dict.fromkeys(changes, "keyword")})
+        return new
+
+    def __eq__(self, other: object) -> bool:
+        # equal settings are equal configs, wherever their values came from
+        return type(other) is type(self) and self.__dict__ == other.__dict__
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> Config:
@@ -126,10 +157,13 @@ class Config(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        keyword = _Recorded(init_settings, lambda _: "keyword")
+        environment = _Recorded(env_settings, lambda name: f"environment SCHEDSVC_{name.upper()}")
         path = _toml_file.get()
         if path is None:
-            return (init_settings, env_settings)
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+            return (keyword, environment)
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=path)
+        return (keyword, environment, _Recorded(toml, lambda _: f"file {path}"))
 
     @field_validator("max_pending_bytes", "max_device_bytes", mode="before")
     @classmethod
@@ -152,6 +186,26 @@ class Config(BaseSettings):
             if not _DEVICE_RE.match(device):
                 raise ValueError(f"{device!r} is not a device; use 'cpu' or 'cuda:N'")
         return tuple(dict.fromkeys(value))
+
+
+class _Recorded(PydanticBaseSettingsSource):
+    """A settings source that notes, for the Config being built, which fields it gave a value."""
+
+    def __init__(self, source: PydanticBaseSettingsSource, label: Callable[[str], str]) -> None:
+        super().__init__(source.settings_cls)
+        self.source = source
+        self.label = label
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = self.source()
+        found = _found.get(None)
+        if found is not None:
+            for name in values:  # sources run highest precedence first: the first to give a value wins
+                found.setdefault(name, self.label(name))
+        return values
 
 
 def _describe(exc: ValidationError) -> str:

@@ -236,3 +236,99 @@ def test_engine_rejects_bad_configuration_at_construction() -> None:
 def test_engine_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "13")
     assert ss.Engine().config.max_pending == 13
+
+
+# -- where each value came from ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("in_file", [False, True])
+@pytest.mark.parametrize("in_env", [False, True])
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_sources_follow_precedence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_file: bool, in_env: bool, by_keyword: bool
+) -> None:
+    """Every combination of file, environment and keyword: the highest one present gives value and source."""
+    path = write_toml(tmp_path, "max_pending = 7\n" if in_file else "cpu_workers = 3\n")
+    if in_env:
+        monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "9")
+    config = ss.Config.from_file(path, **({"max_pending": 11} if by_keyword else {}))
+    expected = (
+        (11, "keyword")
+        if by_keyword
+        else (9, "environment SCHEDSVC_MAX_PENDING")
+        if in_env
+        else (7, f"file {path}")
+        if in_file
+        else (1024, "default")
+    )
+    assert (config.max_pending, config.sources()["max_pending"]) == expected
+
+
+def test_sources_name_every_field_and_default_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_toml(tmp_path, "cpu_workers = 3\n")
+    monkeypatch.setenv("SCHEDSVC_DEVICES", "cpu")
+    config = ss.Config.from_file(path, max_pending=5)
+    sources = config.sources()
+    assert list(sources) == list(ss.Config.model_fields)
+    assert sources.pop("cpu_workers") == f"file {path}"
+    assert sources.pop("devices") == "environment SCHEDSVC_DEVICES"
+    assert sources.pop("max_pending") == "keyword"
+    assert set(sources.values()) == {"default"}
+
+
+def test_sources_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_SYNC_MODE", "1")
+    sources = ss.Config(cpu_workers=2).sources()
+    assert sources["sync_mode"] == "environment SCHEDSVC_SYNC_MODE"
+    assert sources["cpu_workers"] == "keyword"
+    assert sources["max_pending"] == "default"
+
+
+def test_a_lowercase_environment_variable_is_named_in_upper_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("schedsvc_max_pending", "9")  # settings names are case-insensitive
+    config = ss.Config()
+    assert (config.max_pending, config.sources()["max_pending"]) == (9, "environment SCHEDSVC_MAX_PENDING")
+
+
+def test_a_keyword_equal_to_the_default_is_still_a_keyword() -> None:
+    assert ss.Config(max_pending=1024).sources()["max_pending"] == "keyword"
+
+
+def test_sources_is_a_copy() -> None:
+    config = ss.Config(max_pending=5)
+    config.sources()["max_pending"] = "default"
+    assert config.sources()["max_pending"] == "keyword"
+
+
+def test_equal_settings_are_equal_configs_wherever_they_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "1024")
+    from_env, by_default = ss.Config(), ss.Config(max_pending=1024)
+    assert from_env.sources()["max_pending"] != by_default.sources()["max_pending"]
+    assert from_env == by_default
+    assert hash(from_env) == hash(by_default)
+    assert from_env != ss.Config(max_pending=5)
+
+
+def test_replace_keeps_the_other_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_toml(tmp_path, "cpu_workers = 3\n")
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING", "9")
+    config = ss.Config.from_file(path).replace(max_pending_bytes="1MiB", sync_mode=True)
+    assert (config.cpu_workers, config.max_pending, config.max_pending_bytes) == (3, 9, 2**20)
+    sources = config.sources()
+    assert sources["cpu_workers"] == f"file {path}"
+    assert sources["max_pending"] == "environment SCHEDSVC_MAX_PENDING"
+    assert sources["max_pending_bytes"] == sources["sync_mode"] == "keyword"
+    assert sources["devices"] == "default"
+
+
+def test_replace_validates_and_ignores_a_changed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = ss.Config()
+    with pytest.raises(ss.ConfigError, match="max_pending"):
+        config.replace(max_pending=0)
+    with pytest.raises(ss.ConfigError, match="bogus"):
+        config.replace(bogus=1)
+    monkeypatch.setenv("SCHEDSVC_CPU_WORKERS", "7")  # set after config was made: not read again
+    assert config.replace(max_pending=3).cpu_workers == config.cpu_workers
+    assert config.replace() is config
