@@ -14,6 +14,7 @@ from ._errors import (
     TraceError,
 )
 from ._future import Future
+from ._prometheus import PrometheusCollector
 from ._telemetry import Stats
 from .compile import Compiled, load
 from .tensor import Tensor
@@ -31,6 +32,7 @@ __all__ = [
     "Future",
     "InvalidTask",
     "MemoryLimitError",
+    "PrometheusCollector",
     "QueueFull",
     "SchedsvcError",
     "Stats",

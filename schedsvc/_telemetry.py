@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
+from typing import Any
 
 __all__ = ["Stats", "percentile"]
 
@@ -37,6 +39,23 @@ class Stats:
     """Traces of compiled functions (one per new signature, and after an eviction)."""
     compile_replays: int = 0
     """Calls of compiled functions (each one replay task)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as a plain dict (``worker_busy_s`` a dict too), ready for ``json.dumps``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["worker_busy_s"] = dict(self.worker_busy_s)
+        return out
+
+    def to_json(self, **dumps_options: Any) -> str:
+        """The figures as a JSON object; ``dumps_options`` go to ``json.dumps`` (e.g. ``indent=2``)."""
+        return json.dumps(self.as_dict(), **dumps_options)
+
+    @classmethod
+    def from_dict(cls, figures: Mapping[str, Any]) -> Stats:
+        """A Stats from ``as_dict()`` output, or from ``json.loads(stats.to_json())``."""
+        values = dict(figures)
+        values["worker_busy_s"] = MappingProxyType(dict(values.get("worker_busy_s", {})))
+        return cls(**values)
 
 
 def percentile(samples: Iterable[float], q: float) -> float:

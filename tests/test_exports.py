@@ -137,3 +137,14 @@ def test_future_methods(method: str) -> None:
 def test_version_is_a_string() -> None:
     assert isinstance(ss.__version__, str)
     assert ss.__version__
+
+
+def test_optional_extras_are_not_imported_with_schedsvc() -> None:
+    """``ss.PrometheusCollector`` is exported, yet ``import schedsvc`` works without the extras it needs."""
+    import subprocess
+    import sys
+
+    code = "import sys, schedsvc; print(sorted(m for m in ('prometheus_client', 'matplotlib', 'rich') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
+    assert "PrometheusCollector" in ss.__all__

@@ -1,0 +1,218 @@
+"""Stats export (dict, JSON) and the Prometheus exposition of the same figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import schedsvc as ss
+from schedsvc import _prometheus
+
+from .runtime.helpers import occupied, within
+
+STATS_FIELDS = [f.name for f in dataclasses.fields(ss.Stats)]
+
+
+def boom() -> None:
+    raise ZeroDivisionError("boom")
+
+
+async def run_workload(eng: ss.Engine) -> None:
+    """Five tasks that succeed, one that fails and one that fails because its input did."""
+    for i in range(5):
+        assert await within(eng.run(np.add, np.arange(4), i)) is not None
+    bad = eng.submit_nowait(boom, name="boom")
+    dependent = eng.submit_nowait(np.negative, bad)
+    with pytest.raises(ZeroDivisionError):
+        await within(bad)
+    with pytest.raises(ss.DependencyError):
+        await within(dependent)
+
+
+async def final_stats() -> ss.Stats:
+    """Stats of a closed engine that ran ``run_workload``: final, so a later read gives the same figures."""
+    eng = ss.Engine(cpu_workers=2, max_pending=64)
+    async with eng:
+        await run_workload(eng)
+    return eng.stats()
+
+
+# -- dict and JSON ------------------------------------------------------------------------------------------
+
+
+async def test_as_dict_has_every_field_as_plain_values() -> None:
+    stats = await final_stats()
+    figures = stats.as_dict()
+    assert list(figures) == STATS_FIELDS
+    assert type(figures["worker_busy_s"]) is dict
+    assert figures["worker_busy_s"] == dict(stats.worker_busy_s)
+    assert (figures["submitted"], figures["completed"], figures["failed"]) == (7, 5, 2)
+    assert figures["max_pending"] == 64
+
+
+async def test_json_round_trip() -> None:
+    stats = await final_stats()
+    text = stats.to_json()
+    assert json.loads(text) == stats.as_dict()
+    again = ss.Stats.from_dict(json.loads(text))
+    assert again == stats
+    assert isinstance(again.worker_busy_s, MappingProxyType)
+    assert json.loads(stats.to_json(indent=2)) == stats.as_dict()
+
+
+async def test_as_dict_is_a_copy() -> None:
+    stats = await final_stats()
+    figures = stats.as_dict()
+    figures["worker_busy_s"]["cpu-0"] = -1.0
+    figures["completed"] = -1
+    assert stats.worker_busy_s.get("cpu-0") != -1.0
+    assert stats.completed == 5
+
+
+def test_from_dict_without_worker_times() -> None:
+    figures = {name: 0 for name in STATS_FIELDS if name != "worker_busy_s"}
+    stats = ss.Stats.from_dict(figures)
+    assert dict(stats.worker_busy_s) == {}
+    assert json.loads(stats.to_json()) == {**figures, "worker_busy_s": {}}
+
+
+def test_from_dict_rejects_unknown_figures() -> None:
+    figures = {name: 0 for name in STATS_FIELDS} | {"worker_busy_s": {}, "bogus": 1}
+    with pytest.raises(TypeError, match="bogus"):
+        ss.Stats.from_dict(figures)
+
+
+# -- Prometheus ---------------------------------------------------------------------------------------------
+
+
+def exposition(collector: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Scrape ``collector`` through a private registry: (sample name, sorted labels) -> value."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(collector)
+    text = prometheus_client.generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def expected_samples(stats: ss.Stats, engine: str | None = None) -> dict[Any, float]:
+    """What the exposition must hold for ``stats``, written out by hand."""
+    label = (("engine", engine),) if engine is not None else ()
+
+    def key(name: str, *extra: tuple[str, str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return (name, tuple(sorted((*label, *extra))))
+
+    samples = {
+        key("schedsvc_tasks_submitted_total"): stats.submitted,
+        key("schedsvc_tasks_completed_total"): stats.completed,
+        key("schedsvc_tasks_failed_total"): stats.failed,
+        key("schedsvc_tasks_cancelled_total"): stats.cancelled,
+        key("schedsvc_tasks_pending"): stats.pending,
+        key("schedsvc_tasks_running"): stats.running,
+        key("schedsvc_submits_waiting"): stats.waiting_admission,
+        key("schedsvc_pending_bytes"): stats.pending_bytes,
+        key("schedsvc_peak_pending_bytes"): stats.peak_pending_bytes,
+        key("schedsvc_max_pending_tasks"): stats.max_pending,
+        key("schedsvc_max_pending_bytes"): stats.max_pending_bytes,
+        key("schedsvc_compile_traces_total"): stats.compile_traces,
+        key("schedsvc_compile_replays_total"): stats.compile_replays,
+        key("schedsvc_queue_wait_seconds", ("quantile", "0.5")): stats.queue_wait_p50_s,
+        key("schedsvc_queue_wait_seconds", ("quantile", "0.99")): stats.queue_wait_p99_s,
+    }
+    for worker, seconds in stats.worker_busy_s.items():
+        samples[key("schedsvc_worker_busy_seconds_total", ("worker", worker))] = seconds
+    return samples
+
+
+async def test_exposition_matches_stats() -> None:
+    pytest.importorskip("prometheus_client")
+    eng = ss.Engine(cpu_workers=2, max_pending=64)
+    async with eng:
+        await run_workload(eng)
+    stats = eng.stats()  # closed: final figures, equal to what a scrape reads now
+    samples = exposition(ss.PrometheusCollector(eng))
+    assert samples == pytest.approx(expected_samples(stats))
+    assert samples[("schedsvc_tasks_failed_total", ())] == 2
+    assert samples[("schedsvc_tasks_completed_total", ())] == 5
+    assert {name for name, labels in samples if labels and labels[0][0] == "worker"} == {
+        "schedsvc_worker_busy_seconds_total"
+    }
+    assert sum(stats.worker_busy_s.values()) > 0
+
+
+def test_every_stats_field_is_exported() -> None:
+    """A field added to Stats must be added to the exposition too."""
+    exported = set(_prometheus.METRICS) | set(_prometheus.QUANTILES) | {"worker_busy_s"}
+    assert exported == set(STATS_FIELDS)
+
+
+async def test_each_scrape_reads_the_stats_then() -> None:
+    pytest.importorskip("prometheus_client")
+    async with ss.Engine(cpu_workers=2) as eng:
+        collector = ss.PrometheusCollector(eng)
+        async with occupied(eng, 2):
+            during = exposition(collector)
+        await within(eng.waitall())
+        await within(eng.run(abs, -1))
+        after = exposition(collector)
+    assert during[("schedsvc_tasks_running", ())] == 2
+    assert during[("schedsvc_tasks_pending", ())] == 2
+    assert during[("schedsvc_tasks_submitted_total", ())] == 2
+    assert after[("schedsvc_tasks_running", ())] == 0
+    assert after[("schedsvc_tasks_submitted_total", ())] == 3
+    assert after[("schedsvc_tasks_completed_total", ())] == 3
+
+
+async def test_several_engines_share_one_collector_with_an_engine_label() -> None:
+    pytest.importorskip("prometheus_client")
+    ingest, train = ss.Engine(cpu_workers=1, max_pending=8), ss.Engine(cpu_workers=2, max_pending=16)
+    async with ingest, train:
+        await run_workload(train)
+        await within(ingest.run(abs, -1))
+    samples = exposition(ss.PrometheusCollector({"ingest": ingest, "train": train}))
+    expected = expected_samples(ingest.stats(), "ingest") | expected_samples(train.stats(), "train")
+    assert samples == pytest.approx(expected)
+    assert samples[("schedsvc_max_pending_tasks", (("engine", "ingest"),))] == 8
+    assert samples[("schedsvc_tasks_failed_total", (("engine", "train"),))] == 2
+
+
+def test_two_collectors_in_one_registry_clash() -> None:
+    """Two families of one name would be an invalid exposition; the registry refuses the second."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(ss.PrometheusCollector(ss.Engine(cpu_workers=1)))
+    with pytest.raises(ValueError, match="Duplicated"):
+        registry.register(ss.PrometheusCollector(ss.Engine(cpu_workers=1)))
+
+
+def test_an_engine_not_started_has_families_and_no_samples() -> None:
+    pytest.importorskip("prometheus_client")
+    collector = ss.PrometheusCollector(ss.Engine(cpu_workers=1))
+    assert exposition(collector) == {}
+    names = {family.name for family in collector.collect()}
+    assert "schedsvc_tasks_submitted" in names  # counter families are named without _total
+    assert names == {family.name for family in collector.describe()}
+
+
+def test_without_prometheus_client_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # makes the import fail
+    with pytest.raises(ImportError, match=r"pip install 'schedsvc\[prometheus\]'"):
+        ss.PrometheusCollector(ss.Engine(cpu_workers=1))
+
+
+def test_repr_names_the_engines() -> None:
+    pytest.importorskip("prometheus_client")
+    eng = ss.Engine(cpu_workers=1)
+    assert "a,b" in repr(ss.PrometheusCollector({"a": eng, "b": eng}))
+    assert repr(eng) in repr(ss.PrometheusCollector(eng))
