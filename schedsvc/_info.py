@@ -1,32 +1,247 @@
-"""``schedsvc info``: version, devices found and the settings in force."""
+"""``schedsvc info``: version, devices found, the settings in force and where each came from, extras."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
-from typing import Any
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ._config import Config
+
+__all__ = ["collect", "format_report", "register", "run"]
+
+#: name shown -> (distributions that provide it, all needed; the extra that installs it)
+EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
+    "matplotlib": (("matplotlib",), "plot"),
+    "prometheus-client": (("prometheus-client",), "prometheus"),
+    "cupy": (("cupy-cuda12x",), "cuda12"),
+    "dask": (("dask", "distributed"), "dask"),
+}
+_CUPY_DISTRIBUTIONS = ("cupy-cuda12x", "cupy-cuda13x", "cupy")
+_MAX_CUDA_DEVICES = 256  # probing stops at the first index CUDA says does not exist
+
+
+class InfoError(Exception):
+    """A bad ``--set`` argument; the message says what to write instead."""
 
 
 def register(sub: Any) -> None:
-    info = sub.add_parser("info", help="version, devices and the settings in force")
+    info = sub.add_parser(
+        "info",
+        help="version, devices and the settings in force, with where each came from",
+        description="Print the version, the devices found, the settings in force and where each came "
+        "from (default, file, environment, keyword), and the optional extras installed.",
+    )
+    info.add_argument("--config", metavar="FILE", help="read settings from this TOML file (Config.from_file)")
+    info.add_argument(
+        "--set",
+        metavar="FIELD=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="a setting given as a keyword (wins over file and environment); repeat for more; "
+        "VALUE 'none' clears an optional setting",
+    )
+    info.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout only)")
     info.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import schedsvc
-    from schedsvc._errors import DeviceError
-    from schedsvc.devices import check_device
+    from ._cli import emit
+    from ._errors import ConfigError
 
-    print(f"schedsvc {schedsvc.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPU cores")
     try:
-        check_device("cuda:0")
-        print("cuda:0: available")
-    except DeviceError as exc:
-        print(f"cuda: {exc}")
-    print("settings in force (defaults < SCHEDSVC_* environment):")
-    for field, value in schedsvc.Config().model_dump().items():
-        print(f"  {field} = {value!r}")
+        config = _config(args.config, args.overrides)
+    except (InfoError, ConfigError) as exc:
+        print(f"schedsvc info: {exc}", file=sys.stderr)
+        return 2
+    emit(collect(config, args.config), args.json, format_report)
     return 0
+
+
+def _config(path: str | None, overrides: list[str]) -> Config:
+    from ._config import Config
+
+    keywords = _keywords(overrides)
+    return Config.from_file(path, **keywords) if path is not None else Config(**keywords)
+
+
+def _keywords(overrides: list[str]) -> dict[str, Any]:
+    """``["max_pending=8", ...]`` -> ``{"max_pending": "8"}``; Config converts and validates the values."""
+    from ._config import Config
+
+    fields = Config.model_fields
+    keywords: dict[str, Any] = {}
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InfoError(f"--set takes FIELD=VALUE, e.g. --set max_pending=64; got {item!r}")
+        if name not in fields:
+            raise InfoError(f"--set {item!r}: there is no setting {name!r}; settings: {', '.join(fields)}")
+        clears = value.strip().lower() == "none" and fields[name].default is None
+        keywords[name] = None if clears else value
+    return keywords
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+
+def collect(config: Config, config_file: str | None = None) -> dict[str, Any]:
+    """The report as plain JSON-ready data."""
+    import schedsvc
+
+    values, sources = config.model_dump(mode="json"), config.sources()
+    return {
+        "schedsvc": schedsvc.__version__,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "cpu_cores": os.cpu_count(),
+        "config_file": config_file,
+        "devices": _devices(config),
+        "settings": {name: {"value": values[name], "source": sources[name]} for name in values},
+        "extras": {name: _extra(*spec) for name, spec in EXTRAS.items()},
+    }
+
+
+def _devices(config: Config) -> list[dict[str, Any]]:
+    cpu = {"name": "cpu", "available": True, "detail": f"{config.cpu_workers} worker threads"}
+    found = [cpu, *_cuda_devices()]
+    names = {d["name"] for d in found}
+    missing = [_probe(name) for name in config.devices if name not in names]  # configured, not found: why
+    if missing and found[-1]["name"] == "cuda":  # no CUDA at all: the configured devices say why instead
+        found.pop()
+    for device in (found := found + missing):
+        device["in_config"] = device["name"] in config.devices
+    return found
+
+
+def _cuda_devices() -> list[dict[str, Any]]:
+    """Every CUDA device CuPy finds, or one entry saying why there is none."""
+    first = _probe("cuda:0")
+    if not first["available"]:
+        return [{**first, "name": "cuda"}]
+    found = [first]
+    for index in range(1, _MAX_CUDA_DEVICES):
+        device = _probe(f"cuda:{index}")
+        if not device["available"]:
+            break
+        found.append(device)
+    return found
+
+
+def _probe(name: str) -> dict[str, Any]:
+    from ._errors import DeviceError
+    from .devices import check_device
+
+    try:
+        check_device(name)
+    except DeviceError as exc:
+        return {"name": name, "available": False, "detail": str(exc)}
+    return {"name": name, "available": True, "detail": "found by CuPy"}
+
+
+def _extra(distributions: tuple[str, ...], extra: str) -> dict[str, Any]:
+    if distributions == ("cupy-cuda12x",):
+        distributions = (_cupy_distribution(),)
+    versions = [_version(d) for d in distributions]
+    installed = all(v is not None for v in versions)
+    return {
+        "installed": installed,
+        "version": versions[0] if installed else None,
+        "install": f"pip install 'schedsvc[{extra}]'" + (" (or [cuda13])" if extra == "cuda12" else ""),
+    }
+
+
+def _cupy_distribution() -> str:
+    """The CuPy wheel that is installed (one per CUDA major), or the usual one to suggest."""
+    return next((d for d in _CUPY_DISTRIBUTIONS if _version(d) is not None), "cupy-cuda12x")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# -- rendering -------------------------------------------------------------------------------------------
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as rich tables (plain text when stdout is not a terminal)."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a pipe or a file has no width: never wrap a path
+        console.width = max(console.width, 240)
+    head = f"schedsvc {report['schedsvc']}, {report['python']}, {report['platform']}, {report['cpu_cores']} CPU cores"
+    with console.capture() as captured:
+        console.print(head)
+        for table in (_devices_table(report), _settings_table(report), _extras_table(report)):
+            console.print(table)
+    return "\n".join(line.rstrip() for line in captured.get().splitlines())
+
+
+def _devices_table(report: dict[str, Any]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="devices", title_justify="left")
+    for column in ("device", "status", "in config", "detail"):
+        table.add_column(column)
+    for d in report["devices"]:
+        status = Text("available", "green") if d["available"] else Text("unavailable", "red")
+        table.add_row(Text(d["name"]), status, "yes" if d["in_config"] else "no", Text(d["detail"]))
+    return table
+
+
+def _settings_table(report: dict[str, Any]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    origin = f"from {report['config_file']}" if report["config_file"] else "no config file"
+    table = Table(title=Text(f"settings in force ({origin})"), title_justify="left")
+    for column in ("setting", "value", "source"):
+        table.add_column(column)
+    for name, setting in report["settings"].items():
+        source = setting["source"]
+        shown = Text(source, "dim" if source == "default" else "")
+        table.add_row(name, Text(_value(name, setting["value"])), shown)
+    return table
+
+
+def _value(name: str, value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    if value is None:
+        return "none"
+    if name.endswith("_bytes"):
+        return f"{value} ({_binary(value)})"
+    return str(value)
+
+
+def _binary(n: int) -> str:
+    """``6319125504`` -> ``'5.9 GiB'``."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = min(len(units) - 1, max(0, (n.bit_length() - 1) // 10))
+    return f"{n / 1024**power:.1f} {units[power]}" if power else f"{n} B"
+
+
+def _extras_table(report: dict[str, Any]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="optional extras", title_justify="left")
+    for column in ("package", "installed", "install with"):
+        table.add_column(column)
+    for name, extra in report["extras"].items():
+        installed = Text(extra["version"]) if extra["installed"] else Text("no", "dim")
+        table.add_row(name, installed, Text("" if extra["installed"] else extra["install"]))
+    return table
