@@ -391,17 +391,39 @@ def sweep(
     from threadpoolctl import threadpool_limits
 
     settings = [_Setting(w, d) for w in workers for d in depths]
+    load_before = _load_average()
     with threadpool_limits(limits=1):
         for rep in range(reps):
             for s in settings:
-                s.runs.append(asyncio.run(_one_run(workload, items, s.workers, s.depth, traced=False)))
+                s.runs.append(_run_setting(workload, items, s, traced=False))
                 if step is not None:
                     step(f"rep {rep + 1}/{reps}: workers={s.workers} max_pending={s.depth}")
         for s in settings:
-            s.memory = asyncio.run(_one_run(workload, items, s.workers, s.depth, traced=True))
+            s.memory = _run_setting(workload, items, s, traced=True)
             if step is not None:
                 step(f"memory: workers={s.workers} max_pending={s.depth}")
-    return _report(name, items, reps, [_row(s) for s in settings])
+    report = _report(name, items, reps, [_row(s) for s in settings])
+    report["machine"]["load_average"] = [load_before, _load_average()]
+    return report
+
+
+def _run_setting(workload: Workload, items: int, s: _Setting, traced: bool) -> _Run:
+    try:
+        return asyncio.run(_one_run(workload, items, s.workers, s.depth, traced))
+    except TuneError as exc:
+        raise TuneError(f"at cpu_workers={s.workers}, max_pending={s.depth}: {exc}") from exc
+    except Exception as exc:  # the workload's own error: say where, keep the traceback as the cause
+        raise TuneError(
+            f"at cpu_workers={s.workers}, max_pending={s.depth}: the workload raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average: a sweep on a busy machine is noisy, and the report should say so."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):  # not available on this platform
+        return None
 
 
 def _row(s: _Setting) -> dict[str, Any]:
@@ -544,6 +566,10 @@ def table(report: dict[str, Any]) -> Any:
     return t
 
 
+def _loads(machine: dict[str, Any]) -> str:
+    return " -> ".join(_fmt(v, ".2f") for v in machine.get("load_average", [None]))
+
+
 def toml_text(report: dict[str, Any]) -> str:
     """The recommended settings as TOML for ``Config.from_file``, with the figures in comments."""
     rec, m = report["recommended"], report["machine"]
@@ -557,7 +583,7 @@ def toml_text(report: dict[str, Any]) -> str:
         f"# schedsvc tune {report['workload']}: recommended settings "
         f"({report['items']} items, {_runs(report['reps'])}).",
         f"# machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, NumPy {m['numpy']}, "
-        f"schedsvc {m['schedsvc']}, BLAS at 1 thread",
+        f"schedsvc {m['schedsvc']}, BLAS at 1 thread; load average {_loads(m)} during the sweep",
         f"# knee: max_pending={rec['max_pending']} gives {row['items_per_s']:,.0f} items/s, within "
         f"{report['knee_tolerance']:.0%} of the best ({best:,.0f} items/s) with cpu_workers={rec['cpu_workers']};",
         f"# there p50/p99 latency {_fmt(row['p50_ms'], '.3g')}/{_fmt(row['p99_ms'], '.3g')} ms, "
@@ -576,55 +602,74 @@ def toml_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_PANELS = (
+    ("items_per_s", "items / s (band: min-max of runs)"),
+    ("p99_ms", "latency, ms (p99 solid, p50 dashed)"),
+    ("peak_mib", "peak MiB (tracemalloc)"),
+)
+
+
 def plot(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Throughput, latency and peak memory against depth (log2 axis), knees marked, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, axes = plt.subplots(3, 1, sharex=True, figsize=(7.5, 9), constrained_layout=True)
-    panels = [
-        ("items_per_s", "items / s"),
-        ("p99_ms", "latency, ms (p50 dashed, p99 solid)"),
-        ("peak_mib", "peak MiB"),
-    ]
     for workers in dict.fromkeys(r["workers"] for r in report["rows"]):
         rows = [r for r in report["rows"] if r["workers"] == workers]
-        depths = [r["max_pending"] for r in rows]
-        at = next(i for i, r in enumerate(rows) if r["knee"])
-        for ax, (key, _) in zip(axes, panels, strict=True):
-            if rows[0][key] is None:
-                continue
-            (line,) = ax.plot(depths, [r[key] for r in rows], "o-", label=f"cpu_workers={workers}")
-            ax.plot(depths[at], rows[at][key], "*", ms=16, color=line.get_color(), mec="black")
-            if key == "p99_ms":
-                ax.plot(depths, [r["p50_ms"] for r in rows], "o--", color=line.get_color(), alpha=0.6)
-            ax.axvline(depths[at], color=line.get_color(), ls=":", lw=1)
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    for ax, (key, label) in zip(axes, panels, strict=True):
+        _plot_curves(axes, rows, f"cpu_workers={workers}")
+    _style(axes, report)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_curves(axes: Any, rows: list[dict[str, Any]], label: str) -> None:
+    """One worker count: a line per panel, the knee starred and a dotted line through it."""
+    depths = [r["max_pending"] for r in rows]
+    at = next(i for i, r in enumerate(rows) if r["knee"])
+    for ax, (key, _) in zip(axes, _PANELS, strict=True):
+        if rows[0][key] is None:  # a workload without per-item futures has no latency
+            continue
+        (line,) = ax.plot(depths, [r[key] for r in rows], "o-", label=label)
+        color = line.get_color()
+        ax.plot(depths[at], rows[at][key], "*", ms=16, color=color, mec="black", zorder=3)
+        ax.axvline(depths[at], color=color, ls=":", lw=1)
+        if key == "items_per_s":
+            reps = [r["items_per_s_reps"] for r in rows]
+            ax.fill_between(depths, [min(v) for v in reps], [max(v) for v in reps], color=color, alpha=0.15)
+        if key == "p99_ms":
+            ax.plot(depths, [r["p50_ms"] for r in rows], "o--", color=color, alpha=0.6)
+
+
+def _style(axes: Any, report: dict[str, Any]) -> None:
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for ax, (key, label) in zip(axes, _PANELS, strict=True):
         ax.set_ylabel(label)
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
         if key == "p99_ms":
             ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.yaxis.set_minor_formatter(NullFormatter())
         else:
             ax.set_ylim(0, ax.get_ylim()[1] * 1.08)  # room above the top point and its star
+    rec = report["recommended"]
     axes[0].legend(title="star: knee", loc="lower right")
-    axes[-1].set_xlabel("max_pending (queue depth)")
+    axes[0].set_title(
+        f"recommended: cpu_workers={rec['cpu_workers']}, max_pending={rec['max_pending']}", fontsize=10
+    )
     depths = sorted({r["max_pending"] for r in report["rows"]})
     axes[-1].set_xticks(depths, [str(d) for d in depths])
+    axes[-1].set_xlabel("max_pending (queue depth)")
     m = report["machine"]
-    fig.suptitle(
-        f"schedsvc tune {report['workload']}: {report['items']} items, {_runs(report['reps'])}\n"
-        f"{m['cpus']} CPUs, {m['platform']}",
+    axes[0].figure.suptitle(
+        f"schedsvc tune {report['workload']}: {report['items']} items, {_runs(report['reps'])}; "
+        f"{m['cpus']} CPUs, load average {_loads(m)}\n{m['platform']}, BLAS at 1 thread",
         fontsize=10,
     )
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # -- the command ------------------------------------------------------------------------------------
@@ -676,6 +721,9 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise TuneError("--reps must be at least 1")
     if args.items is not None and args.items < 1:
         raise TuneError("--items must be at least 1")
+    for flag, path in (("--out", args.out), ("--json", args.json), ("--plot", args.plot)):
+        if path and path != "-" and not Path(path).resolve().parent.is_dir():
+            raise TuneError(f"{flag} {path}: the directory {str(Path(path).parent)!r} does not exist")
     workload = load_workload(args.workload)
     items = args.items or DEFAULT_ITEMS.get(args.workload, USER_DEFAULT_ITEMS)
     depths = _ints(args.depths, DEFAULT_DEPTHS, "--depths")

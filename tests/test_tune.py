@@ -296,6 +296,14 @@ def test_a_user_coroutine_is_swept_without_latency(
             """,
             "failed tasks: RuntimeError: kaput",
         ),
+        (
+            """
+            async def bad(eng, items):
+                raise LookupError("no data here")
+                yield
+            """,
+            "at cpu_workers=2, max_pending=1: the workload raised LookupError: no data here",
+        ),
     ],
 )
 def test_a_user_workload_that_goes_wrong_fails_the_run_and_says_why(
@@ -306,18 +314,8 @@ def test_a_user_workload_that_goes_wrong_fails_the_run_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     user_module(tmp_path, monkeypatch, "tune_user_bad", body)
-    argv = [
-        "tune",
-        "tune_user_bad:bad",
-        "--depths",
-        "1",
-        "--items",
-        "2",
-        "--reps",
-        "1",
-        "--out",
-        str(tmp_path / "x.toml"),
-    ]
+    argv = ["tune", "tune_user_bad:bad", "--depths", "1", "--workers", "2", "--items", "2", "--reps", "1"]
+    argv += ["--out", str(tmp_path / "x.toml")]
     assert main(argv) == 1
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.toml").exists()
@@ -372,6 +370,10 @@ def test_a_bad_spec_names_what_is_wrong(
         (["--workers", "2,-1"], "--workers must be positive"),
         (["--reps", "0"], "--reps must be at least 1"),
         (["--items", "0"], "--items must be at least 1"),
+        (
+            ["--plot", "/nonexistent-dir/t.png"],
+            "--plot /nonexistent-dir/t.png: the directory '/nonexistent-dir'",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(
