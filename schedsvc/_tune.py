@@ -6,9 +6,15 @@ times (the repetitions interleave the settings, so machine noise hits them
 alike), plus one more pass under ``tracemalloc`` for memory.  BLAS is held at
 one thread, so that parallel speed-up comes from the engine.
 
-A workload is an async generator ``workload(eng, items)`` that submits its
-items and yields, per item, the Future (or Tensor) of the item's last task as
-soon as it is submitted.  Figures per setting:
+A workload is an async generator ``workload(eng, items)`` that submits
+``items`` items and yields, per item, the Future (or Tensor) of the item's
+last task as soon as it is submitted; a pipeline whose results come back as
+values (``eng.map``) yields instead, per finished item, the
+``time.perf_counter()`` at which that item started.  A plain ``async def``
+that returns nothing is timed as a whole (throughput and memory, no latency).
+Built-in: ``chain``, ``fanout``, ``mlp``, ``pipeline``; a user's
+``module:function`` is imported (the working directory first).  Figures per
+setting:
 
 throughput  items (and tasks) finished per second, wall clock from the first
             item's submission to the moment the loop learns the last is final
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import functools
 import gc
 import importlib
@@ -38,7 +45,6 @@ import platform
 import statistics
 import sys
 import time
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,16 +133,22 @@ async def fanout(eng: ss.Engine, items: int) -> AsyncIterator[ss.Future[Any]]:
         yield await eng.submit(_reduce, *parts)
 
 
-_compiled_mlps: weakref.WeakKeyDictionary[ss.Engine, Any] = weakref.WeakKeyDictionary()
+#: What a built-in workload keeps from the warm-up to the timed runs of one setting (one engine).
+_setting_state: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "schedsvc_tune_setting", default=None
+)
 
 
 def _mlp_for(eng: ss.Engine) -> Any:
-    """The compiled MLP of this engine: the warm-up traces it, the timed run replays it."""
+    """The compiled MLP: the warm-up traces it, the timed run replays it."""
     from ._bench.tensor import make_mlp, mlp_weights
 
-    net = _compiled_mlps.get(eng)
+    state = _setting_state.get()
+    net = None if state is None else state.get("mlp")
     if net is None:
-        net = _compiled_mlps[eng] = eng.compile(make_mlp(mlp_weights()), name="mlp")
+        net = eng.compile(make_mlp(mlp_weights()), name="mlp")
+        if state is not None:
+            state["mlp"] = net
     return net
 
 
@@ -235,7 +247,7 @@ def _import_attr(spec: str, module_name: str, attr: str) -> Any:
 def _check_workload(spec: str, fn: Any) -> None:
     if not (inspect.isasyncgenfunction(fn) or inspect.iscoroutinefunction(fn)):
         raise TuneError(
-            f"workload {spec!r} is a {type(fn).__name__}, not an async function; write "
+            f"workload {spec!r} must be an async function, got {type(fn).__name__}; write "
             "'async def workload(eng, items)' that yields each item's last Future"
         )
     try:
@@ -317,6 +329,7 @@ class _Run:
 async def _one_run(fn: Workload, items: int, workers: int, depth: int, traced: bool) -> _Run:
     import schedsvc as ss
 
+    _setting_state.set({})  # this coroutine's own context: gone with asyncio.run
     async with ss.Engine(cpu_workers=workers, max_pending=depth) as eng:
         await _checked(fn, eng, WARM_ITEMS, _Recorder())
         gc.collect()
@@ -724,6 +737,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
     for flag, path in (("--out", args.out), ("--json", args.json), ("--plot", args.plot)):
         if path and path != "-" and not Path(path).resolve().parent.is_dir():
             raise TuneError(f"{flag} {path}: the directory {str(Path(path).parent)!r} does not exist")
+    if ":" in args.workload and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # 'module:function' from where the command runs, as uvicorn does
     workload = load_workload(args.workload)
     items = args.items or DEFAULT_ITEMS.get(args.workload, USER_DEFAULT_ITEMS)
     depths = _ints(args.depths, DEFAULT_DEPTHS, "--depths")

@@ -222,6 +222,7 @@ def test_without_matplotlib_the_plot_says_how_to_install_it_and_the_rest_is_done
 
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> None:
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # tune may add the working directory: undo it
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, name, raising=False)
 
@@ -250,6 +251,22 @@ def test_a_user_async_generator_is_swept_with_latency(
     for r in report["rows"]:
         assert r["tasks_per_s"] == pytest.approx(2 * r["items_per_s"])
         assert 0 < r["p50_ms"] <= r["p99_ms"]
+
+
+def test_a_user_module_is_found_in_the_working_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tune_user_cwd.py").write_text(
+        "import numpy as np\n\n"
+        "async def ones(eng, items):\n"
+        "    for _ in range(items):\n"
+        "        yield await eng.submit(np.ones, 4)\n"
+    )
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "tune_user_cwd", raising=False)
+    monkeypatch.chdir(tmp_path)
+    report = tune(capsys, tmp_path, "tune_user_cwd:ones", "--depths", "1", "--items", "3", "--workers", "1")
+    assert report["rows"][0]["items_per_s"] > 0
 
 
 def test_a_user_coroutine_is_swept_without_latency(
@@ -329,8 +346,8 @@ def test_a_user_workload_that_goes_wrong_fails_the_run_and_says_why(
         (":fn", "must be 'module:function'"),
         ("tune_spec_missing_module:fn", "cannot import module 'tune_spec_missing_module'"),
         ("tune_spec:missing", "module 'tune_spec' has no attribute 'missing'"),
-        ("tune_spec:plain", "is a function, not an async function"),
-        ("tune_spec:CONSTANT", "is a int, not an async function"),
+        ("tune_spec:plain", "must be an async function, got function"),
+        ("tune_spec:CONSTANT", "must be an async function, got int"),
         ("tune_spec:one_arg", "must take (eng, items)"),
     ],
 )
