@@ -10,7 +10,7 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Coroutine, Iterable, Iterator, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -287,6 +287,35 @@ class Engine:
         except asyncio.CancelledError:
             rt.under_lock(core.withdraw, token)
             raise
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        source: Iterable[Any] | AsyncIterable[Any],
+        /,
+        *,
+        max_inflight: int | None = None,
+        ordered: bool = True,
+        device: str | None = None,
+        **options: Any,
+    ) -> AsyncGenerator[T, None]:
+        """Run ``fn(item)`` as a task per item of ``source``; an async generator of the results.
+
+        ``source`` is an iterable or an async iterable; an item that is a
+        Future or Tensor (say, from another stage) is a dependency, as in
+        ``submit``.  At most ``max_inflight`` items (default: twice the
+        device's workers) are submitted and not yet yielded: the source is
+        pulled ahead, concurrently, up to that window.  Results come in source
+        order (``ordered=True``) or as they finish; an item's error, and the
+        source's, is raised at its place in that order.
+        When the generator ends early (an error, ``aclose()``, a cancelled
+        consumer), unstarted tasks are cancelled and a generator source is
+        closed.  ``options`` (``priority``, ``name``, ``nbytes``, ...) go to
+        ``submit``.
+        """
+        from ._pipeline import pipeline
+
+        return pipeline(self, fn, source, max_inflight, ordered, device, options)
 
     @contextlib.contextmanager
     def trace(self, path: str | os.PathLike[str], *, max_spans: int = 2_000_000) -> Iterator[Timeline]:

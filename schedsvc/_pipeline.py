@@ -1,0 +1,215 @@
+"""``eng.map``: an async generator that runs ``fn(item)`` as a task per item, a window at a time.
+
+Two coroutines share one ``_Pipeline``.  The *feeder* (an asyncio task of its
+own) takes a slot of the window, pulls the next item from the source, submits
+``fn(item)`` through the engine's normal admission, and repeats; the
+*consumer* (the generator body, running in whoever iterates it) hands the
+results out and gives each slot back as it yields.  So the source is pulled
+ahead, concurrently with the work and with the consumer, but never more than
+``max_inflight`` items past what was yielded: a slow async source overlaps the
+compute instead of adding to it, and memory stays bounded even when the
+consumer is slow.
+
+The feeder talks to the consumer through one queue of events, in the order
+the consumer must see them: submitted futures (ordered) or finished ones (as
+completed), then the end of the source or the error that stopped the feeder.
+A background task rather than a task group: a cancel scope must not span the
+``yield`` of a generator, so the feeder is cancelled and awaited explicitly
+when the generator ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._core import name_of
+from ._errors import InvalidTask
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+    from ._future import Future
+
+__all__ = ["pipeline"]
+
+T = TypeVar("T")
+
+
+class _End:
+    """The feeder's last event when the source is exhausted."""
+
+
+_END = _End()
+
+
+class _Failure:
+    """The feeder's last event when pulling or submitting raised: the consumer raises ``error``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def pipeline(
+    engine: Engine,
+    fn: Callable[..., T],
+    source: Iterable[Any] | AsyncIterable[Any],
+    max_inflight: int | None,
+    ordered: bool,
+    device: str | None,
+    options: dict[str, Any],
+) -> AsyncGenerator[T, None]:
+    """Check the arguments now (not at the first ``__anext__``) and return the generator."""
+    rt = engine._running()
+    if not callable(fn):
+        raise InvalidTask(f"eng.map() needs a callable first, got {type(fn).__name__} {fn!r}")
+    device = engine._device(device)
+    window = 2 * rt.devices[device].size if max_inflight is None else _checked_window(max_inflight)
+    items = _iterator(source)
+    return _Pipeline(engine, fn, items, window, ordered, {"device": device, **options}).results()
+
+
+def _checked_window(max_inflight: Any) -> int:
+    if isinstance(max_inflight, bool) or not isinstance(max_inflight, int):
+        raise TypeError(
+            f"max_inflight must be an int >= 1 (tasks submitted and not yet yielded), "
+            f"got {type(max_inflight).__name__} {max_inflight!r}"
+        )
+    if max_inflight < 1:
+        raise ValueError(
+            f"max_inflight must be >= 1 (tasks submitted and not yet yielded), got {max_inflight}; "
+            "leave it out for twice the device's workers"
+        )
+    return max_inflight
+
+
+def _iterator(source: Any) -> Iterator[Any] | AsyncIterator[Any]:
+    if isinstance(source, AsyncIterable):
+        return aiter(source)
+    if isinstance(source, Iterable):
+        return iter(source)
+    raise TypeError(f"eng.map() needs an iterable or an async iterable of items, got {type(source).__name__}")
+
+
+def _split(items: Iterator[Any] | AsyncIterator[Any]) -> tuple[AsyncIterator[Any] | None, Iterator[Any]]:
+    """``(items, empty)`` for an async source, ``(None, items)`` for a sync one."""
+    if isinstance(items, AsyncIterator):
+        return items, iter(())
+    return None, items
+
+
+class _Pipeline(Generic[T]):
+    """The state the feeder and the consumer of one ``eng.map`` share (both on the event loop)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        fn: Callable[..., T],
+        items: Iterator[Any] | AsyncIterator[Any],
+        window: int,
+        ordered: bool,
+        options: dict[str, Any],
+    ) -> None:
+        self.engine = engine
+        self.fn = fn
+        self.items = items
+        self.window = window
+        self.ordered = ordered
+        self.options = options
+        # submitted and not yet yielded, oldest first: what is cancelled if the consumer stops
+        self.live: dict[Future[T], None] = {}
+        self.ended = False  # the consumer has seen _END
+        self.feeder: asyncio.Task[None] | None = None
+        self.slots: asyncio.Semaphore
+        self.events: asyncio.Queue[Future[T] | _End | _Failure]
+
+    # -- the consumer ------------------------------------------------------------
+
+    async def results(self) -> AsyncGenerator[T, None]:
+        """The generator ``eng.map`` returns: results in source order, or as they complete."""
+        self.slots = asyncio.Semaphore(self.window)
+        self.events = asyncio.Queue()
+        self.feeder = asyncio.create_task(self.feed(), name=f"eng.map feeder of {name_of(self.fn)}")
+        try:
+            while (fut := await self.next_future()) is not None:
+                value = await fut  # raises the task's own exception at its place in the order
+                del self.live[fut]
+                self.slots.release()  # before yielding: the feeder refills while the consumer works
+                yield value
+        finally:
+            await self.stop()
+
+    async def next_future(self) -> Future[T] | None:
+        """The next future to yield (submitted, or finished if unordered); None at the end."""
+        while not (self.ended and not self.live):
+            event = await self.events.get()
+            if isinstance(event, _Failure):
+                raise event.error
+            if isinstance(event, _End):
+                self.ended = True
+                continue
+            return event
+        return None
+
+    async def stop(self) -> None:
+        """Cancel the feeder and every task not yet yielded that has not started."""
+        self.cancel_live()  # first: queued tasks must not start while the feeder winds down
+        feeder = self.feeder
+        if feeder is None:
+            return
+        try:
+            if not feeder.done():
+                feeder.cancel()
+                await asyncio.wait([feeder])
+        finally:
+            self.cancel_live()  # a source that swallowed the cancellation may have let it submit more
+        if not feeder.cancelled() and (error := feeder.exception()) is not None:
+            raise error  # closing the source failed
+
+    def cancel_live(self) -> None:
+        for fut in list(self.live):
+            fut.cancel()
+
+    # -- the feeder --------------------------------------------------------------
+
+    async def feed(self) -> None:
+        """Pull and submit until the source ends; the last event says how it ended."""
+        try:
+            await self.submit_all()
+        except Exception as exc:  # the source's or submit's error, delivered at its place in the order
+            self.events.put_nowait(_Failure(exc))
+        except BaseException as exc:  # cancelled (by the consumer, or by whoever cancelled us)
+            self.events.put_nowait(_Failure(exc))
+            raise
+        else:
+            self.events.put_nowait(_END)
+        finally:
+            await self.close_source()
+
+    async def submit_all(self) -> None:
+        engine, fn, options, live, events = self.engine, self.fn, self.options, self.live, self.events
+        completed = events.put_nowait
+        async_items, sync_items = _split(self.items)
+        while True:
+            await self.slots.acquire()  # a slot before pulling: never hold an item we cannot submit
+            # a sync source is iterated on the loop, like any code of the caller's
+            item = await anext(async_items, _END) if async_items is not None else next(sync_items, _END)
+            if item is _END:
+                return
+            fut: Future[T] = await engine.submit(fn, item, **options)
+            live[fut] = None
+            if self.ordered:
+                events.put_nowait(fut)
+            else:
+                fut.add_done_callback(completed)
+
+    async def close_source(self) -> None:
+        """A generator source left early (an error, a break, a cancel) runs its cleanup now."""
+        items = self.items  # only generators: a file or another iterator object stays the caller's
+        if isinstance(items, types.AsyncGeneratorType):
+            await items.aclose()
+        elif isinstance(items, types.GeneratorType):
+            items.close()
