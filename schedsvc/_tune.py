@@ -583,7 +583,7 @@ def _loads(machine: dict[str, Any]) -> str:
     return " -> ".join(_fmt(v, ".2f") for v in machine.get("load_average", [None]))
 
 
-def toml_text(report: dict[str, Any]) -> str:
+def toml_text(report: dict[str, Any], path: str = "<this file>") -> str:
     """The recommended settings as TOML for ``Config.from_file``, with the figures in comments."""
     rec, m = report["recommended"], report["machine"]
     row = next(
@@ -601,7 +601,7 @@ def toml_text(report: dict[str, Any]) -> str:
         f"{report['knee_tolerance']:.0%} of the best ({best:,.0f} items/s) with cpu_workers={rec['cpu_workers']};",
         f"# there p50/p99 latency {_fmt(row['p50_ms'], '.3g')}/{_fmt(row['p99_ms'], '.3g')} ms, "
         f"peak memory {row['peak_mib']:.2f} MiB.",
-        '# Load with ss.Config.from_file("<this file>"); SCHEDSVC_* variables and keywords still win.',
+        f"# Load with ss.Config.from_file({path!r}); SCHEDSVC_* variables and keywords still win.",
         "#",
         "# workers  max_pending   items/s    p50 ms    p99 ms  peak MiB",
     ]
@@ -803,7 +803,7 @@ def _write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
     quiet = args.json == "-"
     notes = Console(stderr=quiet, highlight=False)
     if args.out:
-        Path(args.out).write_text(toml_text(report))
+        Path(args.out).write_text(toml_text(report, args.out))
     if report["plot"]:
         plot(report, report["plot"])
     if quiet:

@@ -138,6 +138,7 @@ def test_the_toml_round_trips_through_config_from_file(
     report = tune(capsys, tmp_path, "mlp", "--depths", "2,8", "--items", "4", "--workers", "1")
     text = (tmp_path / "tune.toml").read_text()
     assert "# schedsvc tune mlp" in text and "CPUs" in text and "<- knee" in text
+    assert f"ss.Config.from_file({str(tmp_path / 'tune.toml')!r})" in text
     config = ss.Config.from_file(tmp_path / "tune.toml")
     assert config.cpu_workers == report["recommended"]["cpu_workers"] == 1
     assert config.max_pending == report["recommended"]["max_pending"]
