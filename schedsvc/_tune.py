@@ -699,9 +699,18 @@ def register(sub: Any) -> None:
     tune.add_argument("--depths", help="comma-separated max_pending values (default 1,2,4,...,1024)")
     tune.add_argument("--workers", help="comma-separated cpu_workers values (default: the configured one)")
     tune.add_argument("--items", type=int, help="items per run (default: the workload's own)")
-    tune.add_argument("--reps", type=int, default=3, help="timed runs per setting (median reported)")
+    tune.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="timed runs per setting, interleaved; the median is reported (default 3)",
+    )
     tune.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout only)")
-    tune.add_argument("--out", default="schedsvc-tune.toml", help="recommended settings (TOML)")
+    tune.add_argument(
+        "--out",
+        default="schedsvc-tune.toml",
+        help="write the recommended settings here as TOML (default schedsvc-tune.toml; '' to skip)",
+    )
     tune.add_argument("--plot", metavar="PNG", help="draw throughput, latency and memory against depth")
     tune.set_defaults(run=run)
 
