@@ -51,7 +51,7 @@ class Engine:
         if config is None:
             config = Config(**overrides)
         elif overrides:
-            config = Config(**{**config.model_dump(), **overrides})
+            config = config.replace(**overrides)
         self.config = config
         self._rt: Runtime | None = None
         self._state = "new"

@@ -332,3 +332,11 @@ def test_replace_validates_and_ignores_a_changed_environment(monkeypatch: pytest
     monkeypatch.setenv("SCHEDSVC_CPU_WORKERS", "7")  # set after config was made: not read again
     assert config.replace(max_pending=3).cpu_workers == config.cpu_workers
     assert config.replace() is config
+
+
+def test_engine_keywords_keep_the_sources_of_the_config(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "cpu_workers = 3\n")
+    eng = ss.Engine(ss.Config.from_file(path), max_pending=7)  # not started: no threads
+    assert (eng.config.cpu_workers, eng.config.max_pending) == (3, 7)
+    sources = eng.config.sources()
+    assert (sources["cpu_workers"], sources["max_pending"]) == (f"file {path}", "keyword")
