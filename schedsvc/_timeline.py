@@ -5,9 +5,10 @@ whole life) records every task that finishes meanwhile: a span on the track of
 the thread that ran it (one track per CPU worker, plus any thread that ran a
 task inline), with its name, argument shapes and outcome; a flow arrow for
 every dependency edge the scheduler made (data and buffer hazards), from the
-end of the parent's span to the start of the child's; and counter tracks of
+parent's span to the child's; and counter tracks of
 pending tasks and pending bytes, sampled at every scheduling event.  The file
-opens in https://ui.perfetto.dev and ``chrome://tracing``.
+opens in https://ui.perfetto.dev, ``chrome://tracing`` and the Performance
+panel of Chrome's DevTools (which shows spans and arrows, not counters).
 
 Recording keeps raw tuples (a few references per task) and formats them only
 when the trace is written; with no trace active the hot path pays one
@@ -94,7 +95,7 @@ class Timeline:
             {"ph": "M", "name": "process_name", "pid": _PID, "tid": 0, "args": {"name": "schedsvc"}}
         ]
         tids: dict[Any, int] = {}
-        ends: dict[int, tuple[int, float, float]] = {}  # seq -> (tid, start, end) in us
+        starts: dict[int, tuple[int, float]] = {}  # seq -> (tid, span start in us)
         for seq, name, ident, start, end, shapes, error in self.spans:
             tid = tids.get(ident)
             if tid is None:
@@ -130,21 +131,22 @@ class Timeline:
                     "args": args,
                 }
             )
-            ends[seq] = (tid, ts, ts + dur)
+            starts[seq] = (tid, ts)
         for i, (parent, child) in enumerate(dict.fromkeys(self.edges)):  # an input passed twice: one arrow
-            a, b = ends.get(parent), ends.get(child)
+            a, b = starts.get(parent), starts.get(child)
             if a is None or b is None:  # one side did not run while tracing (cancelled, failed input)
                 continue
-            # the start binds to the parent's slice just before its end, the finish to the child's start
+            # each end sits at its span's start with the span's cat: DevTools binds a flow only to a
+            # span with equal pid, tid, cat and ts; Perfetto and chrome://tracing take the enclosing one
             events.append(
                 {
                     "ph": "s",
                     "name": "dep",
-                    "cat": "dep",
+                    "cat": "task",
                     "id": i,
                     "pid": _PID,
                     "tid": a[0],
-                    "ts": max(a[1], a[2] - 0.001),
+                    "ts": a[1],
                 }
             )
             events.append(
@@ -152,7 +154,7 @@ class Timeline:
                     "ph": "f",
                     "bp": "e",
                     "name": "dep",
-                    "cat": "dep",
+                    "cat": "task",
                     "id": i,
                     "pid": _PID,
                     "tid": b[0],

@@ -28,6 +28,17 @@ def spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["ph"] == "X"]
 
 
+def bound_span(events: list[dict[str, Any]], flow: dict[str, Any]) -> dict[str, Any]:
+    """The span a flow end binds to.  Chrome's DevTools binds only a span with the same pid, tid, cat and
+    exactly the same ts; Perfetto and chrome://tracing bind the span enclosing ts, which that one is."""
+    (span,) = [
+        s
+        for s in spans(events)
+        if (s["pid"], s["tid"], s["cat"], s["ts"]) == (flow["pid"], flow["tid"], flow["cat"], flow["ts"])
+    ]
+    return span
+
+
 def check_well_formed(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Every span closed, every flow matched and bound to spans, every track named; spans by task number."""
     named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -45,12 +56,7 @@ def check_well_formed(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]
     for i, start in starts.items():
         finish = finishes[i]
         assert finish["bp"] == "e"
-        parent = next(
-            s
-            for s in spans(events)
-            if s["tid"] == start["tid"] and s["ts"] <= start["ts"] <= s["ts"] + s["dur"]
-        )
-        child = next(s for s in spans(events) if s["tid"] == finish["tid"] and s["ts"] == finish["ts"])
+        parent, child = bound_span(events, start), bound_span(events, finish)
         # a dependent starts only after its parent ended: their spans never overlap
         assert parent["ts"] + parent["dur"] <= child["ts"], (parent, child)
     return by_task
@@ -91,12 +97,8 @@ async def test_a_traced_run_is_well_formed_and_dependents_never_overlap(tmp_path
         if s["ph"] == "s"
         for f in events
         if f["ph"] == "f" and f["id"] == s["id"]
-        for p in [
-            next(
-                x for x in spans(events) if x["tid"] == s["tid"] and x["ts"] <= s["ts"] <= x["ts"] + x["dur"]
-            )
-        ]
-        for c_ in [next(x for x in spans(events) if x["tid"] == f["tid"] and x["ts"] == f["ts"])]
+        for p in [bound_span(events, s)]
+        for c_ in [bound_span(events, f)]
     }
     assert {(a.seq, b.seq), (b.seq, c.seq), (w1.seq, r1.seq), (r1.seq, w2.seq)} <= edges
     # the counter tracks go up with submissions and end at zero
