@@ -342,7 +342,7 @@ async def profile(s: Sizes) -> Result:
                 for _ in range(s.trace_chain):
                     link = eng.submit_nowait(np.add, link, 1, name="chain")
                 await eng.waitall()
-            recorded = len(timeline.spans)
+            recorded = timeline.recorded
         size = os.path.getsize(path)
         with open(path, encoding="utf-8") as fh:
             events = json.load(fh)["traceEvents"]

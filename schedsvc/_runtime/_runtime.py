@@ -116,7 +116,7 @@ class Runtime:
         core = self.core
         timeline = self.timeline
         if timeline is not None:  # Timeline.sample, inlined: this runs at every scheduling event
-            timeline.counters.append((time.perf_counter(), core.pending, core.pending_bytes))
+            timeline.counters.extend((time.perf_counter(), core.pending, core.pending_bytes))
         wakes: list[Callable[[], None]] | None = None  # hot path: most calls route nothing
         if core.out:
             wakes = []

@@ -221,3 +221,23 @@ async def test_spans_past_max_spans_are_counted_not_kept(tmp_path: Path) -> None
     check_well_formed(doc["traceEvents"])
     assert len(spans(doc["traceEvents"])) == 3
     assert doc["otherData"]["spans"] == 3 and doc["otherData"]["spans_dropped"] == 2
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 7, 10_000])
+async def test_the_file_holds_every_event_whatever_the_write_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """The writer joins json.dumps chunks by hand: each chunking gives the same document."""
+    from schedsvc import _timeline
+
+    monkeypatch.setattr(_timeline, "_CHUNK", chunk)
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=2) as eng:
+        with eng.trace(path) as timeline:
+            x = eng.submit_nowait(np.ones, (3, 4))
+            await within(eng.submit(operator.add, x, 1.0))
+            await within(eng.waitall())
+    doc = json.loads(path.read_text())
+    assert doc["traceEvents"] == json.loads(json.dumps(timeline.events()))
+    assert doc["otherData"] == {"producer": "schedsvc", "spans": 2, "spans_dropped": 0}
+    assert [s[5] for s in timeline.spans] == [None, ((3, 4),)]  # the (seq, ..., shapes, error) tuples
