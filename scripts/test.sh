@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 install_into_venv "[test]"
 echo "== ruff"
-.venv/bin/ruff check schedsvc tests scripts
-.venv/bin/ruff format --check schedsvc tests scripts
+.venv/bin/ruff check schedsvc tests scripts examples
+.venv/bin/ruff format --check schedsvc tests scripts examples
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"

@@ -1,0 +1,26 @@
+"""The examples the README shows run and print what the README says."""
+
+from __future__ import annotations
+
+import asyncio
+import runpy
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_tour_prints_what_the_readme_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # it writes run.json
+    runpy.run_path(str(EXAMPLES / "tour.py"), run_name="__main__")
+    assert capsys.readouterr().out.splitlines() == ["0.05", "[5. 5.] 0.049958", "[5.0, 10.0]"]
+    assert (tmp_path / "run.json").stat().st_size > 0
+
+
+def test_three_stage_pipeline_equals_the_sequential_loop() -> None:
+    module = runpy.run_path(str(EXAMPLES / "pipeline.py"))
+    expected = [module["postprocess"](module["compute"](module["load"](i))) for i in range(6)]
+    assert asyncio.run(asyncio.wait_for(module["main"](6), 60)) == expected
