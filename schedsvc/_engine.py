@@ -75,6 +75,7 @@ class Engine:
             )
         for name in self.config.devices:
             check_device(name)
+        timeline = None if self.config.trace_path is None else Timeline(self.config.trace_path)
         core = Scheduler(
             max_pending=self.config.max_pending,
             max_pending_bytes=self.config.max_pending_bytes,
@@ -88,8 +89,8 @@ class Engine:
             device.start()
         self._rt = rt
         self._state = "running"
-        if self.config.trace_path is not None:  # the engine's whole life, written at aclose()
-            self._attach(rt, Timeline(self.config.trace_path))
+        if timeline is not None:  # the engine's whole life, written at aclose()
+            self._attach(rt, timeline)
         return self
 
     async def aclose(self, *, cancel_pending: bool = False) -> None:
@@ -327,6 +328,8 @@ class Engine:
         pending tasks and bytes.  Tasks that finish inside the block are
         recorded: await the work (``await eng.waitall()``) before leaving it.
         Spans past ``max_spans`` are counted, not kept (about 200 bytes each).
+        A path whose directory is missing or not writable raises
+        ``FileNotFoundError`` or ``PermissionError`` here, before recording.
         """
         rt = self._running()
         timeline = Timeline(path, max_spans)

@@ -48,6 +48,15 @@ class Timeline:
 
     def __init__(self, path: str | os.PathLike[str], max_spans: int = 2_000_000) -> None:
         self.path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):  # say so now, not after a long recording
+            raise FileNotFoundError(
+                f"cannot write a trace to {self.path!r}: there is no directory {folder!r}"
+            )
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(
+                f"cannot write a trace to {self.path!r}: directory {folder!r} is not writable"
+            )
         self.t0 = time.perf_counter()
         self.max_spans = max_spans  # a whole-life trace of a long-running service stays bounded
         self.dropped = 0  # spans not kept past max_spans

@@ -241,3 +241,18 @@ async def test_the_file_holds_every_event_whatever_the_write_chunk(
     assert doc["traceEvents"] == json.loads(json.dumps(timeline.events()))
     assert doc["otherData"] == {"producer": "schedsvc", "spans": 2, "spans_dropped": 0}
     assert [s[5] for s in timeline.spans] == [None, ((3, 4),)]  # the (seq, ..., shapes, error) tuples
+
+
+async def test_a_path_that_cannot_be_written_fails_before_recording(tmp_path: Path) -> None:
+    missing = tmp_path / "no such dir" / "run.json"
+    async with ss.Engine(cpu_workers=1) as eng:
+        with pytest.raises(FileNotFoundError, match="no such dir"), eng.trace(missing):
+            pytest.fail("the block must not run")
+        assert await within(eng.run(operator.add, 1, 2)) == 3  # and the engine keeps serving
+        with eng.trace(tmp_path / "run.json"):  # no trace was left attached
+            pass
+    engine = ss.Engine(cpu_workers=1, trace_path=str(missing))
+    with pytest.raises(FileNotFoundError, match="no such dir"):
+        await within(engine.start())
+    with pytest.raises(ss.EngineClosed):  # nothing started, nothing to close
+        engine.submit_nowait(operator.add, 1, 2)
