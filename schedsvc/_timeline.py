@@ -38,9 +38,9 @@ __all__ = ["Timeline"]
 _PID = 1
 _ndarray = np.ndarray
 _MAX_SHAPES = 8  # argument shapes listed per span
-_MAX_SHAPE_LISTS = 4096  # distinct shape lists shared between spans
+_SPAN = 7  # values recorded per span
+_MAX_INTERNED = 4096  # distinct shape lists (and names) shared between spans
 _CHUNK = 8192  # events per json.dumps call when writing
-_FIELDS = ("seq", "name", "ident", "start", "end", "shapes", "error")  # a span's values, in order
 
 
 class Timeline:
@@ -60,16 +60,19 @@ class Timeline:
         self.t0 = time.perf_counter()
         self.max_spans = max_spans  # a whole-life trace of a long-running service stays bounded
         self.dropped = 0  # spans not kept past max_spans
-        # _FIELDS values per span, flat: ints, floats and strings only, so recording allocates
-        # nothing the garbage collector keeps scanning (a tuple per span made tracing 40% dearer)
+        # Seven values per span, flat (seq, name, track, start, end, shapes, error): references to
+        # objects that exist anyway, so recording allocates nearly nothing for the garbage collector
+        # to scan (a tuple per span made tracing 40% dearer; array('d') converts each value slowly)
         self._records: list[Any] = []
-        self._max_values = max_spans * len(_FIELDS)
-        self.threads: dict[int, str] = {}  # ident -> track name, for the threads that ran a task
+        self._max_values = max_spans * _SPAN
+        self._tracks: dict[int, int] = {}  # thread ident -> track number (1, 2, ...)
+        self.track_names: list[str] = []  # track number - 1 -> its name
         self.loop_thread: int | None = None  # the event loop's thread: its track is the inline runs
         self.edges: list[tuple[int, int]] = []  # (parent seq, child seq), appended by the scheduler
         #: time, pending tasks, pending bytes, ...: three values per scheduling event, flat
         self.counters: list[float | int] = []
         self._shapes: dict[Any, Any] = {}  # one tuple per distinct shape list, shared by spans
+        self._names: dict[str, str] = {}  # one string per function name (a ufunc makes a new one per call)
 
     # -- recording (hot path while tracing) -----------------------------------------
 
@@ -95,11 +98,11 @@ class Timeline:
                     shapes += (shape,)
         if shapes is not None:
             known = self._shapes
-            if len(known) < _MAX_SHAPE_LISTS:
+            if len(known) < _MAX_INTERNED:
                 shapes = known.setdefault(shapes, shapes)  # the new tuples die young
-        ident = get_ident()
-        if ident not in self.threads:
-            self.threads[ident] = _track_name(ident == self.loop_thread)
+        track = self._tracks.get(get_ident())
+        if track is None:
+            track = self._new_track()
         name = task.name
         if name is None:  # name_of, inlined
             try:
@@ -108,7 +111,16 @@ class Timeline:
                 name = None
             if type(name) is not str:
                 name = None
-        records.extend((task.seq, name, ident, start, end, shapes, error))
+            elif len(self._names) < _MAX_INTERNED:
+                name = self._names.setdefault(name, name)
+        records.extend((task.seq, name, track, start, end, shapes, error))
+
+    def _new_track(self) -> int:
+        """The calling thread's first span: give it a track, named after the thread."""
+        ident = get_ident()
+        self.track_names.append(_track_name(ident == self.loop_thread))
+        track = self._tracks[ident] = len(self.track_names)
+        return track
 
     def sample(self, core: Scheduler) -> None:
         """With the runtime lock held: the pending counters now (the runtime inlines this)."""
@@ -117,13 +129,13 @@ class Timeline:
     @property
     def recorded(self) -> int:
         """How many spans are kept."""
-        return len(self._records) // len(_FIELDS)
+        return len(self._records) // _SPAN
 
     @property
     def spans(self) -> list[tuple[Any, ...]]:
-        """The spans kept so far: ``(seq, name, thread ident, start, end, shapes, error)`` tuples."""
-        r, n = self._records, len(_FIELDS)
-        return [tuple(r[i : i + n]) for i in range(0, len(r), n)]
+        """The spans kept so far: ``(seq, name, track, start, end, shapes, error)`` tuples."""
+        r = self._records
+        return [tuple(r[i : i + _SPAN]) for i in range(0, len(r), _SPAN)]
 
     # -- output -----------------------------------------------------------------------
 
@@ -133,25 +145,15 @@ class Timeline:
         events: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": _PID, "tid": 0, "args": {"name": "schedsvc"}}
         ]
-        tids: dict[Any, int] = {}
+        for tid, track in enumerate(self.track_names, 1):
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": track}}
+            )
+            events.append(
+                {"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid, "args": {"sort_index": tid}}
+            )
         starts: dict[int, tuple[int, float]] = {}  # seq -> (tid, span start in us)
-        for seq, name, ident, start, end, shapes, error in self.spans:
-            tid = tids.get(ident)
-            if tid is None:
-                tid = tids[ident] = len(tids) + 1
-                track = self.threads[ident]
-                events.append(
-                    {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": track}}
-                )
-                events.append(
-                    {
-                        "ph": "M",
-                        "name": "thread_sort_index",
-                        "pid": _PID,
-                        "tid": tid,
-                        "args": {"sort_index": tid},
-                    }
-                )
+        for seq, name, tid, start, end, shapes, error in self.spans:
             ts, dur = us(start), max(round(us(end) - us(start), 3), 0.001)
             args: dict[str, Any] = {"task": seq}
             if shapes:
