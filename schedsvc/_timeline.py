@@ -23,6 +23,7 @@ import json
 import os
 import threading
 import time
+from operator import itemgetter
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,8 @@ __all__ = ["Timeline"]
 _PID = 1
 _ndarray = np.ndarray
 _MAX_SHAPES = 8  # argument shapes listed per span
-_SPAN = 7  # values recorded per span
+_SPAN = 6  # values recorded per span
+_CAP_CHECK = _SPAN * 1024  # a thread checks the span cap when its list reaches a multiple of this
 _MAX_INTERNED = 4096  # distinct shape lists (and names) shared between spans
 _CHUNK = 8192  # events per json.dumps call when writing
 
@@ -59,14 +61,14 @@ class Timeline:
             )
         self.t0 = time.perf_counter()
         self.max_spans = max_spans  # a whole-life trace of a long-running service stays bounded
-        self.dropped = 0  # spans not kept past max_spans
-        # Seven values per span, flat (seq, name, track, start, end, shapes, error): references to
+        self._dropped = 0  # spans not kept because the cap was reached
+        self._full = False  # the cap is reached: count spans, do not keep them
+        # Per thread, six values per span, flat (seq, name, start, end, shapes, error): references to
         # objects that exist anyway, so recording allocates nearly nothing for the garbage collector
-        # to scan (a tuple per span made tracing 40% dearer; array('d') converts each value slowly)
-        self._records: list[Any] = []
-        self._max_values = max_spans * _SPAN
-        self._tracks: dict[int, int] = {}  # thread ident -> track number (1, 2, ...)
-        self.track_names: list[str] = []  # track number - 1 -> its name
+        # to scan (a tuple per span made tracing 40% dearer; array('d') converts each value slowly),
+        # and no two workers write the same list (one shared list made two workers 1.4x slower)
+        self._lists: dict[int, list[Any]] = {}  # thread ident -> its spans
+        self._tracks: list[tuple[str, list[Any]]] = []  # (track name, its spans), track number - 1
         self.loop_thread: int | None = None  # the event loop's thread: its track is the inline runs
         self.edges: list[tuple[int, int]] = []  # (parent seq, child seq), appended by the scheduler
         #: time, pending tasks, pending bytes, ...: three values per scheduling event, flat
@@ -78,10 +80,12 @@ class Timeline:
 
     def span(self, task: Task, start: float, end: float, error: BaseException | None) -> None:
         """``task`` ran on this thread from ``start`` to ``end`` (perf_counter seconds)."""
-        records = self._records
-        if len(records) >= self._max_values:
-            self.dropped += 1
+        if self._full:
+            self._dropped += 1
             return
+        records = self._lists.get(get_ident())
+        if records is None:
+            records = self._new_track()
         shapes: tuple[Any, ...] | None = None
         for arg in task.args:  # hot path: one exact type check per argument
             if type(arg) is _ndarray:
@@ -100,9 +104,6 @@ class Timeline:
             known = self._shapes
             if len(known) < _MAX_INTERNED:
                 shapes = known.setdefault(shapes, shapes)  # the new tuples die young
-        track = self._tracks.get(get_ident())
-        if track is None:
-            track = self._new_track()
         name = task.name
         if name is None:  # name_of, inlined
             try:
@@ -113,14 +114,20 @@ class Timeline:
                 name = None
             elif len(self._names) < _MAX_INTERNED:
                 name = self._names.setdefault(name, name)
-        records.extend((task.seq, name, track, start, end, shapes, error))
+        records.extend((task.seq, name, start, end, shapes, error))
+        if len(records) % _CAP_CHECK == 0:  # every 1,024 spans of a thread: the cap, all threads
+            self._full = self._kept() >= self.max_spans
 
-    def _new_track(self) -> int:
-        """The calling thread's first span: give it a track, named after the thread."""
+    def _new_track(self) -> list[Any]:
+        """The calling thread's first span: a track of its own, named after the thread."""
         ident = get_ident()
-        self.track_names.append(_track_name(ident == self.loop_thread))
-        track = self._tracks[ident] = len(self.track_names)
-        return track
+        records: list[Any] = []
+        self._tracks.append((_track_name(ident == self.loop_thread), records))
+        self._lists[ident] = records
+        return records
+
+    def _kept(self) -> int:
+        return sum(len(records) for _, records in self._tracks) // _SPAN
 
     def sample(self, core: Scheduler) -> None:
         """With the runtime lock held: the pending counters now (the runtime inlines this)."""
@@ -128,14 +135,34 @@ class Timeline:
 
     @property
     def recorded(self) -> int:
-        """How many spans are kept."""
-        return len(self._records) // _SPAN
+        """How many spans are kept (at most ``max_spans``)."""
+        return min(self._kept(), self.max_spans)
+
+    @property
+    def dropped(self) -> int:
+        """How many spans were counted but not kept, past ``max_spans``."""
+        return self._dropped + max(self._kept() - self.max_spans, 0)
+
+    @property
+    def track_names(self) -> list[str]:
+        """The tracks' names, in the order of their first span (track number = index + 1)."""
+        return [name for name, _ in self._tracks]
 
     @property
     def spans(self) -> list[tuple[Any, ...]]:
-        """The spans kept so far: ``(seq, name, track, start, end, shapes, error)`` tuples."""
-        r = self._records
-        return [tuple(r[i : i + _SPAN]) for i in range(0, len(r), _SPAN)]
+        """The spans kept, by start time: ``(seq, name, track, start, end, shapes, error)`` tuples.
+
+        Threads check the cap every 1,024 spans, so a few more may be recorded; the first
+        ``max_spans`` by start time are kept.
+        """
+        spans = [
+            (r[i], r[i + 1], track, r[i + 2], r[i + 3], r[i + 4], r[i + 5])
+            for track, (_, r) in enumerate(self._tracks, 1)
+            for i in range(0, len(r), _SPAN)
+        ]
+        spans.sort(key=itemgetter(3))
+        del spans[self.max_spans :]
+        return spans
 
     # -- output -----------------------------------------------------------------------
 
@@ -145,7 +172,11 @@ class Timeline:
         events: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": _PID, "tid": 0, "args": {"name": "schedsvc"}}
         ]
+        spans = self.spans
+        used = {span[2] for span in spans}
         for tid, track in enumerate(self.track_names, 1):
+            if tid not in used:  # its spans were past the cap
+                continue
             events.append(
                 {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": track}}
             )
@@ -153,7 +184,7 @@ class Timeline:
                 {"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid, "args": {"sort_index": tid}}
             )
         starts: dict[int, tuple[int, float]] = {}  # seq -> (tid, span start in us)
-        for seq, name, tid, start, end, shapes, error in self.spans:
+        for seq, name, tid, start, end, shapes, error in spans:
             ts, dur = us(start), max(round(us(end) - us(start), 3), 0.001)
             args: dict[str, Any] = {"task": seq}
             if shapes:

@@ -256,3 +256,19 @@ async def test_a_path_that_cannot_be_written_fails_before_recording(tmp_path: Pa
         await within(engine.start())
     with pytest.raises(ss.EngineClosed):  # nothing started, nothing to close
         engine.submit_nowait(operator.add, 1, 2)
+
+
+async def test_recording_stops_soon_after_the_cap_and_keeps_the_earliest(tmp_path: Path) -> None:
+    """Threads look at the cap every 1,024 spans: past it they only count, and the file keeps the first."""
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=1, max_pending=4000) as eng:
+        with eng.trace(path, max_spans=1500) as timeline:
+            futures = [eng.submit_nowait(operator.add, i, 1) for i in range(3000)]
+            await within(eng.waitall())
+        held = sum(len(spans) for _, spans in timeline._tracks) // 6
+    assert held == 2048  # stopped at the first check past the cap: memory stays bounded
+    assert (timeline.recorded, timeline.dropped) == (1500, 1500)
+    doc = json.loads(path.read_text())
+    assert doc["otherData"] == {"producer": "schedsvc", "spans": 1500, "spans_dropped": 1500}
+    kept = sorted(s["args"]["task"] for s in spans(doc["traceEvents"]))
+    assert kept == sorted(f.seq for f in futures)[:1500]  # one worker runs them in order: the first 1,500
