@@ -38,6 +38,8 @@ from ._scan import substitute, substitute_args
 
 __all__ = ["Device", "Runtime", "current_worker"]
 
+_SPINS = 16  # GIL yields before a contended acquire blocks
+
 _LockType = type(threading.Lock())
 _local = threading.local()
 
@@ -321,11 +323,16 @@ class Runtime:
             if old is None and len(self._costs) >= _MAX_COST_KEYS:
                 self._costs.clear()
             self._costs[key] = elapsed if old is None else 0.7 * old + 0.3 * elapsed
-        with self.lock:
+        lock = self.lock
+        if not lock.acquire(False):
+            _acquire_contended(lock)
+        try:
             nxt = self.core.finish(task, value, error, chain)
             if nxt is None and chain:
                 nxt = self.core.take(task.device)
             after = self.collect()
+        finally:
+            lock.release()
         if after is not None:
             after()
         return nxt
@@ -423,3 +430,18 @@ def settle(token: asyncio.Future[None], error: BaseException | None = None) -> N
     else:
         with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
             loop.call_soon_threadsafe(complete)
+
+
+def _acquire_contended(lock: threading.Lock) -> None:
+    """Take a lock another thread holds, without queueing on it while this thread lacks the GIL.
+
+    A blocked ``acquire`` can be granted the lock while the thread still waits for
+    the GIL; the holder of the GIL then blocks on the lock, and two workers
+    convoy, trading the GIL and the lock on every task.  ``sleep(0)`` gives up
+    the GIL so the holder can finish, and the lock is only taken with the GIL.
+    """
+    for _ in range(_SPINS):
+        time.sleep(0)
+        if lock.acquire(False):
+            return
+    lock.acquire()

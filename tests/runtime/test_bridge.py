@@ -83,3 +83,27 @@ async def test_inline_runs_can_be_turned_off() -> None:
         here = threading.get_ident()
         for _ in range(3):
             assert await within(eng.run(threading.get_ident)) != here
+
+
+def test_a_contended_finish_waits_for_the_lock_and_then_takes_it() -> None:
+    """The worker's finish path yields the GIL a few times, then blocks: it never takes a held lock."""
+    from schedsvc._runtime._runtime import _acquire_contended
+
+    lock = threading.Lock()
+    lock.acquire()  # held by this thread, as a worker would hold it mid-finish
+    started, got = threading.Event(), threading.Event()
+
+    def contender() -> None:
+        started.set()
+        _acquire_contended(lock)
+        got.set()
+        lock.release()
+
+    thread = threading.Thread(target=contender)
+    thread.start()
+    assert started.wait(TIMEOUT)
+    assert not got.wait(0.05)  # past its yields it waits: the lock is still ours
+    lock.release()
+    assert got.wait(TIMEOUT), "the contender never took the released lock"
+    thread.join(TIMEOUT)
+    assert not thread.is_alive() and not lock.locked()
