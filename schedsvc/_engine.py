@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import operator
 import os
@@ -327,7 +328,7 @@ class Engine:
         error), flow arrows along dependency edges, and counter tracks of
         pending tasks and bytes.  Tasks that finish inside the block are
         recorded: await the work (``await eng.waitall()``) before leaving it.
-        Spans past ``max_spans`` are counted, not kept (about 200 bytes each).
+        Spans past ``max_spans`` are counted, not kept (about 100 bytes each).
         A path whose directory is missing or not writable raises
         ``FileNotFoundError`` or ``PermissionError`` here, before recording.
         """
@@ -348,6 +349,7 @@ class Engine:
                     "(Config(trace_path=...) records the whole life of the engine)"
                 )
             rt.timeline, rt.core.edges = timeline, timeline.edges
+            timeline.on_full = functools.partial(_stop_edges, rt)  # past the cap: memory stays bounded
             timeline.loop_thread = rt.loop_thread
             timeline.sample(rt.core)
 
@@ -774,3 +776,9 @@ def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
 
 
 _CHECKED = Op("asarray", _checked, lambda metas, attrs: (attrs["shape"], attrs["dtype"], False))
+
+
+def _stop_edges(rt: Runtime) -> None:
+    """A trace reached its cap: the scheduler stops listing dependency edges (called without the lock)."""
+    with rt.lock:
+        rt.core.edges = None

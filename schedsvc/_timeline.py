@@ -12,9 +12,10 @@ https://ui.perfetto.dev and ``chrome://tracing`` read; each flow end sits at
 its span's start with the span's category, which is what the strictest reader,
 Chrome's DevTools Performance panel, binds.
 
-Recording appends raw values to flat lists (about 0.5 us a task) and formats
-them only when the trace is written; with no trace active the hot path pays
-one attribute check per task and per scheduling event.
+Recording appends raw values to flat lists, one per thread (about 11,000
+instructions a task, 1 to 2 us here) and formats them only when the trace is
+written; with no trace active the hot path pays one attribute check per task
+and per scheduling event.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import json
 import os
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from operator import itemgetter
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
@@ -40,6 +43,7 @@ _PID = 1
 _ndarray = np.ndarray
 _MAX_SHAPES = 8  # argument shapes listed per span
 _SPAN = 6  # values recorded per span
+_SAMPLE = 3  # values per counter sample
 _CAP_CHECK = _SPAN * 1024  # a thread checks the span cap when its list reaches a multiple of this
 _MAX_INTERNED = 4096  # distinct shape lists (and names) shared between spans
 _CHUNK = 8192  # events per json.dumps call when writing
@@ -65,14 +69,18 @@ class Timeline:
         self._full = False  # the cap is reached: count spans, do not keep them
         # Per thread, six values per span, flat (seq, name, start, end, shapes, error): references to
         # objects that exist anyway, so recording allocates nearly nothing for the garbage collector
-        # to scan (a tuple per span made tracing 40% dearer; array('d') converts each value slowly),
-        # and no two workers write the same list (one shared list made two workers 1.4x slower)
+        # to scan (a tuple per span does; array('d') converts each value slowly), and no two workers
+        # write to the same list
         self._lists: dict[int, list[Any]] = {}  # thread ident -> its spans
         self._tracks: list[tuple[str, list[Any]]] = []  # (track name, its spans), track number - 1
         self.loop_thread: int | None = None  # the event loop's thread: its track is the inline runs
         self.edges: list[tuple[int, int]] = []  # (parent seq, child seq), appended by the scheduler
-        #: time, pending tasks, pending bytes, ...: three values per scheduling event, flat
-        self.counters: list[float | int] = []
+        #: time, pending tasks, pending bytes, ...: three values per scheduling event, flat; the
+        #: runtime extends it; once the span cap is reached it becomes a sink that keeps nothing
+        self.counters: list[float | int] | deque[Any] = []
+        self._samples = self.counters  # what was sampled, for the file
+        #: called once the cap is reached (the engine stops the scheduler's edge list there)
+        self.on_full: Callable[[], None] | None = None
         self._shapes: dict[Any, Any] = {}  # one tuple per distinct shape list, shared by spans
         self._names: dict[str, str] = {}  # one string per function name (a ufunc makes a new one per call)
 
@@ -116,7 +124,16 @@ class Timeline:
                 name = self._names.setdefault(name, name)
         records.extend((task.seq, name, start, end, shapes, error))
         if len(records) % _CAP_CHECK == 0:  # every 1,024 spans of a thread: the cap, all threads
-            self._full = self._kept() >= self.max_spans
+            self._check_cap()
+
+    def _check_cap(self) -> None:
+        """Past ``max_spans`` spans (or 4 counter samples a span), stop keeping spans, samples and edges."""
+        if self._kept() < self.max_spans and len(self._samples) < _SAMPLE * 4 * self.max_spans:
+            return
+        self._full = True
+        self.counters = deque(maxlen=0)  # extend() keeps nothing, at C speed
+        if self.on_full is not None:
+            self.on_full()
 
     def _new_track(self) -> list[Any]:
         """The calling thread's first span: a track of its own, named after the thread."""
@@ -234,7 +251,7 @@ class Timeline:
                 }
             )
         last: tuple[float | int, float | int] | None = None
-        c = self.counters
+        c = self._samples
         for t, pending, nbytes in zip(c[::3], c[1::3], c[2::3], strict=True):
             if (pending, nbytes) == last:
                 continue

@@ -267,8 +267,21 @@ async def test_recording_stops_soon_after_the_cap_and_keeps_the_earliest(tmp_pat
             await within(eng.waitall())
         held = sum(len(spans) for _, spans in timeline._tracks) // 6
     assert held == 2048  # stopped at the first check past the cap: memory stays bounded
+    # counter samples stop there too: 3,000 submissions and 2,048 finishes sampled, not 6,000 events
+    assert 3000 + 2048 <= len(timeline._samples) // 3 < 3000 + 2048 + 10
     assert (timeline.recorded, timeline.dropped) == (1500, 1500)
     doc = json.loads(path.read_text())
     assert doc["otherData"] == {"producer": "schedsvc", "spans": 1500, "spans_dropped": 1500}
     kept = sorted(s["args"]["task"] for s in spans(doc["traceEvents"]))
     assert kept == sorted(f.seq for f in futures)[:1500]  # one worker runs them in order: the first 1,500
+
+
+async def test_past_the_cap_the_scheduler_stops_listing_edges(tmp_path: Path) -> None:
+    async with ss.Engine(cpu_workers=1, inline_threshold_us=0) as eng:  # every span on cpu-0
+        with eng.trace(tmp_path / "run.json", max_spans=1000) as timeline:
+            for i in range(1100):  # past 1,024 spans the cap (1,000) is found reached
+                await within(eng.submit(operator.add, i, 1))
+            assert eng._rt is not None and eng._rt.core.edges is None
+            link = eng.submit_nowait(operator.add, 1, 1)
+            await within(eng.submit(operator.add, link, 1))  # an edge the trace no longer lists
+        assert timeline.edges == []  # independent tasks: none listed before the cap either
