@@ -41,6 +41,7 @@ __all__ = ["Timeline"]
 
 _PID = 1
 _ndarray = np.ndarray
+_ufunc = np.ufunc
 _MAX_SHAPES = 8  # argument shapes listed per span
 _SPAN = 6  # values recorded per span
 _SAMPLE = 3  # values per counter sample
@@ -112,16 +113,18 @@ class Timeline:
             known = self._shapes
             if len(known) < _MAX_INTERNED:
                 shapes = known.setdefault(shapes, shapes)  # the new tuples die young
-        name = task.name
-        if name is None:  # name_of, inlined
-            try:
-                name = task.fn.__name__
-            except Exception:  # user objects run code here
-                name = None
-            if type(name) is not str:
-                name = None
-            elif len(self._names) < _MAX_INTERNED:
-                name = self._names.setdefault(name, name)
+        name: Any = task.name
+        if name is None:
+            name = task.fn
+            if type(name) is not _ufunc:  # a ufunc is kept and named when written: it lives on anyway
+                try:  # name_of, inlined
+                    name = name.__name__
+                except Exception:  # user objects run code here
+                    name = None
+                if type(name) is not str:
+                    name = None
+                elif len(self._names) < _MAX_INTERNED:
+                    name = self._names.setdefault(name, name)
         records.extend((task.seq, name, start, end, shapes, error))
         if len(records) % _CAP_CHECK == 0:  # every 1,024 spans of a thread: the cap, all threads
             self._check_cap()
@@ -173,7 +176,7 @@ class Timeline:
         ``max_spans`` by start time are kept.
         """
         spans = [
-            (r[i], r[i + 1], track, r[i + 2], r[i + 3], r[i + 4], r[i + 5])
+            (r[i], _named(r[i + 1]), track, r[i + 2], r[i + 3], r[i + 4], r[i + 5])
             for track, (_, r) in enumerate(self._tracks, 1)
             for i in range(0, len(r), _SPAN)
         ]
@@ -293,6 +296,11 @@ class Timeline:
 
     def _us(self, t: float) -> float:
         return round((t - self.t0) * 1e6, 3)
+
+
+def _named(name: Any) -> str | None:
+    """A recorded name: a string, None, or a ufunc (named only now)."""
+    return name.__name__ if type(name) is _ufunc else name
 
 
 def _track_name(on_loop: bool) -> str:

@@ -235,12 +235,13 @@ async def test_the_file_holds_every_event_whatever_the_write_chunk(
     async with ss.Engine(cpu_workers=2) as eng:
         with eng.trace(path) as timeline:
             x = eng.submit_nowait(np.ones, (3, 4))
-            await within(eng.submit(operator.add, x, 1.0))
+            await within(eng.submit(np.add, x, 1.0))  # a ufunc: named when written
             await within(eng.waitall())
     doc = json.loads(path.read_text())
     assert doc["traceEvents"] == json.loads(json.dumps(timeline.events()))
     assert doc["otherData"] == {"producer": "schedsvc", "spans": 2, "spans_dropped": 0}
-    assert [s[5] for s in timeline.spans] == [None, ((3, 4),)]  # the (seq, ..., shapes, error) tuples
+    assert [(s[1], s[5]) for s in timeline.spans] == [("ones", None), ("add", ((3, 4),))]
+    assert [e["name"] for e in spans(doc["traceEvents"])] == ["ones", "add"]
 
 
 async def test_a_path_that_cannot_be_written_fails_before_recording(tmp_path: Path) -> None:
