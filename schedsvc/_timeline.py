@@ -72,7 +72,7 @@ class Timeline:
         # objects that exist anyway, so recording allocates nearly nothing for the garbage collector
         # to scan (a tuple per span does; array('d') converts each value slowly), and no two workers
         # write to the same list
-        self._lists: dict[int, list[Any]] = {}  # thread ident -> its spans
+        self._local = threading.local()  # .records: this thread's spans
         self._tracks: list[tuple[str, list[Any]]] = []  # (track name, its spans), track number - 1
         self.loop_thread: int | None = None  # the event loop's thread: its track is the inline runs
         self.edges: list[tuple[int, int]] = []  # (parent seq, child seq), appended by the scheduler
@@ -92,8 +92,9 @@ class Timeline:
         if self._full:
             self._dropped += 1
             return
-        records = self._lists.get(get_ident())
-        if records is None:
+        try:
+            records = self._local.records
+        except AttributeError:  # this thread's first span
             records = self._new_track()
         shapes: tuple[Any, ...] | None = None
         for arg in task.args:  # hot path: one exact type check per argument
@@ -110,9 +111,7 @@ class Timeline:
                 elif len(shapes) < _MAX_SHAPES:
                     shapes += (shape,)
         if shapes is not None:
-            known = self._shapes
-            if len(known) < _MAX_INTERNED:
-                shapes = known.setdefault(shapes, shapes)  # the new tuples die young
+            shapes = self._shapes.setdefault(shapes, shapes)  # the new tuples die young
         name: Any = task.name
         if name is None:
             name = task.fn
@@ -121,16 +120,17 @@ class Timeline:
                     name = name.__name__
                 except Exception:  # user objects run code here
                     name = None
-                if type(name) is not str:
-                    name = None
-                elif len(self._names) < _MAX_INTERNED:
-                    name = self._names.setdefault(name, name)
+                name = self._names.setdefault(name, name) if type(name) is str else None
         records.extend((task.seq, name, start, end, shapes, error))
         if len(records) % _CAP_CHECK == 0:  # every 1,024 spans of a thread: the cap, all threads
             self._check_cap()
 
     def _check_cap(self) -> None:
         """Past ``max_spans`` spans (or 4 counter samples a span), stop keeping spans, samples and edges."""
+        if len(self._shapes) > _MAX_INTERNED:  # many distinct shapes: start afresh, stay bounded
+            self._shapes = {}
+        if len(self._names) > _MAX_INTERNED:
+            self._names = {}
         if self._kept() < self.max_spans and len(self._samples) < _SAMPLE * 4 * self.max_spans:
             return
         self._full = True
@@ -140,10 +140,9 @@ class Timeline:
 
     def _new_track(self) -> list[Any]:
         """The calling thread's first span: a track of its own, named after the thread."""
-        ident = get_ident()
         records: list[Any] = []
-        self._tracks.append((_track_name(ident == self.loop_thread), records))
-        self._lists[ident] = records
+        self._tracks.append((_track_name(get_ident() == self.loop_thread), records))
+        self._local.records = records
         return records
 
     def _kept(self) -> int:

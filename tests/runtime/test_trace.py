@@ -286,3 +286,24 @@ async def test_past_the_cap_the_scheduler_stops_listing_edges(tmp_path: Path) ->
             link = eng.submit_nowait(operator.add, 1, 1)
             await within(eng.submit(operator.add, link, 1))  # an edge the trace no longer lists
         assert timeline.edges == []  # independent tasks: none listed before the cap either
+
+
+def test_shared_shape_lists_stay_bounded(tmp_path: Path) -> None:
+    """Spans share one tuple per distinct shape list, and that table is emptied when it grows large."""
+    from schedsvc._core import Task
+    from schedsvc._timeline import _MAX_INTERNED, Timeline
+
+    timeline = Timeline(tmp_path / "run.json")
+    a, b = np.empty((2, 3)), np.empty((2, 3))
+    for seq, arg in enumerate([a, b]):
+        task = Task(np.negative, (arg,))
+        task.seq = seq
+        timeline.span(task, 1.0, 2.0, None)
+    first, second = (span[5] for span in timeline.spans)
+    assert first == ((2, 3),) and first is second  # one tuple for both spans
+    for seq in range(2, 3 * _MAX_INTERNED):  # all distinct
+        task = Task(np.negative, (np.empty((seq, 1)),))
+        task.seq = seq
+        timeline.span(task, 1.0, 2.0, None)
+    assert len(timeline._shapes) <= _MAX_INTERNED + 1024
+    assert [span[5] for span in timeline.spans][-1] == ((3 * _MAX_INTERNED - 1, 1),)
