@@ -12,7 +12,7 @@ https://ui.perfetto.dev and ``chrome://tracing`` read; each flow end sits at
 its span's start with the span's category, which is what the strictest reader,
 Chrome's DevTools Performance panel, binds.
 
-Recording appends raw values to flat lists, one per thread (about 11,000
+Recording appends raw values to flat lists, one per thread (about 10,000
 instructions a task, 1 to 2 us here) and formats them only when the trace is
 written; with no trace active the hot path pays one attribute check per task
 and per scheduling event.
