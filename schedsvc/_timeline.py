@@ -83,7 +83,7 @@ class Timeline:
         #: called once the cap is reached (the engine stops the scheduler's edge list there)
         self.on_full: Callable[[], None] | None = None
         self._shapes: dict[Any, Any] = {}  # one tuple per distinct shape list, shared by spans
-        self._names: dict[str, str] = {}  # one string per function name (a ufunc makes a new one per call)
+        self._names: dict[str, str] = {}  # one string per name (a builtin makes a new one per call)
 
     # -- recording (hot path while tracing) -----------------------------------------
 
@@ -121,7 +121,8 @@ class Timeline:
                 except Exception:  # user objects run code here
                     name = None
                 name = self._names.setdefault(name, name) if type(name) is str else None
-        records.extend((task.seq, name, start, end, shapes, error))
+        # the error as a string: a kept exception would keep its traceback's frames alive
+        records.extend((task.seq, name, start, end, shapes, None if error is None else _describe(error)))
         if len(records) % _CAP_CHECK == 0:  # every 1,024 spans of a thread: the cap, all threads
             self._check_cap()
 
@@ -209,7 +210,7 @@ class Timeline:
             if shapes:
                 args["shapes"] = [list(s) for s in shapes]
             if error is not None:
-                args["error"] = f"{type(error).__name__}: {error}"[:300]
+                args["error"] = error
             events.append(
                 {
                     "ph": "X",
@@ -295,6 +296,14 @@ class Timeline:
 
     def _us(self, t: float) -> float:
         return round((t - self.t0) * 1e6, 3)
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message``, at most 300 characters; never raises (a user's ``__str__`` runs here)."""
+    try:
+        return f"{type(error).__name__}: {error}"[:300]
+    except Exception:
+        return type(error).__name__
 
 
 def _named(name: Any) -> str | None:

@@ -307,3 +307,35 @@ def test_shared_shape_lists_stay_bounded(tmp_path: Path) -> None:
         timeline.span(task, 1.0, 2.0, None)
     assert len(timeline._shapes) <= _MAX_INTERNED + 1024
     assert [span[5] for span in timeline.spans][-1] == ((3 * _MAX_INTERNED - 1, 1),)
+
+
+async def test_a_recorded_error_keeps_nothing_of_the_failed_task_alive(tmp_path: Path) -> None:
+    """The span keeps the error as text: its traceback's frames (and their arrays) can be freed."""
+    import gc
+    import weakref
+
+    class Marker:
+        pass
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no message")
+
+    refs: list[weakref.ref[Marker]] = []
+
+    def fails(kind: type[Exception]) -> None:
+        marker = Marker()  # a local of the failing frame
+        refs.append(weakref.ref(marker))
+        raise kind("bad")
+
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=1) as eng:
+        with eng.trace(path):
+            for kind in (ValueError, Unprintable):
+                fut = eng.submit_nowait(fails, kind)
+                await within(fut.wait())
+                del fut
+            gc.collect()
+            assert [ref() for ref in refs] == [None, None]  # while the trace is still being recorded
+    errors = sorted(s["args"]["error"] for s in spans(load(path)))
+    assert errors == ["Unprintable", "ValueError: bad"]
