@@ -24,3 +24,12 @@ def test_three_stage_pipeline_equals_the_sequential_loop() -> None:
     module = runpy.run_path(str(EXAMPLES / "pipeline.py"))
     expected = [module["postprocess"](module["compute"](module["load"](i))) for i in range(6)]
     assert asyncio.run(asyncio.wait_for(module["main"](6), 60)) == expected
+
+
+def test_the_readme_shows_the_tour_as_it_runs() -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("## Ten-line tour", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    source = (EXAMPLES / "tour.py").read_text()
+    lines = block.strip("\n").splitlines()
+    assert len(lines) == 10  # ten lines, async def main() included
+    assert "\n".join(lines) in source.replace("-> None:", ":"), "README's tour differs from examples/tour.py"
