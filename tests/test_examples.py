@@ -32,4 +32,4 @@ def test_the_readme_shows_the_tour_as_it_runs() -> None:
     source = (EXAMPLES / "tour.py").read_text()
     lines = block.strip("\n").splitlines()
     assert len(lines) == 10  # ten lines, async def main() included
-    assert "\n".join(lines) in source.replace("-> None:", ":"), "README's tour differs from examples/tour.py"
+    assert "\n".join(lines) in source.replace(" -> None:", ":"), "README's tour differs from examples/tour.py"
