@@ -229,6 +229,8 @@ class Engine:
             except asyncio.CancelledError:
                 task.cancel()  # not admitted yet, or admitted and now unwanted
                 raise
+        if rt.remote and task.state == "waiting":
+            rt.devices["cpu"].forward(task)  # type: ignore[attr-defined]
         return task
 
     def submit_nowait(
@@ -268,6 +270,8 @@ class Engine:
             after()
         if not admitted:
             raise QueueFull(self._full_message(task))
+        if rt.remote and task.state == "waiting":
+            rt.devices["cpu"].forward(task)  # type: ignore[attr-defined]
         return task
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
@@ -711,8 +715,9 @@ class Engine:
         if rt is None:
             return False
         rt.under_lock(rt.core.cancel, task)
-        if rt.remote and task.state == "running":  # sent to Dask: cancel it there
-            return bool(rt.devices[task.device].cancel(task))  # type: ignore[attr-defined]
+        if rt.remote:  # sent to Dask (running, or forwarded while waiting): cancel it there too
+            sent = bool(rt.devices[task.device].cancel(task))  # type: ignore[attr-defined]
+            return task.state == "cancelled" or sent
         return task.state == "cancelled"
 
     async def _barrier(self) -> None:

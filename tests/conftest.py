@@ -45,9 +45,13 @@ def start_local_cluster(**config: Any) -> Any:
         )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_address() -> Iterator[str]:
-    """The scheduler address of a Dask cluster shared by the tests that ask for it."""
+    """The scheduler address of a Dask cluster shared by a module's tests.
+
+    Per module, not per session: the cluster's threads must not outlive the modules that
+    use it (tests elsewhere measure this process's memory with tracemalloc).
+    """
     cluster = start_local_cluster()
     try:
         yield cluster.scheduler_address

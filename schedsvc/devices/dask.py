@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._core import FINAL_STATES, Task
 from .._errors import SchedsvcError
 from .._runtime._remote import Remote
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     import threading
 
     from .._config import Config
-    from .._runtime import Runtime, Task
+    from .._runtime import Runtime
 
 __all__ = ["DaskDevice", "DaskValue", "connect"]
 
@@ -112,7 +113,9 @@ class DaskDevice:
     """Sends the core's ready "cpu" tasks to a Dask cluster; reports their completion back."""
 
     name = "cpu"
-    size = 1  # the loop-side hand-off batches on its own; see Runtime.stage_next
+    # never staged (Runtime.stage_next): a submission is sent at once, so its dependents,
+    # submitted next, can go to the cluster right behind it (see forward)
+    size = 1 << 30
 
     def __init__(self, rt: Runtime, client: Client, cluster: LocalCluster | None) -> None:
         self.rt = rt
@@ -120,7 +123,10 @@ class DaskDevice:
         self.cluster = cluster
         # non-empty while no pump is scheduled: the runtime calls wake() when tasks become ready
         self.idle: list[Any] = [self]
-        self.inflight: dict[Task, DaskFuture] = {}
+        self.sent: dict[Task, DaskFuture] = {}  # tasks on the cluster, until the core records their end
+        self.early: dict[Task, tuple[Any, BaseException | None]] = {}  # ended before the core ran them
+        # sent tasks that write out=: their Dask result is (value, out, ...) until written back here
+        self.writers: set[Task] = set()
         self._watchers: set[asyncio.Task[None]] = set()
         self._prefix = f"schedsvc-{uuid.uuid4().hex[:8]}"
         self._count = itertools.count()
@@ -165,17 +171,50 @@ class DaskDevice:
             take = rt.core.take
             while (task := take("cpu")) is not None:
                 tasks.append(task)
-            self.idle.append(self)  # re-armed under the lock: later ready tasks wake us again
+            if not self.idle:  # re-armed under the lock: later ready tasks wake us again
+                self.idle.append(self)
         for task in tasks:
-            self._send(task)
+            if task not in self.sent:
+                self._send(task)
+            elif task in self.early:  # forwarded, and its outcome is already here
+                self._finish(task, *self.early.pop(task))
+
+    def forward(self, task: Task) -> None:
+        """A task just admitted waits only for parents that are on the cluster: send it now.
+
+        Dask itself then starts it when its parents' data is there, with no
+        round trip through this process per link of a chain.  Only data
+        dependencies qualify: a task held back by a buffer hazard (or one that
+        writes ``out=``, which is written back here in order) waits for the core.
+        """
+        loop = self.rt.loop
+        if not _on_loop(loop):
+            loop.call_soon_threadsafe(self.forward, task)
+            return
+        if task in self.sent or isinstance((task.kwargs or {}).get("out"), np.ndarray):
+            return
+        with self.rt.lock:
+            if task.state != "waiting":
+                return
+            parents = [d for d in task.deps if d.state not in FINAL_STATES]
+            if len(parents) != task.n_waiting:  # some edge is a buffer hazard
+                return
+            if any(p in self.writers for p in parents):  # its value exists only once written back
+                return
+            unsent = any(p not in self.sent for p in parents)
+        if unsent:
+            self._pump()  # parents that are ready but not sent yet go first
+            if any(p not in self.sent for p in parents):
+                return
+        self._send(task)
 
     def _send(self, task: Task) -> None:
         kwargs = task.kwargs or {}
         out = kwargs.get("out")
         key = f"{task.label}-{next(self._count)}-{self._prefix}"
         try:
-            args = _to_dask(task.args)
-            dkwargs = _to_dask(kwargs)
+            args = _to_dask(task.args, self.sent)
+            dkwargs = _to_dask(kwargs, self.sent)
             if isinstance(out, np.ndarray):
                 dfut = self.client.submit(
                     _apply_writing, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
@@ -187,7 +226,9 @@ class DaskDevice:
         except BaseException as exc:  # could not even be sent (unpicklable, client closed): it failed
             self._finish(task, None, exc)
             return
-        self.inflight[task] = dfut
+        self.sent[task] = dfut
+        if isinstance(out, np.ndarray):
+            self.writers.add(task)
         watcher = self.rt.loop.create_task(
             self._watch(task, dfut, out if isinstance(out, np.ndarray) else None)
         )
@@ -218,11 +259,22 @@ class DaskDevice:
         self._finish(task, value, error)
 
     def _finish(self, task: Task, value: Any, error: BaseException | None) -> None:
+        """Record the outcome in the core, if it has the task running (on the loop)."""
         rt = self.rt
-        self.inflight.pop(task, None)
         with rt.lock:
-            rt.core.finish(task, value, error, False)
-            after = rt.collect()
+            state = task.state
+            if state == "running":
+                self.sent.pop(task, None)
+                self.writers.discard(task)
+                rt.core.finish(task, value, error, False)
+                after = rt.collect()
+            elif state in FINAL_STATES:  # failed through a parent, or cancelled, meanwhile
+                self.sent.pop(task, None)
+                self.writers.discard(task)
+                return
+            else:  # forwarded, and done before the core made it ready: kept for the pump
+                self.early[task] = (value, error)
+                return
         if after is not None:
             after()
 
@@ -230,7 +282,7 @@ class DaskDevice:
 
     def cancel(self, task: Task) -> bool:
         """Cancel a task that was sent (from any thread); False if it is not in flight."""
-        dfut = self.inflight.get(task)
+        dfut = self.sent.get(task)
         if dfut is None or dfut.done():
             return False
         self._call_on_loop(self._cancel_now, [dfut])
@@ -238,7 +290,7 @@ class DaskDevice:
 
     def cancel_all(self) -> None:
         """Cancel every task in flight (``aclose(cancel_pending=True)``)."""
-        futures = [f for f in list(self.inflight.values()) if not f.done()]
+        futures = [f for f in list(self.sent.values()) if not f.done()]
         if futures:
             self._call_on_loop(self._cancel_now, futures)
 
@@ -256,8 +308,11 @@ class DaskDevice:
 
     async def aclose(self) -> None:
         """Close the client, and the local cluster if this engine started it."""
-        if self._watchers:  # nothing is in flight after the engine's barrier; these are cancels
+        if self._watchers:  # after the engine's barrier: cancels, and forwarded tasks failing
             await asyncio.wait(list(self._watchers), timeout=_CLOSE_TIMEOUT_S)
+        self.sent.clear()
+        self.early.clear()
+        self.writers.clear()
         try:
             await asyncio.wait_for(self.client.close(), _CLOSE_TIMEOUT_S)
         finally:
@@ -304,28 +359,29 @@ def _remote_error(dfut: DaskFuture) -> BaseException:
     return SchedsvcError(f"the Dask task {dfut.key!r} failed: {error!r}")
 
 
-def _to_dask(obj: Any) -> Any:
+def _to_dask(obj: Any, sent: dict[Task, DaskFuture]) -> Any:
     """``obj`` with each Task replaced by its Dask future (or its value, if it lives here)."""
-    from .._core import Task
-
     if isinstance(obj, Task):
+        dfut = sent.get(obj)
+        if dfut is not None:
+            return dfut
         value = obj.value
         return value.handle if isinstance(value, Remote) else value
     kind = type(obj)
     if kind is tuple or kind is list:
-        return kind(_to_dask(x) for x in obj)
+        return kind(_to_dask(x, sent) for x in obj)
     if kind is dict:
-        return {k: _to_dask(v) for k, v in obj.items()}
+        return {k: _to_dask(v, sent) for k, v in obj.items()}
     if isinstance(obj, tuple):  # a namedtuple
-        items = [_to_dask(x) for x in obj]
+        items = [_to_dask(x, sent) for x in obj]
         return kind._make(items) if hasattr(kind, "_make") else kind(items)
     if isinstance(obj, list | dict):  # a subclass: a shallow copy keeps its class and state
         new = copy.copy(obj)
         if isinstance(obj, list):
-            new[:] = [_to_dask(x) for x in obj]
+            new[:] = [_to_dask(x, sent) for x in obj]
         else:
             for key, value in obj.items():
-                new[key] = _to_dask(value)
+                new[key] = _to_dask(value, sent)
         return new
     return obj
 

@@ -101,13 +101,45 @@ async def test_cancel_of_a_task_sent_to_dask_cancels_its_dask_future(
         await gate.wait_started(2)  # both workers busy: the next task waits on the cluster
         sent = eng.submit_nowait(np.add, 1, 1)
         device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
-        await until(lambda: sent in device.inflight)
+        await until(lambda: sent in device.sent)
         assert sent.running()  # in schedsvc's terms it has started: Dask has it
         assert sent.cancel()
         with pytest.raises(asyncio.CancelledError):
             await within(sent)
         gate.open()
         assert [await within(f) for f in held] == [0, 1]
+
+
+async def test_a_chain_goes_to_the_cluster_before_its_head_finishes(
+    dask_address: str, tmp_path: Path
+) -> None:
+    gate = FileGate(str(tmp_path))
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        head = eng.submit_nowait(gate.hold(1))
+        chain = [head]
+        for _ in range(3):
+            chain.append(eng.submit_nowait(np.add, chain[-1], 1))
+        await gate.wait_started(1)
+        # Dask orders the links itself: each went out as soon as it was submitted
+        assert all(f in device.sent for f in chain)
+        assert [f.state for f in chain[1:]] == ["waiting"] * 3
+        gate.open()
+        assert await within(chain[-1]) == 4
+
+
+async def test_a_task_behind_a_buffer_hazard_waits_for_the_core(dask_address: str, tmp_path: Path) -> None:
+    gate = FileGate(str(tmp_path))
+    buf = np.zeros(2)
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        head = eng.submit_nowait(gate.hold(1))
+        writer = eng.submit_nowait(np.add, buf, head, out=buf)  # written back here, in order
+        reader = eng.submit_nowait(np.sum, buf)  # must see the write: held by the core, not sent
+        await gate.wait_started(1)
+        assert writer not in device.sent and reader not in device.sent
+        gate.open()
+        assert await within(reader) == 2
 
 
 async def test_embedded_local_cluster_is_started_and_closed() -> None:
