@@ -58,6 +58,7 @@ class Engine:
         self._state = "new"
         self._closing: asyncio.Future[None] | None = None
         self._sync_mode = config.sync_mode
+        self._remote = config.backend == "dask"  # tasks run on a Dask cluster
         self._default_device = "cpu" if "cpu" in config.devices else config.devices[0]
         self._compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
@@ -617,7 +618,7 @@ class Engine:
         return task
 
     def _no_tensors(self, what: str) -> None:
-        if self.config.backend == "dask":
+        if self._remote:
             raise InvalidTask(
                 f"{what}: Tensors and compiled functions run on this process's devices and are not "
                 "available with backend='dask'; submit functions that take and return arrays "
@@ -663,7 +664,7 @@ class Engine:
             raise InvalidTask(
                 f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}"
             )
-        if self._rt.remote:  # type: ignore[union-attr]
+        if self._remote:
             _check_remote_writes(fn, kwargs, writes)
         deps, buffers = scan(args, kwargs, reads, writes)
         # hot path: plain loops, no generator per submission
