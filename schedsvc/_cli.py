@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _register_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks against baselines measured in the same run")
-    bench.add_argument("suite", choices=["core", "tensor"], help="which benchmark suite")
+    bench.add_argument("suite", choices=["core", "tensor", "dask"], help="which benchmark suite")
     bench.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median reported)")
     bench.add_argument("--cases", help="comma-separated subset of cases (ratios need all)")
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
@@ -47,6 +47,8 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     if args.suite == "tensor":
         return _bench_tensor(args)
+    if args.suite == "dask":
+        return _bench_dask(args)
     cases = args.cases.split(",") if args.cases else None
     unknown = set(cases or ()) - set(core.CASES)
     if unknown:
@@ -70,6 +72,21 @@ def _bench_tensor(args: argparse.Namespace) -> int:
     quiet = args.json == "-"
     report = tensor.run(reps=args.reps, progress=None if quiet else progress)
     emit(report, args.json, tensor.format_report)
+    return 0
+
+
+def _bench_dask(args: argparse.Namespace) -> int:
+    if args.cases:
+        print("schedsvc bench dask: --cases applies to the core suite only", file=sys.stderr)
+        return 2
+    try:
+        from ._bench import dask
+    except ImportError:
+        print("schedsvc bench dask needs Dask: pip install 'schedsvc[dask]'", file=sys.stderr)
+        return 2
+    quiet = args.json == "-"
+    report = dask.run(reps=args.reps, progress=None if quiet else progress)
+    emit(report, args.json, dask.format_report)
     return 0
 
 

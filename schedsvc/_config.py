@@ -99,7 +99,9 @@ class Config(BaseSettings):
     backend: Literal["threads", "dask"] = "threads"
     """Where CPU tasks run: this process's threads, or a Dask cluster."""
     dask_address: str | None = None
-    """Scheduler address for ``backend="dask"``; None starts a local cluster."""
+    """Scheduler address for ``backend="dask"``; None starts a local cluster (``cpu_workers`` processes)."""
+    dask_timeout_s: float = Field(default=30.0, gt=0.0)
+    """``backend="dask"``: how long to try to reach the scheduler before giving up."""
 
     _sources: MappingProxyType[str, str] = PrivateAttr(default_factory=lambda: MappingProxyType({}))
 

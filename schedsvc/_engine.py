@@ -58,6 +58,7 @@ class Engine:
         self._state = "new"
         self._closing: asyncio.Future[None] | None = None
         self._sync_mode = config.sync_mode
+        self._remote = config.backend == "dask"  # tasks run on a Dask cluster
         self._default_device = "cpu" if "cpu" in config.devices else config.devices[0]
         self._compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
@@ -70,10 +71,9 @@ class Engine:
         """Start the workers on the running event loop."""
         if self._state != "new":
             raise EngineClosed(f"{self!r} was already started; create a new Engine")
-        if self.config.backend != "threads":
-            raise SchedsvcError(
-                f"backend={self.config.backend!r} is not available in this release; use backend='threads'"
-            )
+        remote = self.config.backend == "dask"
+        if remote:
+            _check_dask_config(self.config)
         for name in self.config.devices:
             check_device(name)
         timeline = None if self.config.trace_path is None else Timeline(self.config.trace_path)
@@ -83,9 +83,17 @@ class Engine:
             devices=self.config.devices,
             clock=time.perf_counter,
         )
-        rt = Runtime(core, asyncio.get_running_loop(), self.config.inline_threshold_us / 1e6)
-        for name in self.config.devices:
-            rt.add_device(name, make_device(name, rt, self.config))
+        # on Dask no task runs in this process, so none runs inline on an awaiting thread
+        inline_s = 0.0 if remote else self.config.inline_threshold_us / 1e6
+        rt = Runtime(core, asyncio.get_running_loop(), inline_s)
+        if remote:
+            from .devices import dask
+
+            rt.remote = True
+            rt.add_device("cpu", await dask.connect(rt, self.config))
+        else:
+            for name in self.config.devices:
+                rt.add_device(name, make_device(name, rt, self.config))
         for device in rt.devices.values():
             device.start()
         self._rt = rt
@@ -133,9 +141,11 @@ class Engine:
             self._cancel_pending(rt)
             for device in rt.devices.values():
                 device.stop()
+            await _aclose_devices(rt)
             raise
         for device in rt.devices.values():
             device.stop()
+        await _aclose_devices(rt)
         stuck = await self._join(rt, _JOIN_TIMEOUT_S)
         if stuck:
             warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
@@ -145,6 +155,10 @@ class Engine:
     def _cancel_pending(self, rt: Runtime) -> None:
         for token in rt.under_lock(rt.core.cancel_pending):
             settle(token, EngineClosed("the engine closed with cancel_pending=True"))
+        for device in rt.devices.values():
+            cancel_all = getattr(device, "cancel_all", None)  # a remote executor: tasks sent, not started
+            if cancel_all is not None:
+                cancel_all()
 
     @staticmethod
     async def _join(rt: Runtime, timeout: float) -> list[Any]:
@@ -216,6 +230,8 @@ class Engine:
             except asyncio.CancelledError:
                 task.cancel()  # not admitted yet, or admitted and now unwanted
                 raise
+        if rt.remote and task.state == "waiting":
+            rt.devices["cpu"].forward(task)  # type: ignore[attr-defined]
         return task
 
     def submit_nowait(
@@ -255,6 +271,8 @@ class Engine:
             after()
         if not admitted:
             raise QueueFull(self._full_message(task))
+        if rt.remote and task.state == "waiting":
+            rt.devices["cpu"].forward(task)  # type: ignore[attr-defined]
         return task
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
@@ -402,6 +420,7 @@ class Engine:
         checked against them when it arrives.
         """
         device = self._device(device)
+        self._no_tensors("eng.asarray")
         if isinstance(obj, Tensor):
             return obj if dtype is None or np.dtype(dtype) == obj.dtype else obj.astype(dtype)
         if isinstance(obj, Future):
@@ -458,12 +477,14 @@ class Engine:
         """
         from .compile import Compiled
 
+        self._no_tensors("eng.compile")
         return Compiled(self, fn, max_signatures=max_signatures, name=name)
 
     def _create(self, name: str, device: str | None, **attrs: Any) -> Tensor:
         op = OPS[name]
         if ACTIVE[0] and tracing.depth:  # inside a compiled function: a node of its graph
             return tracing.trace.record(op, (), attrs, None)  # type: ignore[no-any-return]
+        self._no_tensors(f"eng.{name}")
         shape, dtype, _ = op.infer((), attrs)
         return self._tensor_task(op, [], attrs, shape, dtype, None, None, device=self._device(device))
 
@@ -596,6 +617,14 @@ class Engine:
             after()
         return task
 
+    def _no_tensors(self, what: str) -> None:
+        if self._remote:
+            raise InvalidTask(
+                f"{what}: Tensors and compiled functions run on this process's devices and are not "
+                "available with backend='dask'; submit functions that take and return arrays "
+                "(eng.submit(np.matmul, a, b)), or use backend='threads'"
+            )
+
     # -- internals -------------------------------------------------------------
 
     def _running(self) -> Runtime:
@@ -635,6 +664,8 @@ class Engine:
             raise InvalidTask(
                 f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}"
             )
+        if self._remote:
+            _check_remote_writes(fn, kwargs, writes)
         deps, buffers = scan(args, kwargs, reads, writes)
         # hot path: plain loops, no generator per submission
         for dep in deps:
@@ -685,6 +716,9 @@ class Engine:
         if rt is None:
             return False
         rt.under_lock(rt.core.cancel, task)
+        if rt.remote:  # sent to Dask (running, or forwarded while waiting): cancel it there too
+            sent = bool(rt.devices[task.device].cancel(task))  # type: ignore[attr-defined]
+            return task.state == "cancelled" or sent
         return task.state == "cancelled"
 
     async def _barrier(self) -> None:
@@ -719,6 +753,44 @@ class Engine:
             f"pending={core.pending}/{core.max_pending} running={core.running} "
             f"bytes={core.pending_bytes}/{core.max_pending_bytes}>"
         )
+
+
+def _check_dask_config(config: Config) -> None:
+    """Settings that have no meaning on a Dask cluster fail at start, naming the field."""
+    if config.sync_mode:
+        raise SchedsvcError(
+            "sync_mode=True runs every task in the caller, so it cannot run on Dask; "
+            "use backend='threads' with sync_mode, or sync_mode=False with backend='dask'"
+        )
+    if tuple(config.devices) != ("cpu",):
+        raise DeviceError(
+            f"devices={tuple(config.devices)}: backend='dask' runs CPU tasks only; use devices=('cpu',)"
+        )
+
+
+def _check_remote_writes(fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
+    """On Dask a task writes into its own copy of a buffer: refuse writes that cannot come back."""
+    label = name_of(fn) or "task"
+    if not (type(writes) is tuple and not writes):
+        raise InvalidTask(
+            f"{label}: writes= declares memory the task changes through a closure; on backend='dask' the "
+            "task runs in another process on a copy, so the change could never reach this array. "
+            "Return the new array instead, or pass the array as out= (it is written back)"
+        )
+    out = kwargs.get("out")
+    if out is not None and not isinstance(out, np.ndarray):
+        raise InvalidTask(
+            f"{label}: out= must be a NumPy array of this process on backend='dask' (it is written back "
+            f"after the task), got {type(out).__name__}; return the new value instead"
+        )
+
+
+async def _aclose_devices(rt: Runtime) -> None:
+    """Close what remote executors started (a Dask client, a local cluster)."""
+    for device in rt.devices.values():
+        aclose = getattr(device, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _shape_arg(shape: Any) -> tuple[int, ...]:

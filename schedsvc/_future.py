@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import FINAL_STATES, Task
+from ._errors import SchedsvcError
+from ._runtime._remote import Remote
 from ._runtime._runtime import _fire, _watch
 
 if TYPE_CHECKING:
@@ -66,6 +70,8 @@ class Future(Task, Generic[T]):
             except asyncio.CancelledError:
                 self.cancel()  # the awaiter gave up: an unstarted task is not wanted
                 raise
+        if self._rt.remote and self.state == "done" and isinstance(self.value, Remote):
+            return (yield from self.value.get().__await__())  # type: ignore[no-any-return]
         return self._outcome(asyncio.CancelledError)
 
     async def wait(self) -> Future[T]:
@@ -80,8 +86,30 @@ class Future(Task, Generic[T]):
         Raises TimeoutError after ``timeout`` seconds.  Inside a task, waiting
         on another task is safe: a queued task runs right here.
         """
-        if self.state not in FINAL_STATES and not self._rt.wait_blocking(self, timeout):
+        rt = self._rt
+        if rt.remote:
+            return self._remote_result(timeout)
+        if self.state not in FINAL_STATES and not rt.wait_blocking(self, timeout):
             raise TimeoutError(f"{self!r} did not finish within {timeout} s")
+        return self._outcome(concurrent.futures.CancelledError)
+
+    def _remote_result(self, timeout: float | None) -> T:
+        """``result()`` on a Dask engine: wait, then fetch the value from the cluster (not on the loop)."""
+        rt = self._rt
+        if threading.get_ident() == rt.loop_thread:
+            if self.state in FINAL_STATES and not isinstance(self.value, Remote):
+                return self._outcome(concurrent.futures.CancelledError)
+            raise SchedsvcError(
+                f"{self!r}.result() on the event loop's thread would block the loop that drives the Dask "
+                "client; use 'await fut' there (result() is for other threads)"
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.state not in FINAL_STATES and not rt.wait_blocking(self, timeout):
+            raise TimeoutError(f"{self!r} did not finish within {timeout} s")
+        value = self.value
+        if self.state == "done" and isinstance(value, Remote):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return value.get_blocking(left)  # type: ignore[no-any-return]
         return self._outcome(concurrent.futures.CancelledError)
 
     def exception(self) -> BaseException | None:

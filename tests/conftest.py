@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,37 @@ def _no_thread_left() -> Iterator[None]:
 async def engine() -> AsyncIterator[ss.Engine]:
     async with ss.Engine(cpu_workers=2) as eng:
         yield eng
+
+
+def start_local_cluster(**config: Any) -> Any:
+    """A LocalCluster of 2 single-threaded worker processes on 127.0.0.1 (``config``: dask settings)."""
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    with dask.config.set(config):  # read by the scheduler as it starts
+        return distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
+        )
+
+
+@pytest.fixture(scope="module")
+def dask_address() -> Iterator[str]:
+    """The scheduler address of a Dask cluster shared by a module's tests.
+
+    Per module, not per session: the cluster's threads must not outlive the modules that
+    use it (tests elsewhere measure this process's memory with tracemalloc).
+    """
+    cluster = start_local_cluster()
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(params=["threads", pytest.param("dask", marks=pytest.mark.dask)])
+def backend_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Engine options for each backend: threads, and Dask on the shared local cluster."""
+    if request.param == "threads":
+        return {"backend": "threads", "cpu_workers": 2}
+    address = request.getfixturevalue("dask_address")
+    return {"backend": "dask", "dask_address": address, "cpu_workers": 2}

@@ -83,6 +83,7 @@ class Runtime:
         self.loop_thread = threading.get_ident()
         self.queue_waits: deque[float] = deque(maxlen=8192)
         self.closed = False
+        self.remote = False  # tasks run in other processes (Dask): values are Remote handles
         self._to_loop: list[Instruction] = []
         self._drain_scheduled = False
         self._flush_scheduled = False
@@ -233,7 +234,9 @@ class Runtime:
         while this one blocks, so a task waiting on another never starves it.
         """
         worker = current_worker()
-        if task.device == "cpu" and self.claim(task):  # this thread would only wait: run it here
+        if (
+            task.device == "cpu" and not self.remote and self.claim(task)
+        ):  # this thread would only wait: run it here
             self.execute(task, chain=False)  # just this task: its dependents go to the queue
             return True
         self.flush()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import threading
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -87,3 +91,47 @@ async def probe(eng: ss.Engine) -> None:
 
 def _noop() -> None:
     return None
+
+
+class FileGate:
+    """A gate that works across processes (Dask workers): tasks wait for a file the test creates.
+
+    ``hold`` returns a picklable task body; it records that it started by creating a file
+    in ``started/`` (one per start, so a retried task is seen twice) and waits, bounded by
+    ``TIMEOUT``, until the test calls ``open``.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.opened = os.path.join(directory, "open")
+        self.started_dir = os.path.join(directory, "started")
+        os.makedirs(self.started_dir, exist_ok=True)
+
+    def hold(self, value: Any = None) -> Callable[[], Any]:
+        return functools.partial(_file_gate_body, self.opened, self.started_dir, value)
+
+    def started(self) -> list[int]:
+        """The process ids of the task bodies that have started so far."""
+        return [int(name.split("-")[0]) for name in os.listdir(self.started_dir)]
+
+    async def wait_started(self, n: int, timeout: float = TIMEOUT) -> None:
+        async def poll() -> None:
+            while len(self.started()) < n:  # files written by other processes: nothing to await
+                await asyncio.sleep(0.002)  # yield the loop (and the CPU) to the Dask client
+
+        await asyncio.wait_for(poll(), timeout)
+
+    def open(self) -> None:
+        with open(self.opened, "w"):
+            pass
+
+
+def _file_gate_body(opened: str, started_dir: str, value: Any) -> Any:
+    with open(os.path.join(started_dir, f"{os.getpid()}-{uuid.uuid4().hex}"), "w"):
+        pass
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(opened):  # another process opens it: polling is the only way to see it
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never opened the gate")
+        time.sleep(0.002)
+    return value

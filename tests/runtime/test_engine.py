@@ -6,6 +6,8 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import operator
+import subprocess
+import sys
 import threading
 import weakref
 from collections import OrderedDict, defaultdict, namedtuple
@@ -953,10 +955,17 @@ async def test_future_of_another_engine_is_invalid(engine: ss.Engine) -> None:
             engine.submit_nowait(operator.neg, foreign)
 
 
-async def test_unsupported_backend_fails_at_start() -> None:
+def test_importing_schedsvc_does_not_import_dask() -> None:
+    code = "import sys, schedsvc; print(sorted(m for m in ('dask', 'distributed') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+async def test_dask_backend_without_dask_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as if it were not installed
     eng = ss.Engine(cpu_workers=1, backend="dask")
     try:
-        with pytest.raises(ss.SchedsvcError):
+        with pytest.raises(ss.SchedsvcError, match=r"pip install 'schedsvc\[dask\]'"):
             await eng.start()
     finally:
         await eng.aclose()

@@ -1,0 +1,393 @@
+"""The Dask executor: ready CPU tasks run on a Dask distributed cluster.
+
+The only module that imports Dask, and only when an engine with
+``backend="dask"`` starts.  The scheduling core is unchanged: it still orders
+data dependencies and buffer hazards and admits work under the limits; this
+executor takes the tasks it makes ready and sends them with ``client.submit``.
+
+* A Future among a task's arguments becomes its parent's Dask future, so
+  intermediate values stay on the workers and move only to a worker that needs
+  them.  A finished task's value is a ``Remote`` holding its Dask future; the
+  value comes to this process only when the schedsvc Future is awaited (or
+  ``result()`` is called), and is then kept.
+* ``out=`` a NumPy array of this process: the worker writes into its copy and
+  sends it back, and the copy is written into the array here before the task
+  counts as finished -- even if the task then raised, as NumPy leaves a
+  partial write in place -- so later tasks (ordered after it by the hazard
+  rules) see the write.  ``writes=`` (memory written through a closure) cannot
+  be brought back and is refused at submission.
+* Completions are watched on the engine's event loop (the async ``Client``
+  lives there); each one is reported to the core under the runtime lock, as a
+  worker thread would.  ``cancel()`` of a sent task cancels its Dask future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._core import FINAL_STATES, Task
+from .._errors import SchedsvcError
+from .._runtime._remote import Remote
+
+if TYPE_CHECKING:
+    import threading
+
+    from .._config import Config
+    from .._runtime import Runtime
+
+__all__ = ["DaskDevice", "DaskValue", "connect"]
+
+# Dask's objects, as this module sees them (distributed is untyped, and optional)
+Client = Any
+DaskFuture = Any
+LocalCluster = Any
+
+_CLOSE_TIMEOUT_S = 20.0
+
+
+def _import_distributed() -> Any:
+    try:
+        import distributed
+    except ImportError as exc:
+        raise SchedsvcError(
+            "backend='dask' needs Dask distributed, which is not installed; pip install 'schedsvc[dask]'"
+        ) from exc
+    return distributed
+
+
+async def connect(rt: Runtime, config: Config) -> DaskDevice:
+    """Start an async Client on the running loop (and a LocalCluster if no address is given)."""
+    distributed = _import_distributed()
+    cluster = None
+    if config.dask_address is None:
+        cluster = await distributed.LocalCluster(
+            n_workers=config.cpu_workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",  # any free port: 8787 may be taken by another cluster
+            asynchronous=True,
+        )
+        address = cluster.scheduler_address
+    else:
+        address = config.dask_address
+    try:
+        client = await distributed.Client(
+            address, asynchronous=True, set_as_default=False, timeout=config.dask_timeout_s
+        )
+    except BaseException as exc:
+        if cluster is not None:
+            await cluster.close()
+        if isinstance(exc, OSError | TimeoutError):
+            raise SchedsvcError(
+                f"backend='dask': could not reach the Dask scheduler at {address!r} ({exc}); "
+                "start one (dask scheduler), fix dask_address, or leave it unset for a local cluster"
+            ) from exc
+        raise
+    return DaskDevice(rt, client, cluster)
+
+
+class DaskValue(Remote):
+    """A finished task's value, held by the cluster as a Dask future."""
+
+    __slots__ = ()
+
+    handle: DaskFuture
+
+    async def _fetch(self) -> Any:
+        return await self.handle
+
+    def _fetch_blocking(self, timeout: float | None) -> Any:
+        loop = self.handle.client.loop.asyncio_loop
+        return asyncio.run_coroutine_threadsafe(self._fetch(), loop).result(timeout)
+
+
+class DaskDevice:
+    """Sends the core's ready "cpu" tasks to a Dask cluster; reports their completion back."""
+
+    name = "cpu"
+    # never staged (Runtime.stage_next): a submission is sent at once, so its dependents,
+    # submitted next, can go to the cluster right behind it (see forward)
+    size = 1 << 30
+
+    def __init__(self, rt: Runtime, client: Client, cluster: LocalCluster | None) -> None:
+        self.rt = rt
+        self.client = client
+        self.cluster = cluster
+        # non-empty while no pump is scheduled: the runtime calls wake() when tasks become ready
+        self.idle: list[Any] = [self]
+        self.sent: dict[Task, DaskFuture] = {}  # tasks on the cluster, until the core records their end
+        self.early: dict[Task, tuple[Any, BaseException | None]] = {}  # ended before the core ran them
+        # sent tasks that write out=: their Dask result is (value, out, ...) until written back here
+        self.writers: set[Task] = set()
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._prefix = f"schedsvc-{uuid.uuid4().hex[:8]}"
+        self._count = itertools.count()
+        self.busy = 0.0
+
+    # -- the Device protocol ----------------------------------------------------
+
+    def start(self) -> None:
+        return None
+
+    def wake(self, ready: int) -> Callable[[], None] | None:
+        """With the lock held: schedule one pump on the loop for the ready tasks."""
+        self.idle.clear()
+        return self._schedule_pump
+
+    def stop(self) -> None:
+        return None
+
+    def join(self, timeout: float | None) -> list[threading.Thread]:
+        return []
+
+    def busy_seconds(self) -> dict[str, float]:
+        return {}
+
+    # -- sending -----------------------------------------------------------------
+
+    def _schedule_pump(self) -> None:
+        loop = self.rt.loop
+        try:
+            if _on_loop(loop):
+                loop.call_soon(self._pump)
+            else:
+                loop.call_soon_threadsafe(self._pump)
+        except RuntimeError:  # the loop is closed: nothing can run any more
+            pass
+
+    def _pump(self) -> None:
+        """On the loop: take every ready task and send it to the cluster."""
+        rt = self.rt
+        tasks = []
+        with rt.lock:
+            take = rt.core.take
+            while (task := take("cpu")) is not None:
+                tasks.append(task)
+            if not self.idle:  # re-armed under the lock: later ready tasks wake us again
+                self.idle.append(self)
+        for task in tasks:
+            if task not in self.sent:
+                self._send(task)
+            elif task in self.early:  # forwarded, and its outcome is already here
+                self._finish(task, *self.early.pop(task))
+
+    def forward(self, task: Task) -> None:
+        """A task just admitted waits only for parents that are on the cluster: send it now.
+
+        Dask itself then starts it when its parents' data is there, with no
+        round trip through this process per link of a chain.  Only data
+        dependencies qualify: a task held back by a buffer hazard (or one that
+        writes ``out=``, which is written back here in order) waits for the core.
+        """
+        loop = self.rt.loop
+        if not _on_loop(loop):
+            loop.call_soon_threadsafe(self.forward, task)
+            return
+        if task in self.sent or isinstance((task.kwargs or {}).get("out"), np.ndarray):
+            return
+        with self.rt.lock:
+            if task.state != "waiting":
+                return
+            parents = [d for d in task.deps if d.state not in FINAL_STATES]
+            if len(parents) != task.n_waiting:  # some edge is a buffer hazard
+                return
+            if any(p in self.writers for p in parents):  # its value exists only once written back
+                return
+            unsent = any(p not in self.sent for p in parents)
+        if unsent:
+            self._pump()  # parents that are ready but not sent yet go first
+            if any(p not in self.sent for p in parents):
+                return
+        self._send(task)
+
+    def _send(self, task: Task) -> None:
+        kwargs = task.kwargs or {}
+        out = kwargs.get("out")
+        key = f"{task.label}-{next(self._count)}-{self._prefix}"
+        try:
+            args = _to_dask(task.args, self.sent)
+            dkwargs = _to_dask(kwargs, self.sent)
+            if isinstance(out, np.ndarray):
+                dfut = self.client.submit(
+                    _apply_writing, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
+                )
+            else:
+                dfut = self.client.submit(
+                    _apply, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
+                )
+        except BaseException as exc:  # could not even be sent (unpicklable, client closed): it failed
+            self._finish(task, None, exc)
+            return
+        self.sent[task] = dfut
+        if isinstance(out, np.ndarray):
+            self.writers.add(task)
+        watcher = self.rt.loop.create_task(
+            self._watch(task, dfut, out if isinstance(out, np.ndarray) else None)
+        )
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, task: Task, dfut: DaskFuture, out: np.ndarray | None) -> None:
+        """Wait for the Dask future; report the outcome to the core without fetching the value."""
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            await dfut._exception()  # waits for the key's final state; moves no data
+            status = dfut.status
+            if status == "finished":
+                if out is None:
+                    value = DaskValue(dfut)
+                else:
+                    value, error = _write_back(out, await dfut)
+            elif status == "error":
+                error = _remote_error(dfut)
+            else:
+                error = asyncio.CancelledError(f"{task!r} was cancelled on the Dask cluster ({status})")
+        except Exception as exc:  # the client lost the scheduler, the value could not be fetched, ...
+            error = exc
+        except BaseException:  # the watcher itself was cancelled (the loop is shutting down)
+            self._finish(task, None, SchedsvcError(f"{task!r}: stopped watching its Dask future"))
+            raise
+        self._finish(task, value, error)
+
+    def _finish(self, task: Task, value: Any, error: BaseException | None) -> None:
+        """Record the outcome in the core, if it has the task running (on the loop)."""
+        rt = self.rt
+        with rt.lock:
+            state = task.state
+            if state == "running":
+                self.sent.pop(task, None)
+                self.writers.discard(task)
+                rt.core.finish(task, value, error, False)
+                after = rt.collect()
+            elif state in FINAL_STATES:  # failed through a parent, or cancelled, meanwhile
+                self.sent.pop(task, None)
+                self.writers.discard(task)
+                return
+            else:  # forwarded, and done before the core made it ready: kept for the pump
+                self.early[task] = (value, error)
+                return
+        if after is not None:
+            after()
+
+    # -- cancelling and closing ------------------------------------------------
+
+    def cancel(self, task: Task) -> bool:
+        """Cancel a task that was sent (from any thread); False if it is not in flight."""
+        dfut = self.sent.get(task)
+        if dfut is None or dfut.done():
+            return False
+        self._call_on_loop(self._cancel_now, [dfut])
+        return True
+
+    def cancel_all(self) -> None:
+        """Cancel every task in flight (``aclose(cancel_pending=True)``)."""
+        futures = [f for f in list(self.sent.values()) if not f.done()]
+        if futures:
+            self._call_on_loop(self._cancel_now, futures)
+
+    def _cancel_now(self, futures: list[DaskFuture]) -> None:
+        job = self.rt.loop.create_task(self.client.cancel(futures, reason="cancelled by schedsvc"))
+        self._watchers.add(job)
+        job.add_done_callback(self._watchers.discard)
+
+    def _call_on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self.rt.loop
+        if _on_loop(loop):
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    async def aclose(self) -> None:
+        """Close the client, and the local cluster if this engine started it."""
+        if self._watchers:  # after the engine's barrier: cancels, and forwarded tasks failing
+            await asyncio.wait(list(self._watchers), timeout=_CLOSE_TIMEOUT_S)
+        self.sent.clear()
+        self.early.clear()
+        self.writers.clear()
+        try:
+            await asyncio.wait_for(self.client.close(), _CLOSE_TIMEOUT_S)
+        finally:
+            if self.cluster is not None:
+                await asyncio.wait_for(self.cluster.close(), _CLOSE_TIMEOUT_S)
+
+
+def _apply(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run on a worker: the task itself (options of ``client.submit`` never reach ``fn``)."""
+    return fn(*args, **kwargs)
+
+
+def _apply_writing(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, np.ndarray, BaseException | None, bool]:
+    """Run on a worker: the task, then what it wrote into its copy of ``out``, error or not.
+
+    The last item says whether ``fn`` returned ``out`` itself (as ufuncs do):
+    identity does not survive the trip back, so it is sent as a flag.
+    """
+    out = kwargs["out"]
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:  # the partial write must still reach the frontend's array
+        return None, out, exc, False
+    returned_out = value is out
+    return (None if returned_out else value), out, None, returned_out
+
+
+def _write_back(
+    out: np.ndarray, result: tuple[Any, np.ndarray, BaseException | None, bool]
+) -> tuple[Any, Any]:
+    """Copy the worker's ``out`` into the frontend's array; the task's (value, error)."""
+    value, written, error, returned_out = result
+    np.copyto(out, written)
+    return (out if returned_out else value), error
+
+
+def _remote_error(dfut: DaskFuture) -> BaseException:
+    error = dfut._state.exception
+    traceback = dfut._state.traceback
+    if isinstance(error, BaseException):
+        return error.with_traceback(traceback) if traceback is not None else error
+    return SchedsvcError(f"the Dask task {dfut.key!r} failed: {error!r}")
+
+
+def _to_dask(obj: Any, sent: dict[Task, DaskFuture]) -> Any:
+    """``obj`` with each Task replaced by its Dask future (or its value, if it lives here)."""
+    if isinstance(obj, Task):
+        dfut = sent.get(obj)
+        if dfut is not None:
+            return dfut
+        value = obj.value
+        return value.handle if isinstance(value, Remote) else value
+    kind = type(obj)
+    if kind is tuple or kind is list:
+        return kind(_to_dask(x, sent) for x in obj)
+    if kind is dict:
+        return {k: _to_dask(v, sent) for k, v in obj.items()}
+    if isinstance(obj, tuple):  # a namedtuple
+        items = [_to_dask(x, sent) for x in obj]
+        return kind._make(items) if hasattr(kind, "_make") else kind(items)
+    if isinstance(obj, list | dict):  # a subclass: a shallow copy keeps its class and state
+        new = copy.copy(obj)
+        if isinstance(obj, list):
+            new[:] = [_to_dask(x, sent) for x in obj]
+        else:
+            for key, value in obj.items():
+                new[key] = _to_dask(value, sent)
+        return new
+    return obj
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -1,0 +1,189 @@
+"""The Dask backend's own behaviour: where values live, what is refused, cancel, close, lost workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import schedsvc as ss
+from schedsvc._runtime._remote import Remote
+from tests.conftest import start_local_cluster
+from tests.runtime.helpers import FileGate, until, within
+
+pytestmark = pytest.mark.dask
+distributed = pytest.importorskip("distributed")
+
+
+def engine(address: str, **options: Any) -> ss.Engine:
+    return ss.Engine(backend="dask", dask_address=address, cpu_workers=2, **options)
+
+
+def worker_pid() -> int:
+    return os.getpid()
+
+
+def die() -> None:
+    os._exit(1)  # the worker process dies while running this task
+
+
+async def test_intermediate_values_stay_on_the_cluster_until_awaited(dask_address: str) -> None:
+    async with engine(dask_address) as eng:
+        a = await eng.submit(np.arange, 1000)
+        b = eng.submit_nowait(np.multiply, a, 2)
+        total = eng.submit_nowait(np.sum, b)
+        await within(eng.waitall())
+        # finished, but only handles to the workers' data are here
+        for fut in (a, b, total):
+            assert isinstance(fut.value, Remote)
+        assert await within(total) == 999 * 1000
+        assert isinstance(a.value, Remote)  # never fetched: a and b stayed on the workers
+
+
+async def test_tasks_run_in_the_worker_processes(dask_address: str) -> None:
+    async with engine(dask_address) as eng:
+        pids = await within(asyncio.gather(*[eng.run(worker_pid) for _ in range(4)]))
+    assert os.getpid() not in pids
+
+
+async def test_writes_through_a_closure_are_refused_with_what_to_do(dask_address: str) -> None:
+    buf = np.zeros(3)
+    async with engine(dask_address) as eng:
+        with pytest.raises(ss.InvalidTask, match=r"writes=.*another process.*Return the new array"):
+            eng.submit_nowait(buf.fill, 1.0, writes=buf)
+        with pytest.raises(ss.InvalidTask, match="out= must be a NumPy array"):
+            eng.submit_nowait(np.add, 1, 1, out=[0])
+
+
+async def test_tensors_and_compile_are_refused(dask_address: str) -> None:
+    async with engine(dask_address) as eng:
+        with pytest.raises(ss.InvalidTask, match="not available with backend='dask'"):
+            eng.asarray(np.ones(3))
+        with pytest.raises(ss.InvalidTask, match="not available with backend='dask'"):
+            eng.zeros(3)
+        with pytest.raises(ss.InvalidTask, match="not available with backend='dask'"):
+            eng.compile(lambda x: x + 1)
+
+
+async def test_settings_that_cannot_apply_fail_at_start(dask_address: str) -> None:
+    with pytest.raises(ss.SchedsvcError, match="sync_mode"):
+        await engine(dask_address, sync_mode=True).start()
+    with pytest.raises(ss.DeviceError, match="CPU tasks only"):
+        await engine(dask_address, devices=("cpu", "cuda:0")).start()
+
+
+async def test_an_unreachable_scheduler_says_what_to_do() -> None:
+    eng = ss.Engine(backend="dask", dask_address="tcp://127.0.0.1:1", dask_timeout_s=1.0)
+    with pytest.raises(ss.SchedsvcError, match="could not reach the Dask scheduler"):
+        await within(eng.start(), 60)
+
+
+async def test_result_on_the_event_loop_thread_is_refused(dask_address: str) -> None:
+    async with engine(dask_address) as eng:
+        fut = eng.submit_nowait(np.add, 1, 1)
+        with pytest.raises(ss.SchedsvcError, match="use 'await fut'"):
+            fut.result()
+        assert await within(fut) == 2
+
+
+async def test_cancel_of_a_task_sent_to_dask_cancels_its_dask_future(
+    dask_address: str, tmp_path: Path
+) -> None:
+    gate = FileGate(str(tmp_path))
+    async with engine(dask_address) as eng:
+        held = [eng.submit_nowait(gate.hold(i)) for i in range(2)]
+        await gate.wait_started(2)  # both workers busy: the next task waits on the cluster
+        sent = eng.submit_nowait(np.add, 1, 1)
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        await until(lambda: sent in device.sent)
+        assert sent.running()  # in schedsvc's terms it has started: Dask has it
+        assert sent.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await within(sent)
+        gate.open()
+        assert [await within(f) for f in held] == [0, 1]
+
+
+async def test_a_chain_goes_to_the_cluster_before_its_head_finishes(
+    dask_address: str, tmp_path: Path
+) -> None:
+    gate = FileGate(str(tmp_path))
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        head = eng.submit_nowait(gate.hold(1))
+        chain = [head]
+        for _ in range(3):
+            chain.append(eng.submit_nowait(np.add, chain[-1], 1))
+        await gate.wait_started(1)
+        # Dask orders the links itself: each went out as soon as it was submitted
+        assert all(f in device.sent for f in chain)
+        assert [f.state for f in chain[1:]] == ["waiting"] * 3
+        gate.open()
+        assert await within(chain[-1]) == 4
+
+
+async def test_a_task_behind_a_buffer_hazard_waits_for_the_core(dask_address: str, tmp_path: Path) -> None:
+    gate = FileGate(str(tmp_path))
+    buf = np.zeros(2)
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        head = eng.submit_nowait(gate.hold(1))
+        writer = eng.submit_nowait(np.add, buf, head, out=buf)  # written back here, in order
+        reader = eng.submit_nowait(np.sum, buf)  # must see the write: held by the core, not sent
+        await gate.wait_started(1)
+        assert writer not in device.sent and reader not in device.sent
+        gate.open()
+        assert await within(reader) == 2
+
+
+async def test_embedded_local_cluster_is_started_and_closed() -> None:
+    eng = ss.Engine(backend="dask", cpu_workers=2)  # no address: a LocalCluster on 127.0.0.1
+    await within(eng.start(), 60)
+    try:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        assert device.cluster is not None
+        assert device.cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        assert await within(eng.run(np.add, 2, 3)) == 5
+    finally:
+        await within(eng.aclose(), 60)
+    assert device.client.status == "closed"
+    assert device.cluster.status.name == "closed"
+
+
+@pytest.fixture(scope="module")
+def fragile_address() -> Iterator[str]:
+    """A cluster of its own for killing workers: a task may be retried once, then it fails."""
+    cluster = start_local_cluster(**{"distributed.scheduler.allowed-failures": 1})
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+async def test_a_worker_killed_mid_task_is_retried_elsewhere(fragile_address: str, tmp_path: Path) -> None:
+    gate = FileGate(str(tmp_path))
+    async with engine(fragile_address) as eng:
+        held = eng.submit_nowait(gate.hold(21))
+        doubled = eng.submit_nowait(np.multiply, held, 2)
+        await gate.wait_started(1)
+        os.kill(gate.started()[0], signal.SIGKILL)  # the worker dies while the task runs
+        gate.open()
+        assert await within(doubled, 60) == 42  # Dask ran it again on a live worker
+        assert len(gate.started()) == 2
+
+
+async def test_a_task_that_keeps_killing_workers_fails_clearly(fragile_address: str) -> None:
+    async with engine(fragile_address) as eng:
+        fut = eng.submit_nowait(die)
+        child = eng.submit_nowait(np.add, fut, 1)
+        with pytest.raises(distributed.KilledWorker):
+            await within(fut, 60)
+        with pytest.raises(ss.DependencyError, match="KilledWorker"):
+            await within(child)
+        assert await within(eng.run(np.add, 1, 1), 60) == 2  # the engine keeps serving
