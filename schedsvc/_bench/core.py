@@ -39,7 +39,10 @@ import schedsvc as ss
 __all__ = ["CASES", "TARGETS", "run"]
 
 N_TINY = 10_000
-W2_TRACED_PAIRS = 2  # untraced, traced, untraced, traced
+#: W2 blocks of the traced case, untraced (False) and traced (True): each kind comes first, last and
+#: after each kind equally often, since a block's place (after a trace was written, say) moves its time
+W2_TRACED_ORDER = (False, True, True, False, True, False, False, True)
+W2_TRACED_PAIRS = len(W2_TRACED_ORDER) // 2
 N_W4 = 1_000
 MiB = 2**20
 Figures = dict[str, float]
@@ -82,7 +85,7 @@ async def w1_w2_schedsvc() -> Figures:
 
 
 async def w2_traced() -> Figures:
-    """W2 inside ``eng.trace`` against W2 outside it, on one engine, in alternating blocks.
+    """W2 inside ``eng.trace`` against W2 outside it, on one engine, in blocks of balanced order.
 
     Pairing the blocks on one warm engine keeps machine drift out of the ratio;
     writing the file is timed apart.
@@ -94,8 +97,7 @@ async def w2_traced() -> Figures:
     with tempfile.TemporaryDirectory() as tmp:
         async with _engine() as eng:
             await eng.run(np.add, x, 1)  # warm
-            for block in range(2 * W2_TRACED_PAIRS):
-                on = block % 2 == 1
+            for on in W2_TRACED_ORDER:
                 trace = eng.trace(os.path.join(tmp, "w2.json")) if on else contextlib.nullcontext()
                 with trace as timeline:
                     t0 = time.perf_counter()
