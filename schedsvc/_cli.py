@@ -8,6 +8,8 @@ imports happen inside ``run``, so ``schedsvc --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -45,10 +47,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.reps < 1:
         print("schedsvc bench: --reps must be at least 1", file=sys.stderr)
         return 2
-    if args.suite == "tensor":
-        return _bench_tensor(args)
-    if args.suite == "dask":
-        return _bench_dask(args)
+    if args.suite != "core":
+        return _bench_suite(args)
     cases = args.cases.split(",") if args.cases else None
     unknown = set(cases or ()) - set(core.CASES)
     if unknown:
@@ -57,36 +57,28 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    quiet = args.json == "-"
-    report = core.run(reps=args.reps, cases=cases, progress=None if quiet else progress)
-    emit(report, args.json, core.format_report)
-    return 0
+    return _report(args, functools.partial(core.run, cases=cases), core.format_report)
 
 
-def _bench_tensor(args: argparse.Namespace) -> int:
-    from ._bench import tensor
-
+def _bench_suite(args: argparse.Namespace) -> int:
+    """``tensor`` or ``dask``: suites without --cases."""
     if args.cases:
-        print("schedsvc bench tensor: --cases applies to the core suite only", file=sys.stderr)
-        return 2
-    quiet = args.json == "-"
-    report = tensor.run(reps=args.reps, progress=None if quiet else progress)
-    emit(report, args.json, tensor.format_report)
-    return 0
-
-
-def _bench_dask(args: argparse.Namespace) -> int:
-    if args.cases:
-        print("schedsvc bench dask: --cases applies to the core suite only", file=sys.stderr)
+        print(f"schedsvc bench {args.suite}: --cases applies to the core suite only", file=sys.stderr)
         return 2
     try:
-        from ._bench import dask
-    except ImportError:
-        print("schedsvc bench dask needs Dask: pip install 'schedsvc[dask]'", file=sys.stderr)
+        suite = importlib.import_module(f"._bench.{args.suite}", __package__)
+    except ImportError:  # only the dask suite needs an extra
+        print(f"schedsvc bench {args.suite} needs Dask: pip install 'schedsvc[dask]'", file=sys.stderr)
         return 2
+    return _report(args, suite.run, suite.format_report)
+
+
+def _report(
+    args: argparse.Namespace, run: Callable[..., dict[str, Any]], fmt: Callable[[dict[str, Any]], str]
+) -> int:
+    """Run a suite (progress lines unless the JSON goes to stdout) and emit its report."""
     quiet = args.json == "-"
-    report = dask.run(reps=args.reps, progress=None if quiet else progress)
-    emit(report, args.json, dask.format_report)
+    emit(run(reps=args.reps, progress=None if quiet else progress), args.json, fmt)
     return 0
 
 

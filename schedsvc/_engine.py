@@ -71,7 +71,7 @@ class Engine:
         """Start the workers on the running event loop."""
         if self._state != "new":
             raise EngineClosed(f"{self!r} was already started; create a new Engine")
-        remote = self.config.backend == "dask"
+        remote = self._remote
         if remote:
             _check_dask_config(self.config)
         for name in self.config.devices:

@@ -234,9 +234,8 @@ class Runtime:
         while this one blocks, so a task waiting on another never starves it.
         """
         worker = current_worker()
-        if (
-            task.device == "cpu" and not self.remote and self.claim(task)
-        ):  # this thread would only wait: run it here
+        # this thread would only wait: run it here (not on Dask, where no task runs in this process)
+        if task.device == "cpu" and not self.remote and self.claim(task):
             self.execute(task, chain=False)  # just this task: its dependents go to the queue
             return True
         self.flush()
