@@ -280,12 +280,15 @@ async def test_recording_stops_soon_after_the_cap_and_keeps_the_earliest(tmp_pat
 async def test_past_the_cap_the_scheduler_stops_listing_edges(tmp_path: Path) -> None:
     async with ss.Engine(cpu_workers=1, inline_threshold_us=0) as eng:  # every span on cpu-0
         with eng.trace(tmp_path / "run.json", max_spans=1000) as timeline:
-            for i in range(1100):  # past 1,024 spans the cap (1,000) is found reached
-                await within(eng.submit(operator.add, i, 1))
+            first = eng.submit_nowait(operator.add, 1, 1)
+            await within(eng.run(operator.add, first, 1))  # an edge, listed
+            assert len(timeline.edges) == 1
+            for i in range(1100):  # each awaited: past 1,024 spans the cap (1,000) is found reached
+                await within(eng.run(operator.add, i, 1))
             assert eng._rt is not None and eng._rt.core.edges is None
             link = eng.submit_nowait(operator.add, 1, 1)
-            await within(eng.submit(operator.add, link, 1))  # an edge the trace no longer lists
-        assert timeline.edges == []  # independent tasks: none listed before the cap either
+            await within(eng.run(operator.add, link, 1))  # an edge the trace no longer lists
+        assert len(timeline.edges) == 1
 
 
 def test_shared_shape_lists_stay_bounded(tmp_path: Path) -> None:
