@@ -342,9 +342,9 @@ class Engine:
         """Record what runs inside the block; write it to ``path`` as Chrome trace JSON at the end.
 
         Open the file in https://ui.perfetto.dev or ``chrome://tracing``: a
-        track per worker thread with a span per task (name, argument shapes,
-        error), flow arrows along dependency edges, and counter tracks of
-        pending tasks and bytes.  Tasks that finish inside the block are
+        track per worker thread (per Dask worker on ``backend="dask"``) with a
+        span per task (name, argument shapes, error), flow arrows along
+        dependency edges, and counter tracks of pending tasks and bytes.  Tasks that finish inside the block are
         recorded: await the work (``await eng.waitall()``) before leaving it.
         Spans past ``max_spans`` are counted, not kept (about 100 bytes each).
         A path whose directory is missing or not writable raises

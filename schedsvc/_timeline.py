@@ -3,7 +3,7 @@
 ``with eng.trace("run.json"):`` (or ``Config(trace_path=...)`` for an engine's
 whole life) records every task that finishes meanwhile: a span on the track of
 the thread that ran it (one track per CPU worker, plus any thread that ran a
-task inline), with its name, the shapes of its array arguments and of the
+task inline; on a Dask cluster, one per Dask worker, see ``remote_span``), with its name, the shapes of its array arguments and of the
 values it took from futures, and its error; a flow arrow for every dependency
 edge the scheduler made (data and buffer hazards), from the parent's span to
 the child's; and counter tracks of pending tasks and pending bytes, sampled at
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._core import Task
+from ._core import Task, name_of
 
 if TYPE_CHECKING:
     from ._core import Scheduler
 
-__all__ = ["Timeline"]
+__all__ = ["Timeline", "describe"]
 
 _PID = 1
 _ndarray = np.ndarray
@@ -65,6 +65,7 @@ class Timeline:
                 f"cannot write a trace to {self.path!r}: directory {folder!r} is not writable"
             )
         self.t0 = time.perf_counter()
+        self.wall0 = time.time()  # the same instant on the wall clock: remote spans are timed with it
         self.max_spans = max_spans  # a whole-life trace of a long-running service stays bounded
         self._dropped = 0  # spans not kept because the cap was reached
         self._full = False  # the cap is reached: count spans, do not keep them
@@ -73,6 +74,7 @@ class Timeline:
         # to scan (a tuple per span does; array('d') converts each value slowly), and no two workers
         # write to the same list
         self._local = threading.local()  # .records: this thread's spans
+        self._remote: dict[str, list[Any]] = {}  # track name -> its spans, for tasks run elsewhere
         self._tracks: list[tuple[str, list[Any]]] = []  # (track name, its spans), track number - 1
         self.loop_thread: int | None = None  # the event loop's thread: its track is the inline runs
         self.edges: list[tuple[int, int]] = []  # (parent seq, child seq), appended by the scheduler
@@ -122,8 +124,36 @@ class Timeline:
                     name = None
                 name = self._names.setdefault(name, name) if type(name) is str else None
         # the error as a string: a kept exception would keep its traceback's frames alive
-        records.extend((task.seq, name, start, end, shapes, None if error is None else _describe(error)))
+        records.extend((task.seq, name, start, end, shapes, None if error is None else describe(error)))
         if len(records) % _CAP_CHECK == 0:  # every 1,024 spans of a thread: the cap, all threads
+            self._check_cap()
+
+    def remote_span(
+        self,
+        task: Task,
+        track: str,
+        start: float,
+        end: float,
+        shapes: tuple[tuple[int, ...], ...] | None,
+        error: str | None,
+    ) -> None:
+        """(On the loop thread) ``task`` ran on another machine's ``track`` from ``start`` to ``end``.
+
+        The times are that machine's wall clock (``time.time()``); they are placed on this
+        trace's clock through the instant the trace started, so the machines' clocks must agree
+        (NTP) for spans from several machines to line up.
+        """
+        if self._full:
+            self._dropped += 1
+            return
+        records = self._remote.get(track)
+        if records is None:
+            records = self._remote[track] = []
+            self._tracks.append((track, records))
+        shift = self.t0 - self.wall0
+        name = task.name or name_of(task.fn)
+        records.extend((task.seq, name, start + shift, end + shift, shapes, error))
+        if len(records) % _CAP_CHECK == 0:
             self._check_cap()
 
     def _check_cap(self) -> None:
@@ -298,7 +328,7 @@ class Timeline:
         return round((t - self.t0) * 1e6, 3)
 
 
-def _describe(error: BaseException) -> str:
+def describe(error: BaseException) -> str:
     """``Type: message``, at most 300 characters; never raises (a user's ``__str__`` runs here)."""
     try:
         return f"{type(error).__name__}: {error}"[:300]

@@ -19,6 +19,12 @@ executor takes the tasks it makes ready and sends them with ``client.submit``.
 * Completions are watched on the engine's event loop (the async ``Client``
   lives there); each one is reported to the core under the runtime lock, as a
   worker thread would.  ``cancel()`` of a sent task cancels its Dask future.
+* While a trace is recorded, a task sent runs inside ``_apply_traced``: the
+  worker times it and logs a span event (worker, thread, times, argument
+  shapes, error) on this engine's topic.  The event travels the same ordered
+  streams as the task's completion (worker -> scheduler -> client), so it is
+  here before the task's future is done; the span goes on a track per Dask
+  worker, and its time counts in ``stats().worker_busy_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,10 +43,9 @@ import numpy as np
 from .._core import FINAL_STATES, Task
 from .._errors import SchedsvcError
 from .._runtime._remote import Remote
+from .._timeline import describe
 
 if TYPE_CHECKING:
-    import threading
-
     from .._config import Config
     from .._runtime import Runtime
 
@@ -50,6 +57,8 @@ DaskFuture = Any
 LocalCluster = Any
 
 _CLOSE_TIMEOUT_S = 20.0
+_SPAN_WAIT_S = 2.0  # how long a finished traced task waits for its span event (it is normally there)
+_MAX_SHAPES = 8
 
 
 def _import_distributed() -> Any:
@@ -130,7 +139,12 @@ class DaskDevice:
         self._watchers: set[asyncio.Task[None]] = set()
         self._prefix = f"schedsvc-{uuid.uuid4().hex[:8]}"
         self._count = itertools.count()
-        self.busy = 0.0
+        # traced tasks on the cluster whose span has not come back yet, by Dask key
+        self.traced: dict[str, Task] = {}
+        self._span_waiters: dict[str, asyncio.Future[None]] = {}
+        self._busy: dict[str, float] = {}  # seconds of traced tasks per Dask worker track
+        self.topic = f"{self._prefix}-spans"  # this engine's span events, and no other engine's
+        client.subscribe_topic(self.topic, self._on_span)
 
     # -- the Device protocol ----------------------------------------------------
 
@@ -149,7 +163,8 @@ class DaskDevice:
         return []
 
     def busy_seconds(self) -> dict[str, float]:
-        return {}
+        """Seconds spent in the tasks traced so far, per Dask worker (threads are not timed otherwise)."""
+        return dict(self._busy)
 
     # -- sending -----------------------------------------------------------------
 
@@ -212,20 +227,33 @@ class DaskDevice:
         kwargs = task.kwargs or {}
         out = kwargs.get("out")
         key = f"{task.label}-{next(self._count)}-{self._prefix}"
+        run = _apply_writing if isinstance(out, np.ndarray) else _apply
+        traced = self.rt.timeline is not None
         try:
             args = _to_dask(task.args, self.sent)
             dkwargs = _to_dask(kwargs, self.sent)
-            if isinstance(out, np.ndarray):
+            if traced:
                 dfut = self.client.submit(
-                    _apply_writing, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
+                    _apply_traced,
+                    run,
+                    task.fn,
+                    args,
+                    dkwargs,
+                    key,
+                    self.topic,
+                    key=key,
+                    pure=False,
+                    priority=task.priority,
                 )
             else:
                 dfut = self.client.submit(
-                    _apply, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
+                    run, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
                 )
         except BaseException as exc:  # could not even be sent (unpicklable, client closed): it failed
             self._finish(task, None, exc)
             return
+        if traced:
+            self.traced[key] = task
         self.sent[task] = dfut
         if isinstance(out, np.ndarray):
             self.writers.add(task)
@@ -242,6 +270,8 @@ class DaskDevice:
         try:
             await dfut._exception()  # waits for the key's final state; moves no data
             status = dfut.status
+            if dfut.key in self.traced and status in ("finished", "error"):
+                await self._wait_for_span(dfut.key)
             if status == "finished":
                 if out is None:
                     value = DaskValue(dfut)
@@ -256,7 +286,41 @@ class DaskDevice:
         except BaseException:  # the watcher itself was cancelled (the loop is shutting down)
             self._finish(task, None, SchedsvcError(f"{task!r}: stopped watching its Dask future"))
             raise
+        self.traced.pop(dfut.key, None)  # cancelled, or its span came: nothing more will come
         self._finish(task, value, error)
+
+    # -- traced spans --------------------------------------------------------------
+
+    def _on_span(self, event: tuple[float, dict[str, Any]]) -> None:
+        """On the loop: a traced task's span, logged by its worker; placed on the trace, if one is on."""
+        _, msg = event
+        key = msg["key"]
+        task = self.traced.pop(key, None)
+        waiter = self._span_waiters.pop(key, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if task is None:  # not ours, or given up on
+            return
+        track = f"dask {msg['worker']}"
+        if msg["nthreads"] > 1:
+            track += f" {msg['thread']}"
+        start, stop = msg["start"], msg["stop"]
+        self._busy[track] = self._busy.get(track, 0.0) + (stop - start)
+        timeline = self.rt.timeline
+        if timeline is not None:  # the trace may have ended while the task ran
+            shapes = tuple(tuple(s) for s in msg["shapes"]) or None
+            timeline.remote_span(task, track, start, stop, shapes, msg["error"])
+
+    async def _wait_for_span(self, key: str) -> None:
+        """A traced task is done: its span event is normally here already; wait briefly if not."""
+        waiter = self._span_waiters[key] = self.rt.loop.create_future()
+        try:
+            await asyncio.wait_for(waiter, _SPAN_WAIT_S)
+        except TimeoutError:  # the worker died after running it, say: the task is done without a span
+            pass
+        finally:
+            self._span_waiters.pop(key, None)
+            self.traced.pop(key, None)
 
     def _finish(self, task: Task, value: Any, error: BaseException | None) -> None:
         """Record the outcome in the core, if it has the task running (on the loop)."""
@@ -313,6 +377,7 @@ class DaskDevice:
         self.sent.clear()
         self.early.clear()
         self.writers.clear()
+        self.traced.clear()
         try:
             await asyncio.wait_for(self.client.close(), _CLOSE_TIMEOUT_S)
         finally:
@@ -340,6 +405,50 @@ def _apply_writing(
         return None, out, exc, False
     returned_out = value is out
     return (None if returned_out else value), out, None, returned_out
+
+
+def _apply_traced(
+    run: Callable[..., Any],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    key: str,
+    topic: str,
+) -> Any:
+    """Run on a worker: ``run(fn, args, kwargs)``, timed, and its span logged on ``topic``.
+
+    The event is logged before the task returns, so the worker sends it to the
+    scheduler ahead of the task's completion, and the client receives it first.
+    """
+    import distributed
+
+    start = time.time()
+    error: str | None = None
+    try:
+        result = run(fn, args, kwargs)
+        if run is _apply_writing and result[2] is not None:  # it raised after a partial write
+            error = describe(result[2])
+        return result
+    except BaseException as exc:
+        error = describe(exc)
+        raise
+    finally:
+        stop = time.time()
+        worker = distributed.get_worker()
+        shapes = [list(a.shape) for a in args if isinstance(a, np.ndarray)][:_MAX_SHAPES]
+        worker.log_event(
+            topic,
+            {
+                "key": key,
+                "start": start,
+                "stop": stop,
+                "worker": worker.address,
+                "nthreads": worker.state.nthreads,
+                "thread": threading.current_thread().name,
+                "shapes": shapes,
+                "error": error,
+            },
+        )
 
 
 def _write_back(

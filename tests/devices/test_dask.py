@@ -16,6 +16,7 @@ import schedsvc as ss
 from schedsvc._runtime._remote import Remote
 from tests.conftest import start_local_cluster
 from tests.runtime.helpers import FileGate, until, within
+from tests.runtime.test_trace import check_well_formed, load
 
 pytestmark = pytest.mark.dask
 distributed = pytest.importorskip("distributed")
@@ -187,3 +188,57 @@ async def test_a_task_that_keeps_killing_workers_fails_clearly(fragile_address: 
         with pytest.raises(ss.DependencyError, match="KilledWorker"):
             await within(child)
         assert await within(eng.run(np.add, 1, 1), 60) == 2  # the engine keeps serving
+
+
+async def test_a_traced_run_has_a_span_per_task_on_a_track_per_dask_worker(
+    dask_address: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "dask.json"
+    buf = np.zeros(4)
+    async with engine(dask_address) as eng:
+        with eng.trace(path):
+            a = await eng.submit(np.ones, (32, 32))
+            b = await eng.submit(np.dot, a, a)  # a data edge across the cluster
+            c = await eng.submit(np.add, b, 1.0)
+            w = await eng.submit(np.add, buf, 1.0, out=buf)  # written back here
+            r = await eng.submit(np.sum, buf)  # after the write: a hazard edge
+            bad = await eng.submit(np.dot, np.ones(3), np.ones(4))
+            await within(eng.waitall())
+        busy = dict(eng.stats().worker_busy_s)
+    events = load(path)
+    by_task = check_well_formed(events)  # spans closed, flows bound, dependents never overlap
+    assert sorted(by_task) == sorted(f.seq for f in (a, b, c, w, r, bad))
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert tracks and all(t.startswith("dask tcp://127.0.0.1:") for t in tracks), tracks
+    assert by_task[b.seq]["name"] == "dot"
+    assert by_task[b.seq]["args"]["shapes"] == [[32, 32], [32, 32]]  # the values the worker took
+    assert "not aligned" in by_task[bad.seq]["args"]["error"]
+    flows = {e["id"]: e for e in events if e["ph"] in "sf"}
+    assert len(flows) >= 3  # a->b, b->c, w->r at least
+    # the busy time of each worker is the sum of its spans
+    assert busy.keys() == tracks
+    assert sum(busy.values()) == pytest.approx(sum(s["dur"] for s in by_task.values()) / 1e6, rel=0.01)
+
+
+async def test_untraced_tasks_log_no_spans(dask_address: str) -> None:
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        assert await within(eng.run(np.add, 1, 2)) == 3
+        fut = await eng.submit(np.multiply, 3, 4)
+        assert await within(fut) == 12
+        assert device.traced == {} and eng.stats().worker_busy_s == {}
+
+
+async def test_a_lost_span_event_does_not_hold_the_task(
+    dask_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from schedsvc.devices import dask as dask_device
+
+    monkeypatch.setattr(dask_device, "_SPAN_WAIT_S", 0.2)
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        device.topic = "nobody-listens"  # the worker logs the span where this engine does not hear it
+        with eng.trace(tmp_path / "lost.json"):
+            assert await within(eng.run(np.add, 2, 2)) == 4  # done after the short wait, without a span
+        assert device.traced == {}
+    assert [e for e in load(tmp_path / "lost.json") if e["ph"] == "X"] == []

@@ -19,6 +19,8 @@ from .helpers import Gate, occupied, within
 
 def load(path: Path) -> list[dict[str, Any]]:
     doc = json.loads(path.read_text())
+    # traceEvents first: Perfetto's JSON reader stops at the first top-level key it does not know
+    assert list(doc) == ["traceEvents", "displayTimeUnit", "otherData"]
     assert doc["displayTimeUnit"] == "ms"
     events: list[dict[str, Any]] = doc["traceEvents"]
     return events
@@ -48,6 +50,11 @@ def check_well_formed(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]
         assert span["tid"] in named, f"span on an unnamed track: {span}"
         assert span["args"]["task"] not in by_task, "a task recorded twice"
         by_task[span["args"]["task"]] = span
+    # a flow end binds to the span open on its track when the reader reaches it; at equal times
+    # Perfetto takes complete events first (older versions: file order), so spans come first here
+    phases = [e["ph"] for e in events]
+    if "s" in phases:
+        assert max(i for i, ph in enumerate(phases) if ph == "X") < phases.index("s")
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     finishes = {e["id"]: e for e in events if e["ph"] == "f"}
     assert starts.keys() == finishes.keys(), "every flow arrow has both ends"
