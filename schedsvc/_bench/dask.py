@@ -10,6 +10,8 @@ timed) and warms it with one task first.
 W2  N_W2 tiny independent tasks (np.add on 2 elements), submitted then waited for, us/task
 W3  a chain of N_W3 tiny tasks, each taking the previous result, us/task
 W5  8 independent 1000x1000 float64 np.dot, inputs made on the workers, s in all
+G   the values of N_G finished tiny tasks brought here: ``await asyncio.gather(*futures)``
+    against ``client.gather(futures)``, us/value
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = ["CASES", "run"]
 N_W2 = 2_000
 N_W3 = 500
 N_W5 = 8
+N_G = 1_000
 W5_SIZE = 1000
 Figures = dict[str, float]
 
@@ -147,6 +150,38 @@ async def w5_dask(address: str) -> Figures:
     return {"w5_s": t1 - t0}
 
 
+# -- G: bringing many results back ------------------------------------------------------------
+
+
+async def g_schedsvc(address: str) -> Figures:
+    async with _engine(address) as eng:
+        await eng.run(np.add, 1, 1)
+        futures = [eng.submit_nowait(np.add, 0.5, i) for i in range(N_G)]
+        await eng.waitall()  # all on the cluster; only the fetching is timed
+        t0 = time.perf_counter()
+        values = await asyncio.gather(*futures)
+        t1 = time.perf_counter()
+    assert values[-1] == N_G - 0.5
+    return {"g_us": (t1 - t0) / N_G * 1e6}
+
+
+async def g_dask(address: str) -> Figures:
+    from distributed.client import _wait
+
+    client = await _client(address)
+    try:
+        await client.submit(np.add, 1, 1, pure=False)
+        futures = [client.submit(np.add, 0.5, i, pure=False) for i in range(N_G)]
+        await _wait(futures)
+        t0 = time.perf_counter()
+        values = await client.gather(futures)
+        t1 = time.perf_counter()
+    finally:
+        await client.close()
+    assert values[-1] == N_G - 0.5
+    return {"g_us": (t1 - t0) / N_G * 1e6}
+
+
 CASES: dict[str, Callable[[str], Awaitable[Figures]]] = {
     "w2.schedsvc": w2_schedsvc,
     "w2.dask": w2_dask,
@@ -154,6 +189,8 @@ CASES: dict[str, Callable[[str], Awaitable[Figures]]] = {
     "w3.dask": w3_dask,
     "w5.schedsvc": w5_schedsvc,
     "w5.dask": w5_dask,
+    "g.schedsvc": g_schedsvc,
+    "g.dask": g_dask,
 }
 
 #: (label, figure, target): schedsvc on Dask over plain Dask, per workload.
@@ -161,6 +198,7 @@ TARGETS: list[tuple[str, str, float]] = [
     ("W2 tiny independent tasks / plain Dask", "w2_vs_dask", 1.1),
     ("W3 chain / plain Dask", "w3_vs_dask", 1.1),
     ("W5 8 np.dot / plain Dask", "w5_vs_dask", 1.1),
+    ("G gather 1,000 results / client.gather", "g_vs_dask", 1.1),
 ]
 
 
@@ -205,7 +243,7 @@ def run(reps: int = 5, progress: Callable[[str], None] | None = None) -> dict[st
             s[f"{w}_{unit}"] / d[f"{w}_{unit}"]
             for s, d in zip(samples[f"{w}.schedsvc"], samples[f"{w}.dask"], strict=True)
         )
-        for w, unit in (("w2", "us"), ("w3", "us"), ("w5", "s"))
+        for w, unit in (("w2", "us"), ("w3", "us"), ("w5", "s"), ("g", "us"))
     }
     return {
         "reps": reps,

@@ -242,3 +242,40 @@ async def test_a_lost_span_event_does_not_hold_the_task(
             assert await within(eng.run(np.add, 2, 2)) == 4  # done after the short wait, without a span
         assert device.traced == {}
     assert [e for e in load(tmp_path / "lost.json") if e["ph"] == "X"] == []
+
+
+def spy_on_gather(device: Any) -> list[int]:
+    """Record the number of futures in each ``client.gather`` the engine makes."""
+    calls: list[int] = []
+    real = device.client.gather
+
+    async def gather(futures: list[Any], *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(futures))
+        return await real(futures, *args, **kwargs)
+
+    device.client.gather = gather
+    return calls
+
+
+async def test_values_awaited_together_come_back_in_one_gather(dask_address: str) -> None:
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        futures = [eng.submit_nowait(np.add, 0.5, i) for i in range(50)]
+        await within(eng.waitall())
+        calls = spy_on_gather(device)
+        assert await within(asyncio.gather(*futures)) == [0.5 + i for i in range(50)]
+        assert calls == [50]  # one round trip for the lot
+        assert await within(futures[0]) == 0.5 and calls == [50]  # kept: not fetched again
+        assert await within(eng.run(np.add, 1, 1)) == 2
+        assert calls == [50, 1]  # awaited alone: a gather of one
+
+
+async def test_a_value_that_cannot_be_fetched_fails_alone(dask_address: str) -> None:
+    async with engine(dask_address) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        lost, kept = eng.submit_nowait(np.add, 1, 1), eng.submit_nowait(np.add, 2, 2)
+        await within(eng.waitall())
+        await within(device.client.cancel([lost.value.handle]))  # the cluster drops its value
+        outcomes = await within(asyncio.gather(lost, kept, return_exceptions=True))
+        assert isinstance(outcomes[0], distributed.client.FutureCancelledError)
+        assert outcomes[1] == 4  # the batch's failure is not its neighbour's
