@@ -73,20 +73,22 @@ async def test_a_traced_run_is_well_formed_and_dependents_never_overlap(tmp_path
     path = tmp_path / "run.json"
     async with ss.Engine(cpu_workers=2) as eng:
         with eng.trace(path) as timeline:
-            a = await eng.submit(np.ones, (64, 64))
-            b = await eng.submit(np.dot, a, a)  # data edge a -> b (passed twice: one arrow)
-            c = await eng.submit(operator.add, b, 1.0)
-            d = await eng.submit(operator.mul, a, 2.0)  # fan-out from a
-            buf = np.zeros(8)
-            w1 = await eng.submit(np.add, buf, 1.0, out=buf)  # write
-            r1 = await eng.submit(np.sum, buf)  # read after write: a buffer hazard, not data
-            w2 = await eng.submit(np.multiply, buf, 2.0, out=buf)  # write after read
+            # both workers held until all is submitted: no parent finishes before its child's edge is made
+            async with occupied(eng, 2) as (_, held):
+                a = await eng.submit(np.ones, (64, 64))
+                b = await eng.submit(np.dot, a, a)  # data edge a -> b (passed twice: one arrow)
+                c = await eng.submit(operator.add, b, 1.0)
+                d = await eng.submit(operator.mul, a, 2.0)  # fan-out from a
+                buf = np.zeros(8)
+                w1 = await eng.submit(np.add, buf, 1.0, out=buf)  # write
+                r1 = await eng.submit(np.sum, buf)  # read after write: a buffer hazard, not data
+                w2 = await eng.submit(np.multiply, buf, 2.0, out=buf)  # write after read
             await within(eng.waitall())
         assert timeline.path == str(path)
     events = load(path)
     by_task = check_well_formed(events)
     tasks = [a, b, c, d, w1, r1, w2]
-    assert sorted(by_task) == sorted(t.seq for t in tasks)
+    assert sorted(by_task) == sorted(t.seq for t in tasks + held)
     assert by_task[a.seq]["name"] == "ones" and by_task[b.seq]["name"] == "dot"
     assert by_task[b.seq]["args"]["shapes"] == [[64, 64], [64, 64]]  # the shapes of its inputs' values
     flows = {
@@ -287,14 +289,21 @@ async def test_recording_stops_soon_after_the_cap_and_keeps_the_earliest(tmp_pat
 async def test_past_the_cap_the_scheduler_stops_listing_edges(tmp_path: Path) -> None:
     async with ss.Engine(cpu_workers=1, inline_threshold_us=0) as eng:  # every span on cpu-0
         with eng.trace(tmp_path / "run.json", max_spans=1000) as timeline:
-            first = eng.submit_nowait(operator.add, 1, 1)
-            await within(eng.run(operator.add, first, 1))  # an edge, listed
-            assert len(timeline.edges) == 1
+            # each parent is held until its child is submitted: the edge is made, whatever the timing
+            gate = Gate()
+            first = eng.submit_nowait(gate.hold(lambda: 2))
+            child = eng.submit_nowait(operator.add, first, 1)
+            gate.open()
+            assert await within(child) == 3
+            assert len(timeline.edges) == 1  # an edge, listed
             for i in range(1100):  # each awaited: past 1,024 spans the cap (1,000) is found reached
                 await within(eng.run(operator.add, i, 1))
             assert eng._rt is not None and eng._rt.core.edges is None
-            link = eng.submit_nowait(operator.add, 1, 1)
-            await within(eng.run(operator.add, link, 1))  # an edge the trace no longer lists
+            gate = Gate()
+            link = eng.submit_nowait(gate.hold(lambda: 2))
+            child = eng.submit_nowait(operator.add, link, 1)  # an edge the trace no longer lists
+            gate.open()
+            assert await within(child) == 3
         assert len(timeline.edges) == 1
 
 
