@@ -11,6 +11,8 @@ method of the same name directly):
 * ``enqueue(task, token)`` queue a task for admission, FIFO, until it fits
 * ``take(device)``         a worker asks for the next ready task
 * ``finish(task, value, error)``  a running task returned or raised
+* ``finish_cancelled(task)``  a running task was cancelled where it was sent
+  (a remote executor: taken from the core, not started on the cluster yet)
 * ``cancel(task)``         cancel a task that has not started
 * ``withdraw(token)``      a ``throttle`` waiter gave up
 * ``barrier(token)``       wake ``token`` once every task admitted so far is final
@@ -121,9 +123,12 @@ class Scheduler:
             if task is not None:
                 self.out.append(("run", task))
         elif isinstance(event, Finish):
-            nxt = self.finish(event.task, event.value, event.error)
-            if nxt is not None:
-                self.out.append(("run", nxt))
+            if event.cancelled:
+                self.finish_cancelled(event.task)
+            else:
+                nxt = self.finish(event.task, event.value, event.error)
+                if nxt is not None:
+                    self.out.append(("run", nxt))
         elif isinstance(event, Cancel):
             self.cancel(event.task)
         elif isinstance(event, Withdraw):
@@ -232,6 +237,21 @@ class Scheduler:
             inline.state = "running"
             self.running += 1
         return inline
+
+    def finish_cancelled(self, task: Task) -> None:
+        """A running task ends ``cancelled``: its executor cancelled it before it started there.
+
+        Only a remote executor can (``cancel`` refuses a running task: a worker
+        thread cannot be stopped): the task was taken and sent, and the cluster
+        dropped it unrun.  It ends as a task cancelled here would, and so do the
+        tasks that take its value.
+        """
+        self.running -= 1
+        self._final(task, "cancelled", None)
+        self._finalize_dependents(task)
+        self._release_and_cascade(task, inline_ok=False)
+        if self._admission:
+            self._admit_waiters()
 
     def cancel(self, task: Task) -> bool:
         """Cancel a task that has not started, and every task that takes its value."""
@@ -599,6 +619,7 @@ class Finish:
     task: Task
     value: Any = None
     error: BaseException | None = None
+    cancelled: bool = False  # cancelled where it was sent (``finish_cancelled``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,15 @@ TaskState = Literal["new", "admitting", "waiting", "ready", "running", "done", "
 
 #: Legal transitions.  ``admitting``: waiting for room under the limits;
 #: ``waiting``: admitted, some parent unfinished; a ``waiting`` task fails or
-#: is cancelled without running when a data parent fails or is cancelled.
+#: is cancelled without running when a data parent fails or is cancelled;
+#: ``running`` -> ``cancelled`` only through ``Scheduler.finish_cancelled``
+#: (a remote executor dropped the task unrun), never through ``cancel``.
 TRANSITIONS: Final[dict[TaskState, frozenset[TaskState]]] = {
     "new": frozenset({"admitting", "waiting", "ready", "failed", "cancelled"}),
     "admitting": frozenset({"waiting", "ready", "failed", "cancelled"}),
     "waiting": frozenset({"ready", "failed", "cancelled"}),
     "ready": frozenset({"running", "cancelled"}),
-    "running": frozenset({"done", "failed"}),
+    "running": frozenset({"done", "failed", "cancelled"}),
     "done": frozenset(),
     "failed": frozenset(),
     "cancelled": frozenset(),

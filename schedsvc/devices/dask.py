@@ -20,7 +20,9 @@ executor takes the tasks it makes ready and sends them with ``client.submit``.
   be brought back and is refused at submission.
 * Completions are watched on the engine's event loop (the async ``Client``
   lives there); each one is reported to the core under the runtime lock, as a
-  worker thread would.  ``cancel()`` of a sent task cancels its Dask future.
+  worker thread would.  ``cancel()`` of a sent task cancels its Dask future,
+  and the task ends ``cancelled`` (``Scheduler.finish_cancelled``), with its
+  dependents, as an unstarted task does on threads.
 * While a trace is recorded, a task sent runs inside ``_apply_traced``: the
   worker times it and logs a span event (worker, thread, times, argument
   shapes, error) on this engine's topic.  The event travels the same ordered
@@ -204,7 +206,8 @@ class DaskDevice:
         # non-empty while no pump is scheduled: the runtime calls wake() when tasks become ready
         self.idle: list[Any] = [self]
         self.sent: dict[Task, DaskFuture] = {}  # tasks on the cluster, until the core records their end
-        self.early: dict[Task, tuple[Any, BaseException | None]] = {}  # ended before the core ran them
+        # ended before the core ran them: (value, error, cancelled on the cluster)
+        self.early: dict[Task, tuple[Any, BaseException | None, bool]] = {}
         # sent tasks that write out=: their Dask result is (value, out, ...) until written back here
         self.writers: set[Task] = set()
         self._watchers: set[asyncio.Task[None]] = set()
@@ -339,6 +342,7 @@ class DaskDevice:
         """Wait for the Dask future; report the outcome to the core without fetching the value."""
         value: Any = None
         error: BaseException | None = None
+        cancelled = False
         try:
             await dfut._exception()  # waits for the key's final state; moves no data
             status = dfut.status
@@ -351,15 +355,15 @@ class DaskDevice:
                     value, error = _write_back(out, await dfut)
             elif status == "error":
                 error = _remote_error(dfut)
-            else:
-                error = asyncio.CancelledError(f"{task!r} was cancelled on the Dask cluster ({status})")
+            else:  # cancelled there (fut.cancel(), aclose(cancel_pending=True)) before it ran
+                cancelled = True
         except Exception as exc:  # the client lost the scheduler, the value could not be fetched, ...
             error = exc
         except BaseException:  # the watcher itself was cancelled (the loop is shutting down)
             self._finish(task, None, SchedsvcError(f"{task!r}: stopped watching its Dask future"))
             raise
         self.traced.pop(dfut.key, None)  # cancelled, or its span came: nothing more will come
-        self._finish(task, value, error)
+        self._finish(task, value, error, cancelled)
 
     # -- traced spans --------------------------------------------------------------
 
@@ -394,22 +398,29 @@ class DaskDevice:
             self._span_waiters.pop(key, None)
             self.traced.pop(key, None)
 
-    def _finish(self, task: Task, value: Any, error: BaseException | None) -> None:
-        """Record the outcome in the core, if it has the task running (on the loop)."""
+    def _finish(self, task: Task, value: Any, error: BaseException | None, cancelled: bool = False) -> None:
+        """Record the outcome in the core, if it has the task running (on the loop).
+
+        ``cancelled``: the cluster dropped the task unrun; it ends ``cancelled``,
+        as a task cancelled before it started does, and so do its dependents.
+        """
         rt = self.rt
         with rt.lock:
             state = task.state
             if state == "running":
                 self.sent.pop(task, None)
                 self.writers.discard(task)
-                rt.core.finish(task, value, error, False)
+                if cancelled:
+                    rt.core.finish_cancelled(task)
+                else:
+                    rt.core.finish(task, value, error, False)
                 after = rt.collect()
             elif state in FINAL_STATES:  # failed through a parent, or cancelled, meanwhile
                 self.sent.pop(task, None)
                 self.writers.discard(task)
                 return
             else:  # forwarded, and done before the core made it ready: kept for the pump
-                self.early[task] = (value, error)
+                self.early[task] = (value, error, cancelled)
                 return
         if after is not None:
             after()

@@ -97,7 +97,8 @@ def test_transition_table_covers_every_state() -> None:
     for final in FINAL_STATES:
         assert not TRANSITIONS[final]
     assert "running" not in TRANSITIONS["waiting"]
-    assert "cancelled" not in TRANSITIONS["running"]
+    # a running task ends cancelled only through finish_cancelled (a remote executor's); cancel() refuses it
+    assert TRANSITIONS["running"] == {"done", "failed", "cancelled"}
 
 
 def test_validate_needs_check_mode() -> None:
@@ -517,6 +518,23 @@ def test_running_task_cannot_be_cancelled() -> None:
     assert a.state == "running"
     step(s, Finish(a, value=1))
     assert a.state == "done"
+
+
+def test_a_running_task_cancelled_where_it_was_sent_cancels_its_dependents() -> None:
+    s = make()
+    a = task("a", buffers=(W(1),))
+    b = task("b", deps=(a,))  # takes a's value: cancelled with it
+    r = task("r", buffers=(R(1),))  # ordered after a by a hazard only: runs once a is final
+    submit(s, a, b, r)
+    assert take(s) is a
+    assert s.cancel(a) is False  # a worker thread cannot be stopped: cancel refuses a running task
+    out = step(s, Finish(a, cancelled=True))  # but a remote executor dropped it unrun
+    assert set(resolved(out)) == {a, b}
+    assert a.state == b.state == "cancelled" and a.error is None
+    assert s.cancelled == 2 and s.failed == 0 and s.running == 0
+    assert take_all(s) == [r]
+    step(s, Finish(r))
+    assert s.pending == 0
 
 
 def test_final_task_cannot_be_cancelled() -> None:

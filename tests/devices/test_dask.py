@@ -101,14 +101,20 @@ async def test_cancel_of_a_task_sent_to_dask_cancels_its_dask_future(
         held = [eng.submit_nowait(gate.hold(i)) for i in range(2)]
         await gate.wait_started(2)  # both workers busy: the next task waits on the cluster
         sent = eng.submit_nowait(np.add, 1, 1)
+        child = eng.submit_nowait(np.add, sent, 1)  # forwarded to the cluster behind it
         device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
         await until(lambda: sent in device.sent)
         assert sent.running()  # in schedsvc's terms it has started: Dask has it
         assert sent.cancel()
         with pytest.raises(asyncio.CancelledError):
             await within(sent)
+        # cancelled, as a task cancelled before it started is; and so is what takes its value
+        assert sent.cancelled() and sent.error is None
+        assert (await within(child.wait())).cancelled()
         gate.open()
         assert [await within(f) for f in held] == [0, 1]
+        stats = eng.stats()
+        assert (stats.cancelled, stats.failed) == (2, 0)
 
 
 async def test_a_chain_goes_to_the_cluster_before_its_head_finishes(
