@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Timeline", "describe"]
 
-_PID = 1
+_PID = 1  # track n is tid _PID + n: Perfetto labels the thread whose tid equals the pid "main thread"
 _ndarray = np.ndarray
 _ufunc = np.ufunc
 _MAX_SHAPES = 8  # argument shapes listed per span
@@ -224,17 +224,19 @@ class Timeline:
         ]
         spans = self.spans
         used = {span[2] for span in spans}
-        for tid, track in enumerate(self.track_names, 1):
-            if tid not in used:  # its spans were past the cap
+        for track, track_name in enumerate(self.track_names, 1):
+            if track not in used:  # its spans were past the cap
                 continue
+            tid = _PID + track
             events.append(
-                {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": track}}
+                {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": track_name}}
             )
             events.append(
-                {"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid, "args": {"sort_index": tid}}
+                {"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid, "args": {"sort_index": track}}
             )
         starts: dict[int, tuple[int, float]] = {}  # seq -> (tid, span start in us)
-        for seq, name, tid, start, end, shapes, error in spans:
+        for seq, name, track, start, end, shapes, error in spans:
+            tid = _PID + track
             ts, dur = us(start), max(round(us(end) - us(start), 3), 0.001)
             args: dict[str, Any] = {"task": seq}
             if shapes:

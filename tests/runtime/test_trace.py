@@ -44,6 +44,8 @@ def bound_span(events: list[dict[str, Any]], flow: dict[str, Any]) -> dict[str, 
 def check_well_formed(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Every span closed, every flow matched and bound to spans, every track named; spans by task number."""
     named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    # Perfetto labels the thread whose tid equals its pid "main thread": no worker may look like one
+    assert not {e["tid"] for e in events if e["tid"] == e["pid"]}, "a track's tid equals the pid"
     by_task: dict[int, dict[str, Any]] = {}
     for span in spans(events):
         assert span["dur"] > 0 and span["ts"] >= 0, span  # a complete event: opened and closed
