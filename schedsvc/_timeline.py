@@ -232,7 +232,13 @@ class Timeline:
                 {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": track_name}}
             )
             events.append(
-                {"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid, "args": {"sort_index": track}}
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": _PID,
+                    "tid": tid,
+                    "args": {"sort_index": track},
+                }
             )
         starts: dict[int, tuple[int, float]] = {}  # seq -> (tid, span start in us)
         for seq, name, track, start, end, shapes, error in spans:
