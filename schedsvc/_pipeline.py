@@ -122,6 +122,7 @@ class _Pipeline(Generic[T]):
         # submitted and not yet yielded, oldest first: what is cancelled if the consumer stops
         self.live: dict[Future[T], None] = {}
         self.ended = False  # the consumer has seen _END
+        self.stopping = False  # the consumer has gone: the feeder submits nothing more
         self.feeder: asyncio.Task[None] | None = None
         self.slots: asyncio.Semaphore
         self.events: asyncio.Queue[Future[T] | _End | _Failure]
@@ -156,16 +157,20 @@ class _Pipeline(Generic[T]):
 
     async def stop(self) -> None:
         """Cancel the feeder and every task not yet yielded that has not started."""
+        self.stopping = True
         self.cancel_live()  # first: queued tasks must not start while the feeder winds down
         feeder = self.feeder
         if feeder is None:
             return
         try:
             if not feeder.done():
+                # a source that swallows this cancellation hands the feeder an item; `stopping`
+                # makes it drop that item and end, rather than submit it and wait for a slot that
+                # nobody will give back
                 feeder.cancel()
                 await asyncio.wait([feeder])
         finally:
-            self.cancel_live()  # a source that swallowed the cancellation may have let it submit more
+            self.cancel_live()
         if not feeder.cancelled() and (error := feeder.exception()) is not None:
             raise error  # closing the source failed
 
@@ -197,7 +202,7 @@ class _Pipeline(Generic[T]):
             await self.slots.acquire()  # a slot before pulling: never hold an item we cannot submit
             # a sync source is iterated on the loop, like any code of the caller's
             item = await anext(async_items, _END) if async_items is not None else next(sync_items, _END)
-            if item is _END:
+            if item is _END or self.stopping:
                 return
             fut: Future[T] = await engine.submit(fn, item, **options)
             live[fut] = None

@@ -408,6 +408,30 @@ async def test_a_break_without_aclose_still_cleans_up() -> None:
         assert work.ran == [0, 1]
 
 
+async def test_a_source_that_swallows_the_cancellation_cannot_hang_the_consumer() -> None:
+    """Some retry loops catch CancelledError; ending the pipeline must still end, and submit nothing more."""
+    inside, swallowed = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> AsyncIterator[int]:
+        yield 0
+        inside.set()
+        try:
+            await asyncio.Event().wait()  # nothing sets it: only the cancellation gets it out
+        except asyncio.CancelledError:
+            swallowed.set()
+        yield 1
+        yield 2
+
+    async with ss.Engine(cpu_workers=1) as eng:
+        results = eng.map(operator.neg, stubborn(), max_inflight=1)
+        assert await within(anext(results)) == 0
+        await within(inside.wait())  # the feeder has the slot and waits inside the source
+        await within(results.aclose())
+        assert swallowed.is_set()
+        assert feeders() == []
+        assert eng.stats().submitted == 1  # the item the source gave after the cancellation was dropped
+
+
 async def test_nothing_is_left_when_the_engine_closes_during_a_pipeline() -> None:
     gate = Gate()
     async with ss.Engine(cpu_workers=1) as eng:
