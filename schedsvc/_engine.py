@@ -137,10 +137,11 @@ class Engine:
                 with rt.lock:
                     if not rt.core.pending and not rt.core.waiting_admission:
                         break
-        except BaseException:
+        except BaseException:  # the close was cancelled (or failed): stop now
             self._cancel_pending(rt)
             for device in rt.devices.values():
                 device.stop()
+            self._write_life_trace(rt)  # with the tasks finished so far: a later aclose has no more to add
             await _aclose_devices(rt)
             raise
         for device in rt.devices.values():
@@ -149,6 +150,10 @@ class Engine:
         stuck = await self._join(rt, _JOIN_TIMEOUT_S)
         if stuck:
             warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
+        self._write_life_trace(rt)
+
+    def _write_life_trace(self, rt: Runtime) -> None:
+        """Write ``Config(trace_path=...)``'s trace of the engine's whole life (once)."""
         if self.config.trace_path is not None and rt.timeline is not None:
             self._detach(rt).write()
 

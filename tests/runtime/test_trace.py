@@ -3,6 +3,7 @@ records what ran and where, and its flow arrows follow dependency edges that nev
 
 from __future__ import annotations
 
+import asyncio
 import json
 import operator
 from collections import Counter
@@ -14,7 +15,7 @@ import pytest
 
 import schedsvc as ss
 
-from .helpers import Gate, occupied, within
+from .helpers import Gate, occupied, until, within
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -197,6 +198,32 @@ async def test_config_trace_path_records_the_whole_life(tmp_path: Path) -> None:
     assert any(n.startswith("compiled:") for n in names)
     assert by_task[y.seq]["args"]["shapes"] == [[6]]
     assert all(f.seq in by_task for f in futs)
+
+
+async def test_a_cancelled_close_still_writes_the_whole_life_trace(tmp_path: Path) -> None:
+    """The first aclose() cancelled while a task runs: the trace is written then, with what had finished."""
+    path = tmp_path / "life.json"
+    gate = Gate()
+    eng = ss.Engine(cpu_workers=1, trace_path=str(path))
+    await eng.start()
+    try:
+        done = [await eng.submit(operator.mul, i, i) for i in range(3)]
+        await within(eng.waitall())
+        held = await eng.submit(gate.hold())
+        await gate.wait_started(1)
+        closing = asyncio.create_task(eng.aclose())
+        await until(lambda: eng.closed)
+        await asyncio.sleep(0)  # the close is waiting for the held task
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await within(closing)
+        by_task = check_well_formed(load(path))
+        assert sorted(by_task) == [f.seq for f in done]
+        assert held.seq not in by_task  # still running when the close was cancelled
+    finally:
+        gate.open()
+        await within(eng.aclose())  # waits for the threads; the trace stays as written
+    assert sorted(check_well_formed(load(path))) == sorted(by_task)
 
 
 async def test_no_recording_without_a_trace(engine: ss.Engine) -> None:
