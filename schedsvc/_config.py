@@ -89,18 +89,18 @@ class Config(BaseSettings):
     """Bytes that unfinished tasks hold (array arguments once each, plus declared outputs)."""
     max_device_bytes: int | None = Field(default=None, ge=1)
     """Per-CUDA-device byte budget; None: no limit beyond the device's memory."""
-    inline_threshold_us: float = Field(default=20.0, ge=0.0)
+    inline_threshold_us: float = Field(default=20.0, ge=0.0, allow_inf_nan=False)
     """An awaited task of a kind known to take less than this runs in the awaiting
     coroutine, since handing it to a thread and back costs more; 0 turns this off."""
     sync_mode: bool = False
     """Debugging: run each task in the caller at submission and raise its error there."""
-    trace_path: str | None = None
+    trace_path: str | None = Field(default=None, min_length=1)
     """Record a Chrome/Perfetto trace of the engine's whole life to this JSON file (see ``eng.trace``)."""
     backend: Literal["threads", "dask"] = "threads"
     """Where CPU tasks run: this process's threads, or a Dask cluster."""
     dask_address: str | None = None
     """Scheduler address for ``backend="dask"``; None starts a local cluster (``cpu_workers`` processes)."""
-    dask_timeout_s: float = Field(default=30.0, gt=0.0)
+    dask_timeout_s: float = Field(default=30.0, gt=0.0, allow_inf_nan=False)
     """``backend="dask"``: how long to try to reach the scheduler before giving up."""
 
     _sources: MappingProxyType[str, str] = PrivateAttr(default_factory=lambda: MappingProxyType({}))

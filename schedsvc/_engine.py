@@ -353,7 +353,8 @@ class Engine:
         recorded: await the work (``await eng.waitall()``) before leaving it.
         Spans past ``max_spans`` are counted, not kept (about 100 bytes each).
         A path whose directory is missing or not writable raises
-        ``FileNotFoundError`` or ``PermissionError`` here, before recording.
+        ``FileNotFoundError`` or ``PermissionError`` here, before recording
+        (a directory: ``IsADirectoryError``; an empty path or ``max_spans < 1``: ``ValueError``).
         """
         rt = self._running()
         timeline = Timeline(path, max_spans)

@@ -55,6 +55,16 @@ class Timeline:
 
     def __init__(self, path: str | os.PathLike[str], max_spans: int = 2_000_000) -> None:
         self.path = os.fspath(path)
+        if isinstance(max_spans, bool) or not isinstance(max_spans, int):
+            raise TypeError(f"max_spans must be an int >= 1 (spans kept in the file), got {max_spans!r}")
+        if max_spans < 1:
+            raise ValueError(f"max_spans must be >= 1 (spans kept in the file), got {max_spans}")
+        if not self.path:
+            raise ValueError("the trace path is empty: name a .json file, e.g. 'run.json'")
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(
+                f"cannot write a trace to {self.path!r}: it is a directory; name a .json file in it"
+            )
         folder = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(folder):  # say so now, not after a long recording
             raise FileNotFoundError(

@@ -161,6 +161,10 @@ def test_byte_strings_for_device_memory() -> None:
         ("devices", ()),
         ("devices", ("cuda",)),
         ("devices", ("cpu", "gpu0")),
+        ("trace_path", ""),
+        ("inline_threshold_us", float("inf")),
+        ("inline_threshold_us", float("nan")),
+        ("dask_timeout_s", float("inf")),
     ],
 )
 def test_invalid_values_name_the_field(field: str, value: object) -> None:

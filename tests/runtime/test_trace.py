@@ -297,6 +297,29 @@ async def test_a_path_that_cannot_be_written_fails_before_recording(tmp_path: Pa
         engine.submit_nowait(operator.add, 1, 2)
 
 
+@pytest.mark.parametrize(
+    ("max_spans", "error", "match"),
+    [(0, ValueError, ">= 1"), (-5, ValueError, ">= 1"), (1.5, TypeError, "an int"), (True, TypeError, "an int")],
+)
+async def test_max_spans_below_one_or_not_an_int_is_refused(
+    tmp_path: Path, max_spans: Any, error: type[Exception], match: str
+) -> None:
+    async with ss.Engine(cpu_workers=1) as eng:
+        with pytest.raises(error, match=match), eng.trace(tmp_path / "run.json", max_spans=max_spans):
+            pytest.fail("the block must not run")
+    assert not (tmp_path / "run.json").exists()
+
+
+async def test_an_empty_path_or_a_directory_fails_before_recording(tmp_path: Path) -> None:
+    async with ss.Engine(cpu_workers=1) as eng:
+        with pytest.raises(ValueError, match="empty"), eng.trace(""):
+            pytest.fail("the block must not run")
+        with pytest.raises(IsADirectoryError, match="directory"), eng.trace(tmp_path):
+            pytest.fail("the block must not run")
+        with eng.trace(tmp_path / "run.json"):  # no trace was left attached
+            pass
+
+
 async def test_recording_stops_soon_after_the_cap_and_keeps_the_earliest(tmp_path: Path) -> None:
     """Threads look at the cap every 1,024 spans: past it they only count, and the file keeps the first."""
     path = tmp_path / "run.json"
