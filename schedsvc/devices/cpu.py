@@ -83,7 +83,7 @@ class CpuPool:
         self.idle: list[CpuWorker] = []
         self.workers: list[CpuWorker] = []  # live ones
         self.retired: list[threading.Thread] = []  # ended or ending; joined by join()
-        self.retired_busy = 0.0
+        self.retired_busy: dict[str, float] = {}  # busy seconds of workers that ended, by name
         self.spawned = 0
         self.live = 0
         self.blocked = 0
@@ -115,10 +115,16 @@ class CpuPool:
                 raise
 
     def retire(self, worker: CpuWorker) -> None:
-        """With the lock held: ``worker`` is leaving; keep its busy time, forget the worker."""
+        """With the lock held: ``worker`` is leaving; keep its busy time, forget the worker.
+
+        A surplus worker leaving while the engine runs (a stand-in's work is done) adds its time
+        to one ``retired`` entry, so the names stay bounded however many stand-ins come and go;
+        at close each keeps its name, so a closed engine reports what it did while open.
+        """
         self.live -= 1
         self.workers.remove(worker)
-        self.retired_busy += worker.busy
+        name = worker.name if self.stopping else "retired"
+        self.retired_busy[name] = self.retired_busy.get(name, 0.0) + worker.busy
         self.retired = [t for t in self.retired if t.is_alive()]
         self.retired.append(worker.thread)
 
@@ -165,9 +171,9 @@ class CpuPool:
         return [t for t in threads if t.is_alive()]
 
     def busy_seconds(self) -> dict[str, float]:
-        busy = {w.name: w.busy for w in self.workers}
-        if self.retired_busy:
-            busy["retired"] = self.retired_busy  # workers that ended (stand-ins, mostly)
+        busy = dict(self.retired_busy)
+        for worker in self.workers:  # names are never reused: a live worker has no retired namesake
+            busy[worker.name] = worker.busy
         return busy
 
 
