@@ -13,9 +13,10 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["emit", "main", "progress"]
+__all__ = ["emit", "main", "output_problem", "progress"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +47,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.reps < 1:
         print("schedsvc bench: --reps must be at least 1", file=sys.stderr)
+        return 2
+    if problem := output_problem("--json", args.json):
+        print(f"schedsvc bench: {problem}", file=sys.stderr)
         return 2
     if args.suite != "core":
         return _bench_suite(args)
@@ -93,6 +97,18 @@ def emit(report: dict[str, Any], path: str | None, fmt: Callable[[dict[str, Any]
         with open(path, "w") as fh:
             json.dump(report, fh, indent=2)
         print(f"wrote {path}")
+
+
+def output_problem(flag: str, path: str | None) -> str | None:
+    """Why ``path`` cannot take an output file, checked before a run rather than after it; None if it can."""
+    if not path or path == "-":
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path}: that is a directory; name a file in it"
+    if not target.resolve().parent.is_dir():
+        return f"{flag} {path}: the directory {str(target.parent)!r} does not exist"
+    return None
 
 
 def progress(line: str) -> None:

@@ -311,8 +311,13 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``demo`` subcommand."""
+    from ._cli import output_problem
+
     if args.reps < 1:
         print("schedsvc demo: --reps must be at least 1", file=sys.stderr)
+        return 2
+    if problem := output_problem("--json", args.json):
+        print(f"schedsvc demo: {problem}", file=sys.stderr)
         return 2
     return main(reps=args.reps, quick=args.quick, json_path=args.json)
 

@@ -53,10 +53,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._cli import emit
+    from ._cli import emit, output_problem
     from ._errors import ConfigError
 
     try:
+        if problem := output_problem("--json", args.json):
+            raise InfoError(problem)
         config = _config(args.config, args.overrides)
     except (InfoError, ConfigError) as exc:
         print(f"schedsvc info: {exc}", file=sys.stderr)

@@ -739,13 +739,15 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan:
     import schedsvc as ss
 
+    from ._cli import output_problem
+
     if args.reps < 1:
         raise TuneError("--reps must be at least 1")
     if args.items is not None and args.items < 1:
         raise TuneError("--items must be at least 1")
     for flag, path in (("--out", args.out), ("--json", args.json), ("--plot", args.plot)):
-        if path and path != "-" and not Path(path).resolve().parent.is_dir():
-            raise TuneError(f"{flag} {path}: the directory {str(Path(path).parent)!r} does not exist")
+        if problem := output_problem(flag, path):
+            raise TuneError(problem)
     if ":" in args.workload and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # 'module:function' from where the command runs, as uvicorn does
     workload = load_workload(args.workload)

@@ -1,4 +1,4 @@
-"""``schedsvc bench``: the core, tensor and dask suites run and write JSON reports."""
+"""The ``schedsvc`` command: the bench suites run and write JSON reports; every subcommand checks its output path first."""
 
 from __future__ import annotations
 
@@ -75,3 +75,27 @@ def test_bench_dask_reports_each_workload_against_plain_dask(
 def test_bench_dask_rejects_cases(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "dask", "--cases", "x"]) == 2
     assert "core suite only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "core", "--reps", "1"],
+        ["bench", "tensor", "--reps", "1"],
+        ["demo", "--quick"],
+        ["info"],
+        ["tune", "chain", "--depths", "1", "--reps", "1"],
+    ],
+)
+@pytest.mark.parametrize("where", ["missing directory", "a directory"])
+def test_an_output_path_that_cannot_be_written_fails_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], where: str
+) -> None:
+    """Said at once with exit status 2, not after a run of minutes ended in a traceback."""
+    path = tmp_path / "no such dir" / "out.json" if where == "missing directory" else tmp_path
+    assert main([*command, "--json", str(path)]) == 2
+    captured = capsys.readouterr()
+    expected = "does not exist" if where == "missing directory" else "is a directory"
+    assert f"--json {path}: " in captured.err and expected in captured.err
+    assert "..." not in captured.err  # no progress line: nothing ran
+    assert list(tmp_path.iterdir()) == []

@@ -299,7 +299,12 @@ async def test_a_path_that_cannot_be_written_fails_before_recording(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("max_spans", "error", "match"),
-    [(0, ValueError, ">= 1"), (-5, ValueError, ">= 1"), (1.5, TypeError, "an int"), (True, TypeError, "an int")],
+    [
+        (0, ValueError, ">= 1"),
+        (-5, ValueError, ">= 1"),
+        (1.5, TypeError, "an int"),
+        (True, TypeError, "an int"),
+    ],
 )
 async def test_max_spans_below_one_or_not_an_int_is_refused(
     tmp_path: Path, max_spans: Any, error: type[Exception], match: str
