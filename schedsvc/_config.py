@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import difflib
 import os
 import re
 import tomllib
@@ -214,6 +215,17 @@ def _describe(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "config"
+        if err["type"] == "extra_forbidden":
+            lines.append(_unknown(field))
+            continue
         env = f"SCHEDSVC_{str(err['loc'][0]).upper()}" if err["loc"] else "SCHEDSVC_*"
         lines.append(f"{field}: {err['msg']} (got {err.get('input')!r}; set it by keyword, {env} or TOML)")
     return "invalid schedsvc configuration: " + "; ".join(lines)
+
+
+def _unknown(field: str) -> str:
+    """An unknown setting: say so, and name the closest real one (a typo, most often)."""
+    names = list(Config.model_fields)
+    close = difflib.get_close_matches(field, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{field}: there is no such setting; {hint}the settings are {', '.join(names)}"

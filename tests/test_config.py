@@ -193,8 +193,15 @@ def test_config_error_is_a_value_error_and_a_schedsvc_error() -> None:
 
 
 def test_extra_fields_are_rejected() -> None:
-    with pytest.raises(ss.ConfigError, match="bogus"):
+    with pytest.raises(ss.ConfigError, match="bogus: there is no such setting; the settings are cpu_workers"):
         ss.Config(bogus=1)
+
+
+def test_a_misspelt_field_names_the_setting_meant() -> None:
+    with pytest.raises(
+        ss.ConfigError, match="cpu_worker: there is no such setting; did you mean 'cpu_workers'"
+    ):
+        ss.Engine(cpu_worker=2)
 
 
 def test_extra_fields_in_toml_are_rejected(tmp_path: Path) -> None:
