@@ -4,9 +4,10 @@
 whole life) records every task that finishes meanwhile: a span on the track of
 the thread that ran it (one track per CPU worker, plus any thread that ran a
 task inline; on a Dask cluster, one per Dask worker, see ``remote_span``), with its name, the shapes of its array arguments and of the
-values it took from futures, and its error; a flow arrow for every dependency
-edge the scheduler made (data and buffer hazards), from the parent's span to
-the child's; and counter tracks of pending tasks and pending bytes, sampled at
+values it took from futures, and its error; a flow arrow from the parent's
+span to the child's for every value a task took from another (finished
+before it was submitted or not) and every buffer hazard the scheduler
+ordered; and counter tracks of pending tasks and pending bytes, sampled at
 every scheduling event.  The file is in the trace-event format that
 https://ui.perfetto.dev and ``chrome://tracing`` read; each flow end sits at
 its span's start with the span's category, which is what the strictest reader,

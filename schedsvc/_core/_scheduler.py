@@ -359,6 +359,8 @@ class Scheduler:
         for dep in task.deps:
             if dep.state not in FINAL_STATES:
                 self._edge(dep, task, parents)
+            elif self.edges is not None:  # tracing: a finished parent's value still flows to the child
+                self.edges.append((dep.seq, task.seq))
         bytes_in = task.out_bytes
         buffers = self._buffers
         for key, nbytes, write in task.buffers:

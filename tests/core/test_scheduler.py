@@ -449,6 +449,25 @@ def test_cancel_waiting_task_leaves_its_parent_alone() -> None:
     assert a.state == "done" and s.pending == 0
 
 
+def test_edges_listed_for_a_trace_include_values_of_finished_parents() -> None:
+    """While ``edges`` is a list (a trace is on), every data dependency is listed, made or not; hazards only
+    when they order something; and nothing is listed while it is None."""
+    s = make()
+    a = task("a", buffers=(W(1),))
+    submit(s, a)
+    assert take_all(s) == [a]
+    step(s, Finish(a))
+    s.edges = []
+    b = task("b", deps=(a,), buffers=(W(1),))  # a is done: no scheduling edge, but its value flows to b
+    c = task("c", buffers=(R(1),))  # reads after b writes: a hazard edge
+    submit(s, b, c)
+    assert s.edges == [(a.seq, b.seq), (b.seq, c.seq)]
+    s.edges = None
+    d = task("d", deps=(a, b))
+    submit(s, d)
+    assert b.dependents == [c, d]
+
+
 def test_cancel_releases_hazard_edges() -> None:
     s = make()
     a = task("a", buffers=(R(1),))

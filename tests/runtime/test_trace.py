@@ -119,6 +119,32 @@ async def test_a_traced_run_is_well_formed_and_dependents_never_overlap(tmp_path
     assert [e for e in events if e["ph"] == "C" and e["name"] == "pending bytes"]
 
 
+async def test_a_parent_finished_before_its_child_was_submitted_still_has_its_arrow(tmp_path: Path) -> None:
+    """The scheduler needs no edge for a value already there, but the value still flows: the trace shows it."""
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=2) as eng:
+        before = await eng.submit(np.ones, 4)
+        await within(before)
+        with eng.trace(path):
+            a = await eng.submit(np.ones, 4)
+            await within(a)
+            b = await eng.submit(np.add, a, 1.0)  # a is done: no scheduling edge
+            await within(b)
+            c = await eng.submit(np.add, before, b)  # before ran outside the trace: no span, no arrow
+            await within(c)
+    events = load(path)
+    by_task = check_well_formed(events)
+    edges = {
+        (bound_span(events, s)["args"]["task"], bound_span(events, f)["args"]["task"])
+        for s in events
+        if s["ph"] == "s"
+        for f in events
+        if f["ph"] == "f" and f["id"] == s["id"]
+    }
+    assert edges == {(a.seq, b.seq), (b.seq, c.seq)}
+    assert before.seq not in by_task
+
+
 async def test_tracks_are_the_threads_that_ran_tasks(tmp_path: Path) -> None:
     """Two tasks held at once run on two workers: two tracks, named after the workers."""
     path = tmp_path / "run.json"
