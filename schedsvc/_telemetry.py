@@ -34,7 +34,9 @@ class Stats:
     """Median seconds from ready to started, over recent tasks."""
     queue_wait_p99_s: float
     worker_busy_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    """Seconds each worker spent running tasks."""
+    """Seconds each worker spent running tasks.  A worker adds its time when it ends a run of
+    tasks (it takes the next one without stopping), so the figure trails a just-resolved future by
+    microseconds; surplus stand-in threads that ended share the entry ``retired``."""
     compile_traces: int = 0
     """Traces of compiled functions (one per new signature, and after an eviction)."""
     compile_replays: int = 0

@@ -986,6 +986,7 @@ async def test_stats(engine: ss.Engine) -> None:
     bad = engine.submit_nowait(boom)
     child = engine.submit_nowait(operator.neg, bad)
     await within(engine.waitall())
+    await until(lambda: sum(engine.stats().worker_busy_s.values()) > 0)  # added as a run of tasks ends
     stats = engine.stats()
     assert isinstance(stats, ss.Stats)
     assert stats.submitted == 2 + 1 + 10 + 2
@@ -1012,7 +1013,8 @@ async def test_a_closed_engine_keeps_each_workers_busy_seconds_under_its_name() 
     await eng.start()
     async with occupied(eng, 2):  # one task on each worker
         pass
-    await within(eng.waitall())
+    # a worker adds its time when it ends a run of tasks, just after their futures resolve
+    await until(lambda: all(eng.stats().worker_busy_s.get(f"cpu-{i}", 0) > 0 for i in range(2)))
     before = eng.stats().worker_busy_s
     await within(eng.aclose())
     after = eng.stats().worker_busy_s
