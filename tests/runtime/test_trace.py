@@ -42,6 +42,17 @@ def bound_span(events: list[dict[str, Any]], flow: dict[str, Any]) -> dict[str, 
     return span
 
 
+def arrows(events: list[dict[str, Any]]) -> set[tuple[int, int]]:
+    """The flow arrows as (parent task, child task), each end bound to its span."""
+    return {
+        (bound_span(events, s)["args"]["task"], bound_span(events, f)["args"]["task"])
+        for s in events
+        if s["ph"] == "s"
+        for f in events
+        if f["ph"] == "f" and f["id"] == s["id"]
+    }
+
+
 def check_well_formed(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Every span closed, every flow matched and bound to spans, every track named; spans by task number."""
     named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -103,15 +114,7 @@ async def test_a_traced_run_is_well_formed_and_dependents_never_overlap(tmp_path
     }
     assert len(flows) == sum(e["ph"] == "s" for e in events)
     # every edge the scheduler made: a->b, b->c, a->d, w1->r1 (hazard), r1->w2 and w1->w2 (hazards)
-    edges = {
-        (p["args"]["task"], c_["args"]["task"])
-        for s in events
-        if s["ph"] == "s"
-        for f in events
-        if f["ph"] == "f" and f["id"] == s["id"]
-        for p in [bound_span(events, s)]
-        for c_ in [bound_span(events, f)]
-    }
+    edges = arrows(events)
     assert {(a.seq, b.seq), (b.seq, c.seq), (w1.seq, r1.seq), (r1.seq, w2.seq)} <= edges
     # the counter tracks go up with submissions and end at zero
     pending = [e["args"]["tasks"] for e in events if e["ph"] == "C" and e["name"] == "pending tasks"]
@@ -134,14 +137,7 @@ async def test_a_parent_finished_before_its_child_was_submitted_still_has_its_ar
             await within(c)
     events = load(path)
     by_task = check_well_formed(events)
-    edges = {
-        (bound_span(events, s)["args"]["task"], bound_span(events, f)["args"]["task"])
-        for s in events
-        if s["ph"] == "s"
-        for f in events
-        if f["ph"] == "f" and f["id"] == s["id"]
-    }
-    assert edges == {(a.seq, b.seq), (b.seq, c.seq)}
+    assert arrows(events) == {(a.seq, b.seq), (b.seq, c.seq)}
     assert before.seq not in by_task
 
 
