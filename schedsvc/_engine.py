@@ -12,14 +12,21 @@ import time
 import warnings
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Coroutine, Iterable, Iterator, Sequence
+from inspect import (
+    CO_ASYNC_GENERATOR,
+    CO_COROUTINE,
+    CO_ITERABLE_COROUTINE,
+    isasyncgenfunction,
+    iscoroutinefunction,
+)
 from threading import get_ident
-from types import MappingProxyType, TracebackType
+from types import BuiltinFunctionType, FunctionType, MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from ._config import Config
-from ._core import FINAL_STATES, Buffer, Scheduler, Task, name_of
+from ._core import FINAL_STATES, Buffer, Scheduler, Task, name_of, safe_repr
 from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError, TraceError
 from ._future import Future
 from ._runtime import Runtime, buffer_of, scan
@@ -340,6 +347,7 @@ class Engine:
         """
         from ._pipeline import pipeline
 
+        check_fn(fn)  # now, not at the first item: an async generator starts only when iterated
         return pipeline(self, fn, source, max_inflight, ordered, device, options)
 
     @contextlib.contextmanager
@@ -659,8 +667,12 @@ class Engine:
     ) -> Future[Any]:
         if ACTIVE[0] and tracing.depth:
             raise _submit_while_tracing(fn)
-        if not callable(fn):
-            raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {fn!r}")
+        kind = type(fn)
+        if kind is FunctionType:  # hot path: a plain function may still be an async one
+            if fn.__code__.co_flags & _ASYNC_CODE:
+                raise _async_fn(fn)
+        elif kind not in _SYNC_KINDS:  # builtins, ufuncs and NumPy functions need no check
+            check_fn(fn)
         device = self._default_device if device is None else self._device(device)  # hot path: no call
         if type(priority) is not int:
             raise InvalidTask(f"priority must be an int, got {priority!r}")
@@ -759,6 +771,36 @@ class Engine:
             f"pending={core.pending}/{core.max_pending} running={core.running} "
             f"bytes={core.pending_bytes}/{core.max_pending_bytes}>"
         )
+
+
+_ASYNC_CODE = CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
+_SYNC_KINDS = frozenset({BuiltinFunctionType, np.ufunc, type(np.sum)})  # type(np.sum): NumPy's dispatcher
+
+
+def check_fn(fn: Any) -> None:
+    """Raise InvalidTask unless ``fn`` is a synchronous callable (a task's function)."""
+    if not callable(fn):
+        raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {safe_repr(fn)}")
+    if _is_async(fn):
+        raise _async_fn(fn)
+
+
+def _is_async(fn: Any) -> bool:
+    """Is ``fn`` (or what a partial or method wraps, or a callable object's ``__call__``) ``async def``?"""
+    try:
+        call = type(fn).__call__  # fn is callable, so its type has one
+        return any(iscoroutinefunction(f) or isasyncgenfunction(f) for f in (fn, call))
+    except Exception:  # user objects run code in these look-ups: a callable we cannot see into is sync
+        return False
+
+
+def _async_fn(fn: Any) -> InvalidTask:
+    label = name_of(fn) or safe_repr(fn)
+    return InvalidTask(
+        f"{label} is an async function: a task runs on a worker thread, where calling it would only "
+        "create a coroutine (or async generator) and never run it. Await it in your async code "
+        f"(await {label}(...)); submit synchronous functions (def, not async def) to the engine"
+    )
 
 
 def _check_dask_config(config: Config) -> None:

@@ -1,7 +1,8 @@
 """Sequential consistency, checked on random programs.
 
 A program is a list of at least 200 operations over a few shared int64 buffers, reached through views:
-in-place writes via ``out=``, reads, hidden reads and writes declared with ``reads=``/``writes=``, tasks
+in-place writes via ``out=`` (also through ``as_strided``,
+``np.asarray(memoryview(b))`` and ``np.frombuffer`` views), reads, hidden reads and writes declared with ``reads=``/``writes=``, tasks
 taking other tasks' results (also inside lists and dicts), and injected failures.  Each program runs under
 the engine with 1 worker and with 4 (and a small ``max_pending``, so backpressure is exercised too), and
 every future's outcome and the final buffers must equal a plain sequential interpreter's.  A third run
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from numpy.lib.stride_tricks import as_strided
 
 import schedsvc as ss
 
@@ -34,6 +36,10 @@ VIEWS: list[Callable[[np.ndarray], np.ndarray]] = [
     lambda b: b[2:6],
     lambda b: b.reshape(2, 4)[1],  # a view of a view
     lambda b: b[5:6],
+    # views whose base is not the buffer itself: keyed by the memory they reach, not the view object
+    lambda b: as_strided(b, (4,), (2 * b.strides[0],)),
+    lambda b: np.asarray(memoryview(b))[3:],
+    lambda b: np.frombuffer(b, dtype=b.dtype)[:4],
 ]
 
 

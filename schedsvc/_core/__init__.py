@@ -6,7 +6,7 @@ events it takes and the instructions it gives.
 
 from ._queue import ReadyQueue
 from ._scheduler import Barrier, Cancel, Enqueue, Finish, Instruction, Scheduler, Submit, Take, Withdraw
-from ._task import FINAL_STATES, TRANSITIONS, Buffer, Task, TaskState, name_of
+from ._task import FINAL_STATES, TRANSITIONS, Buffer, Task, TaskState, name_of, safe_repr
 
 __all__ = [
     "FINAL_STATES",
@@ -25,4 +25,5 @@ __all__ = [
     "TaskState",
     "Withdraw",
     "name_of",
+    "safe_repr",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-__all__ = ["FINAL_STATES", "TRANSITIONS", "Buffer", "Task", "TaskState", "name_of"]
+__all__ = ["FINAL_STATES", "TRANSITIONS", "Buffer", "Task", "TaskState", "name_of", "safe_repr"]
 
 TaskState = Literal["new", "admitting", "waiting", "ready", "running", "done", "failed", "cancelled"]
 
@@ -44,6 +44,17 @@ def name_of(fn: Any) -> str | None:
     except Exception:
         return None
     return name if type(name) is str else None
+
+
+def safe_repr(obj: Any, limit: int = 80) -> str:
+    """``repr(obj)``, shortened to ``limit`` characters; never raises (user objects run code here)."""
+    try:
+        text = repr(obj)
+    except Exception as exc:
+        return f"<{type(obj).__name__} object; its repr raised {type(exc).__name__}>"
+    if type(text) is not str:
+        return f"<{type(obj).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Task:

@@ -1,11 +1,13 @@
 """Find what a task depends on in its arguments, and put values in their place.
 
 A ``Task`` (a Future) anywhere in args/kwargs -- also inside lists, tuples and
-dicts -- is a data dependency.  A NumPy array (or a Tensor) is a read of its underlying
-buffer (a view counts as its base); ``out=`` and ``writes=`` are writes;
-``reads=`` adds reads the engine cannot see.  Buffers are keyed by the id of
-the object that owns the memory; the task keeps that object alive through its
-arguments, so the key cannot be reused while the task is unfinished.
+dicts -- is a data dependency.  A NumPy array (or a Tensor, a memoryview, any
+buffer exporter) is a read of the memory it exposes, keyed by the object that
+owns that memory (``_memory``: a view, however it was made, counts as its
+owner); ``out=`` and ``writes=`` are writes; ``reads=`` adds reads the engine
+cannot see.  ``reads=``/``writes=`` take only what exposes memory (or Futures,
+Tensors and containers of them): anything else could order nothing, so it is
+refused.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .._core import Buffer, Task
+from .._core import Buffer, Task, safe_repr
+from .._errors import InvalidTask
+from ._memory import exports_memory, memory_of
 
 __all__ = ["buffer_of", "scan", "substitute", "substitute_args"]
 
@@ -25,13 +29,9 @@ _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, t
 
 def buffer_of(array: np.ndarray) -> tuple[int, int]:
     """(key, nbytes) of the memory ``array`` lives in."""
-    owner: Any = array
-    base = array.base
-    while base is not None:
-        owner = base
-        base = getattr(base, "base", None) if isinstance(base, _ndarray) else None
-    nbytes = owner.nbytes if isinstance(owner, _ndarray) else array.nbytes
-    return id(owner), nbytes
+    if array.base is None:  # the array owns its memory (hot path)
+        return id(array), array.nbytes
+    return memory_of(array)
 
 
 class _Found:
@@ -54,9 +54,12 @@ class _Found:
         elif write:
             entry[1] = True
 
-    def visit(self, obj: Any, write: bool = False) -> None:
+    def visit(self, obj: Any, write: bool = False, declared: str | None = None) -> None:
+        """Note what ``obj`` depends on; ``declared``: the option it came from (reads=/writes=)."""
         kind = type(obj)
         if kind in _LEAVES:
+            if declared is not None and obj is not None and kind is not bytes:  # bytes: immutable memory
+                raise _not_memory(declared, obj)
             return
         if kind is _ndarray or isinstance(obj, _ndarray):
             self.array(obj, write)
@@ -66,14 +69,29 @@ class _Found:
                 self.memory(obj.memory, write)
         elif isinstance(obj, list | tuple):  # namedtuples and other subclasses too
             for item in obj:
-                self.visit(item, write)
+                self.visit(item, write, declared)
         elif isinstance(obj, dict):  # OrderedDict, defaultdict, Counter, ...
             for item in obj.values():
-                self.visit(item, write)
+                self.visit(item, write, declared)
         else:
-            hook = getattr(obj, "__schedsvc_visit__", None)
+            # looked up on the type, as Python looks up its own protocols: an instance's
+            # __getattr__ (user code) is not asked
+            hook = getattr(kind, "__schedsvc_visit__", None)
             if hook is not None:
-                hook(self, write)
+                hook(obj, self, write)
+            elif exports_memory(obj):  # a memoryview, bytearray, array-interface wrapper, ...
+                self.memory(memory_of(obj), write)
+            elif declared is not None:
+                raise _not_memory(declared, obj)
+
+
+def _not_memory(declared: str, obj: Any) -> InvalidTask:
+    return InvalidTask(
+        f"{declared}= names the memory a task reads or writes, so that tasks using it are ordered; "
+        f"got {type(obj).__name__} {safe_repr(obj)}, which exposes no memory and would order nothing. "
+        f"Pass the arrays themselves ({declared}=buf or {declared}=[a, b]): NumPy arrays, Tensors, "
+        "Futures, memoryviews or other buffer objects"
+    )
 
 
 def scan(
@@ -92,8 +110,8 @@ def scan(
         found.visit(arg)
     for key, value in kwargs.items():
         found.visit(value, write=key == "out")
-    found.visit(reads)
-    found.visit(writes, write=True)
+    found.visit(reads, False, "reads")
+    found.visit(writes, True, "writes")
     buffers = tuple((key, nb, w) for key, (nb, w) in found.buffers.items())
     return tuple(found.deps), buffers
 
@@ -152,5 +170,5 @@ def substitute(obj: Any) -> Any:
             for key, value in obj.items():
                 new[key] = substitute(value)
         return new
-    hook = getattr(obj, "__schedsvc_substitute__", None)
-    return obj if hook is None else hook()
+    hook = getattr(kind, "__schedsvc_substitute__", None)
+    return obj if hook is None else hook(obj)
