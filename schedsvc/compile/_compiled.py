@@ -27,7 +27,7 @@ from .._errors import SchedsvcError, TraceError
 from .._runtime import buffer_of
 from ..tensor import Op, Tensor
 from ..tensor._tensor import ACTIVE, tracing
-from ._graph import Graph, Node, Ref, emit
+from ._graph import Constants, Graph, Node, Ref, emit
 from ._trace import trace
 
 if TYPE_CHECKING:
@@ -144,6 +144,7 @@ class Compiled:
         self.name = re.sub(r"\W", "_", name or name_of(fn) or "compiled").strip("_") or "compiled"
         self.max_signatures = max_signatures
         self._cache: OrderedDict[Any, _Entry] = OrderedDict()
+        self._constants = Constants()  # captured and folded arrays, once for every signature
         self._lock = threading.Lock()
         self._last: _Entry | None = None
         self.traces = 0
@@ -183,7 +184,7 @@ class Compiled:
                 f"{self!r} was loaded without its Python source, so it replays only the signatures it was "
                 f"saved with:\n  {known}\nThis call's signature is:\n  {signature}"
             )
-        graph = trace(self._fn, self.name, list(args), kwargs, slots)
+        graph = trace(self._fn, self.name, list(args), kwargs, slots, self._constants)
         entry = _Entry(signature, graph)
         with self._lock:
             self.traces += 1
@@ -253,7 +254,9 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
         compiled = Compiled(engine, None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"])))
         for item in doc["entries"]:
             signature = _dec(item["signature"])
-            compiled._store(signature, _Entry(signature, _dec_graph(item["graph"])))
+            graph = _dec_graph(item["graph"])
+            compiled._constants.share(graph)
+            compiled._store(signature, _Entry(signature, graph))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{os.fspath(path)!r} is not a valid saved compiled function: {exc!r}") from exc
     return compiled

@@ -492,6 +492,56 @@ async def test_captured_arrays_are_snapshotted_at_trace_time(engine: ss.Engine) 
     assert stats(c)[:2] == (1, 2)
 
 
+def constant_arrays(c: ss.Compiled) -> list[np.ndarray]:
+    """The distinct constant arrays (by identity) held by every cached signature's graph."""
+    held = {id(n.value): n.value for g in c.graphs for n in g.nodes if n.op == "const"}
+    return list(held.values())
+
+
+# Regression (issue 15, item 12): every signature's trace copied the captured weights again, so 32 batch
+# sizes held 32 copies of them (+74 MiB for 2.3 MiB of weights)
+async def test_captured_constants_are_held_once_for_all_signatures(engine: ss.Engine) -> None:
+    w2_again = W2.copy()  # another object with the same bytes: shared too
+
+    def fn(x: Any) -> Any:
+        return np.maximum(x @ W1 + B1, 0) @ W2 + B2 + (x @ W1 @ w2_again) * 0
+
+    c = engine.compile(fn, max_signatures=32)
+    for n in range(1, 33):
+        x = np.linspace(-1, 1, n * 3).reshape(n, 3)
+        assert_same_bits(await c(x), fn(x))
+    assert stats(c)[:3] == (32, 32, 32)
+    held = constant_arrays(c)
+    assert len(held) == 4  # W1, B1, W2 (twice captured), B2: not 32 copies of each
+    assert sum(a.nbytes for a in held) == W1.nbytes + B1.nbytes + W2.nbytes + B2.nbytes
+    assert all(not a.flags.writeable for a in held)
+
+
+async def test_folded_constants_are_shared_and_distinct_bytes_stay_apart(engine: ss.Engine) -> None:
+    zeros, negative_zeros = np.zeros(3), -np.zeros(3)  # equal values, different bytes
+
+    def fn(x: Any) -> Any:
+        return (x + zeros) * W1.T.sum(axis=0)[:3] + negative_zeros + W1[0, :3].astype(np.float32)
+
+    c = engine.compile(fn)
+    for n in (1, 2, 3):
+        assert_same_bits(await c(np.ones((n, 3))), fn(np.ones((n, 3))))
+    held = constant_arrays(c)
+    assert len(held) == 4  # zeros, -zeros, and the two folded results, once each
+    held_bytes = [a.tobytes() for a in held]
+    assert zeros.tobytes() in held_bytes and negative_zeros.tobytes() in held_bytes
+
+
+async def test_a_capture_changed_between_traces_is_a_new_constant(engine: ss.Engine) -> None:
+    w = W1.copy()
+    c = engine.compile(lambda x: x @ w)
+    assert_same_bits(await c(X), X @ W1)
+    w[...] = 2.0  # the next signature's trace takes the array as it is now; the first keeps its copy
+    assert_same_bits(await c(X[:1]), X[:1] @ w)
+    assert_same_bits(await c(X), X @ W1)
+    assert len(constant_arrays(c)) == 2
+
+
 async def test_tuple_list_and_single_element_outputs(engine: ss.Engine) -> None:
     def as_tuple(x: Any) -> Any:
         return x + 1, x * 2

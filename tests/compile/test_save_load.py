@@ -96,6 +96,16 @@ async def test_every_cached_signature_is_saved(engine: ss.Engine, tmp_path: Path
     assert [str(g) for g in loaded.graphs] == [str(g) for g in c.graphs]
 
 
+async def test_loaded_signatures_share_their_constants(engine: ss.Engine, tmp_path: Path) -> None:
+    c = engine.compile(mlp)
+    calls = [(batch(n, n),) for n in (1, 2, 3, 4)]
+    for args in calls:
+        await c(*args)
+    loaded = await roundtrip(engine, c, tmp_path / "batches.json", *calls)
+    held = {id(n.value) for g in loaded.graphs for n in g.nodes if n.op == "const"}
+    assert len(held) == 4  # W1, B1, W2, B2 once, not once per saved signature
+
+
 async def test_indexing_dtypes_scalars_and_outputs_roundtrip(engine: ss.Engine, tmp_path: Path) -> None:
     def fn(x: Any, y: Any) -> Any:
         a = x[None, ..., ::-2][0, 1:, None] * np.float32(1.5)  # slices, Ellipsis, None, a float32 scalar
