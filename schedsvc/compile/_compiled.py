@@ -3,7 +3,10 @@
 The first call with a signature -- shapes, dtypes and devices of the array
 arguments, values of the others -- traces; later calls with it replay, as
 one engine task.  Signatures are kept in a bounded LRU cache; each trace is
-counted in ``Compiled.stats()`` and ``eng.stats()``.
+counted in ``Compiled.stats()`` and ``eng.stats()``.  A function called with
+more signatures than the cache keeps traces the evicted ones again and again:
+the first few such retraces give one ``RuntimeWarning`` that names
+``max_signatures`` and what keeps changing between the calls.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 import os
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,12 @@ __all__ = ["Compiled", "load"]
 _FORMAT = "schedsvc-compiled"
 _VERSION = 1
 _STATIC = (int, float, complex, bool, str, bytes, type(None), np.generic)
+#: the default ``max_signatures``: more than the batch sizes of a typical loader (32)
+MAX_SIGNATURES = 64
+#: traces of signatures the cache had evicted before one RuntimeWarning says it thrashes
+_THRASH = 4
+#: evicted signatures remembered, to tell a retrace from a new signature
+_EVICTED_KEPT = 1024
 
 
 class _Entry:
@@ -127,7 +137,7 @@ class Compiled:
         engine: Engine,
         fn: Callable[..., Any] | None,
         *,
-        max_signatures: int = 16,
+        max_signatures: int = MAX_SIGNATURES,
         name: str | None = None,
     ) -> None:
         if fn is not None and not callable(fn):
@@ -150,6 +160,9 @@ class Compiled:
         self.traces = 0
         self.replays = 0
         self.evictions = 0
+        self._evicted: OrderedDict[Any, None] = OrderedDict()  # recently evicted signatures
+        self._retraces = 0  # traces of signatures evicted before
+        self._warned = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if ACTIVE[0] and tracing.depth:  # inside another compiled function: trace straight through
@@ -188,17 +201,45 @@ class Compiled:
         entry = _Entry(signature, graph)
         with self._lock:
             self.traces += 1
+            thrashing = self._retraced(signature)
             self._store(signature, entry)
         self._engine._compile_counts[0] += 1
+        if thrashing:
+            warnings.warn(self._thrash_message(), RuntimeWarning, stacklevel=3)
         return entry
+
+    def _retraced(self, signature: Any) -> bool:
+        """Count a trace of an evicted signature; True once, when there have been enough to warn."""
+        if signature not in self._evicted:
+            return False
+        del self._evicted[signature]
+        self._retraces += 1
+        if self._warned or self._retraces < _THRASH:
+            return False
+        self._warned = True
+        return True
+
+    def _thrash_message(self) -> str:
+        with self._lock:
+            seen = [*self._evicted, *self._cache]
+        return (
+            f"{self!r} traced {self._retraces} signatures again after evicting them: it is called with "
+            f"more signatures than max_signatures={self.max_signatures} keeps, so calls keep tracing "
+            f"(on the calling thread, far slower than a replay). Changing between calls: {_changing(seen)}. "
+            "Raise max_signatures (eng.compile(fn, max_signatures=...)), or give what changes a few "
+            "fixed values (pad batches to a few sizes)"
+        )
 
     def _store(self, signature: Any, entry: _Entry) -> None:
         self._cache[signature] = entry
         self._cache.move_to_end(signature)
         self._last = entry
         while len(self._cache) > self.max_signatures:
-            self._cache.popitem(last=False)
+            evicted, _ = self._cache.popitem(last=False)
             self.evictions += 1
+            self._evicted[evicted] = None
+            if len(self._evicted) > _EVICTED_KEPT:
+                self._evicted.popitem(last=False)
 
     @property
     def graph(self) -> Graph:
@@ -285,6 +326,33 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list
         else:
             parts.append((slot, "static", _static(value)))
     return tuple(parts), arrays, slots
+
+
+def _changing(signatures: list[Any]) -> str:
+    """What differs between these signatures, argument by argument: the axes whose sizes vary, or the values."""
+    by_slot: dict[Any, set[Any]] = {}
+    for signature in signatures:
+        for slot, *kind in signature:
+            by_slot.setdefault(slot, set()).add(tuple(kind))
+    said = [_describe_change(slot, kinds) for slot, kinds in by_slot.items() if len(kinds) > 1]
+    return "; ".join(said) or "nothing (the same signatures)"
+
+
+def _describe_change(slot: Any, kinds: set[Any]) -> str:
+    name = f"argument {slot}" if isinstance(slot, int) else f"argument {slot!r}"
+    shapes = {kind[1] for kind in kinds if kind[0] == "array"}
+    fixed = {(kind[0], len(kind[1]), *kind[2:]) for kind in kinds if kind[0] == "array"}
+    if len(shapes) == len(kinds) and len(fixed) == 1:  # arrays of one ndim, dtype and device
+        ndim = len(next(iter(shapes)))
+        axes = []
+        for axis in range(ndim):
+            sizes = sorted({shape[axis] for shape in shapes})
+            if len(sizes) > 1:
+                listed = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+                axes.append(f"axis {axis} takes {len(sizes)} sizes ({listed})")
+        return f"{name} {', '.join(axes)}"
+    listed = ", ".join(sorted(map(str, kinds))[:4]) + (", ..." if len(kinds) > 4 else "")
+    return f"{name} takes {len(kinds)} kinds: {listed}"
 
 
 def _same(tensors: tuple[Any, ...], args: tuple[Any, ...]) -> bool:

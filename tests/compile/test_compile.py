@@ -175,6 +175,44 @@ async def test_lru_evicts_the_least_recently_used_signature(engine: ss.Engine) -
     assert (s.compile_traces, s.compile_replays) == (5, 7)
 
 
+def batches(n: int) -> list[np.ndarray]:
+    return [np.full((size, 3), float(size)) for size in range(1, n + 1)]
+
+
+# Regression (issue 15, item 12): the default max_signatures (16) was below the 32 batch sizes a loader
+# gives, so cycling through them traced on every call (160 traces in 160 calls), silently
+async def test_32_batch_sizes_trace_once_each_by_default(engine: ss.Engine) -> None:
+    c = engine.compile(lambda x: x * 2)
+    assert c.max_signatures == 64
+    for _ in range(3):
+        for x in batches(32):
+            assert_same_bits(await c(x), x * 2)
+    assert stats(c) == (32, 96, 32, 0)
+
+
+async def test_a_cache_that_keeps_retracing_warns_once(engine: ss.Engine) -> None:
+    c = engine.compile(lambda x, k: x * k, max_signatures=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            for x in batches(32):
+                assert_same_bits(await c(x, 2), x * 2)
+    assert stats(c) == (64, 64, 16, 48)  # every call of the second round traced again
+    assert [w.category for w in caught] == [RuntimeWarning]
+    message = str(caught[0].message)
+    assert "max_signatures=16" in message
+    assert "argument 0 axis 0 takes 32 sizes (1, 2, 3, 4, 5, 6, 7, 8, ...)" in message
+    assert "argument 1" not in message  # the same static value every call
+    assert caught[0].filename == __file__  # points at the call
+
+
+async def test_retracing_a_few_evicted_signatures_does_not_warn(engine: ss.Engine) -> None:
+    c = engine.compile(lambda x: x + 1, max_signatures=2)
+    for x in batches(3) * 2:  # 3 retraces of evicted signatures: an LRU doing its job
+        assert_same_bits(await c(x), x + 1)
+    assert stats(c) == (6, 6, 2, 4)
+
+
 async def test_graph_is_the_latest_signature(engine: ss.Engine) -> None:
     c = engine.compile(lambda x: x + 1)
     with pytest.raises(ss.SchedsvcError, match="not been traced"):
