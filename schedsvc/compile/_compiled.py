@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import name_of
-from .._errors import SchedsvcError, TraceError
+from .._errors import LoadError, SchedsvcError, TraceError
 from .._runtime import buffer_of
 from ..tensor import Op, Tensor
-from ..tensor._tensor import ACTIVE, tracing
+from ..tensor._tensor import ACTIVE, check_out, tracing
 from ._graph import Constants, Graph, Node, Ref, emit
 from ._trace import trace
 
@@ -282,25 +282,53 @@ class Compiled:
 
 
 def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
-    """A compiled function saved with ``Compiled.save``, runnable on ``engine`` without its source."""
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
+    """A compiled function saved with ``Compiled.save``, runnable on ``engine`` without its source.
+
+    Every shape and dtype in the file is inferred again from the ops, as
+    tracing did; a file that is not such JSON, or disagrees, raises
+    ``ss.LoadError`` naming the file.
+    """
+    where = os.fspath(path)
+    doc = _read(path, where)
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-        raise ValueError(f"{os.fspath(path)!r} is not a saved schedsvc compiled function")
+        raise LoadError(f"{where!r} is not a saved schedsvc compiled function (Compiled.save writes one)")
     if doc.get("version") != _VERSION:
-        raise ValueError(
-            f"{os.fspath(path)!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}"
-        )
+        raise LoadError(f"{where!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}")
     try:
         compiled = Compiled(engine, None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"])))
         for item in doc["entries"]:
             signature = _dec(item["signature"])
             graph = _dec_graph(item["graph"])
+            _check_types(graph, signature)
             compiled._constants.share(graph)
             compiled._store(signature, _Entry(signature, graph))
+    except RecursionError as exc:
+        raise LoadError(f"{where!r} nests its values too deeply to be a saved compiled function") from exc
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{os.fspath(path)!r} is not a valid saved compiled function: {exc!r}") from exc
+        raise LoadError(
+            f"{where!r} is not a valid saved compiled function: {exc!r}. Save it again with Compiled.save"
+        ) from exc
     return compiled
+
+
+def _read(path: str | os.PathLike[str], where: str) -> Any:
+    """The JSON document in the file; LoadError naming it when the file is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise LoadError(
+            f"{where!r} is not a saved schedsvc compiled function: it is not JSON ({exc}); a truncated "
+            "file, or another kind. Save it again with Compiled.save"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise LoadError(
+            f"{where!r} is not a saved schedsvc compiled function: not UTF-8 text ({exc})"
+        ) from exc
+    except RecursionError as exc:
+        raise LoadError(
+            f"{where!r} is not a saved schedsvc compiled function: its JSON nests too deeply to read"
+        ) from exc
 
 
 # -- signatures --------------------------------------------------------------------------
@@ -487,6 +515,83 @@ def _dec_graph(doc: dict[str, Any]) -> Graph:
     graph.reuse = {int(k): int(v) for k, v in doc["reuse"]}
     _check_graph(graph)
     return graph
+
+
+def _check_types(graph: Graph, signature: Any) -> None:
+    """Infer every live node's shape and dtype again, from the signature's inputs on; the file's must agree.
+
+    A replay's Tensors take their shapes and dtypes from the graph, so a file
+    edited to claim others would give Tensors that disagree with their values.
+    """
+    from ..tensor import OPS
+
+    nodes = graph.nodes
+    arrays = _signature_arrays(signature)
+    if [nodes[i].op for i in graph.inputs] != ["input"] * len(arrays):
+        raise ValueError(f"the graph's inputs {graph.inputs} are not one input node per array argument")
+    for i, node in enumerate(nodes):
+        if node.op == "dead":
+            continue
+        if node.op == "input":
+            if not 0 <= node.value < len(arrays) or graph.inputs[node.value] != i:
+                raise ValueError(f"input node {i} is not the graph's input {node.value}")
+            shape, dtype = arrays[node.value]
+        elif node.op == "const":
+            value = np.asarray(node.value)
+            shape, dtype = value.shape, value.dtype
+        else:
+            shape, dtype = _infer_node(nodes, i, OPS[node.op])
+        if node.shape != shape or node.dtype != dtype:
+            raise ValueError(
+                f"node {i} ({node.op}) is {node.dtype}{list(node.shape)} in the file, but its operands give "
+                f"{dtype}{list(shape)}"
+            )
+        node.shape = shape
+    for i in graph.outputs:
+        if nodes[i].op == "dead":
+            raise ValueError(f"output node {i} is dead")
+    for i, j in graph.reuse.items():
+        if not j < i or nodes[j].op in ("input", "const", "dead") or nodes[j].shape != nodes[i].shape:
+            raise ValueError(f"node {i} cannot reuse node {j}'s memory")
+        if nodes[j].dtype != nodes[i].dtype:
+            raise ValueError(f"node {i} cannot reuse node {j}'s memory")
+
+
+def _signature_arrays(signature: Any) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
+    """(shape, dtype) of each array argument of a saved signature, in order."""
+    arrays = []
+    for part in signature:
+        if part[1] != "array":
+            continue
+        _, _, shape, dtype, _ = part
+        if not isinstance(dtype, np.dtype) or any(type(d) is not int or d < 0 for d in shape):
+            raise ValueError(f"signature part {part!r} is not a shape and a dtype")
+        arrays.append((tuple(shape), dtype))
+    return arrays
+
+
+def _infer_node(nodes: list[Node], i: int, op: Op) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """(shape, dtype) of node ``i`` from its operands', as tracing inferred it."""
+    node = nodes[i]
+    metas: list[Any] = []
+    for a in node.args:
+        if not isinstance(a, Ref):
+            metas.append(a)
+        elif a < i and nodes[a].op != "dead":
+            metas.append((nodes[a].shape, nodes[a].dtype))
+        else:
+            raise ValueError(f"node {i} reads node {a}, which is not computed before it")
+    try:
+        shape, dtype, _ = op.infer(metas, node.attrs)
+        if node.out is None:
+            return tuple(shape), dtype
+        target = nodes[node.out]
+        if not node.out < i or nodes[target.base].op in ("input", "const", "dead"):
+            raise ValueError(f"it writes node {node.out}, which is not memory the graph computed before it")
+        check_out(op, shape, dtype, target)
+        return target.shape, target.dtype
+    except Exception as exc:
+        raise ValueError(f"node {i} ({node.op}) on its operands fails: {exc}") from exc
 
 
 def _check_graph(graph: Graph) -> None:
