@@ -550,10 +550,9 @@ def _check_types(graph: Graph, signature: Any) -> None:
     for i in graph.outputs:
         if nodes[i].op == "dead":
             raise ValueError(f"output node {i} is dead")
-    for i, j in graph.reuse.items():
-        if not j < i or nodes[j].op in ("input", "const", "dead") or nodes[j].shape != nodes[i].shape:
-            raise ValueError(f"node {i} cannot reuse node {j}'s memory")
-        if nodes[j].dtype != nodes[i].dtype:
+    for i, j in graph.reuse.items():  # an elementwise result written into a dead intermediate of its type
+        same = (nodes[j].shape, nodes[j].dtype) == (nodes[i].shape, nodes[i].dtype)
+        if not j < i or nodes[j].op in ("input", "const", "dead") or not same:
             raise ValueError(f"node {i} cannot reuse node {j}'s memory")
 
 
