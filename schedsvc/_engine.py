@@ -481,13 +481,14 @@ class Engine:
         return self._create("arange", device, **attrs)
 
     def compile(
-        self, fn: Callable[..., Any], *, max_signatures: int = 16, name: str | None = None
+        self, fn: Callable[..., Any], *, max_signatures: int = 64, name: str | None = None
     ) -> Compiled:
         """Compile ``fn`` (array code on Tensors) the way ``hybridize`` does: trace once, replay fused.
 
         The first call with a signature (the shapes, dtypes and devices of the
         arguments, and the values of the other arguments) traces ``fn`` on
         symbolic tensors; later calls replay the optimised graph as one task.
+        ``max_signatures`` signatures are kept, least recently used first out.
         """
         from .compile import Compiled
 

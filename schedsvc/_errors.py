@@ -11,6 +11,7 @@ them all::
     ├── DeviceError         unknown or unavailable device
     ├── InvalidTask         not callable, bad priority/nbytes, a future of another engine (TypeError)
     ├── TraceError          a compiled function did something a replay cannot repeat (TypeError)
+    ├── LoadError           ss.load: not a saved compiled function, or one that disagrees with itself (ValueError)
     └── ConfigError         also a pydantic ValidationError's message, re-raised (ValueError)
 
 Each message says what happened and what to do about it.
@@ -24,6 +25,7 @@ __all__ = [
     "DeviceError",
     "EngineClosed",
     "InvalidTask",
+    "LoadError",
     "MemoryLimitError",
     "QueueFull",
     "SchedsvcError",
@@ -66,3 +68,8 @@ class InvalidTask(SchedsvcError, TypeError):
 class TraceError(SchedsvcError, TypeError):
     """While ``eng.compile`` traced a function, it needed a value (data-dependent control flow)
     or had a Python side effect that a replay would not repeat."""
+
+
+class LoadError(SchedsvcError, ValueError):
+    """``ss.load`` refused a file: not JSON, truncated, nested too deeply, not a saved compiled function,
+    or a graph whose shapes and dtypes disagree with what its operations give; the message names the file."""

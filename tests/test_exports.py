@@ -29,6 +29,7 @@ ERRORS = [
     "DeviceError",
     "EngineClosed",
     "InvalidTask",
+    "LoadError",
     "MemoryLimitError",
     "QueueFull",
     "TraceError",

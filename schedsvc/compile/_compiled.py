@@ -3,7 +3,10 @@
 The first call with a signature -- shapes, dtypes and devices of the array
 arguments, values of the others -- traces; later calls with it replay, as
 one engine task.  Signatures are kept in a bounded LRU cache; each trace is
-counted in ``Compiled.stats()`` and ``eng.stats()``.
+counted in ``Compiled.stats()`` and ``eng.stats()``.  A function called with
+more signatures than the cache keeps traces the evicted ones again and again:
+the first few such retraces give one ``RuntimeWarning`` that names
+``max_signatures`` and what keeps changing between the calls.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 import os
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import name_of
-from .._errors import SchedsvcError, TraceError
+from .._errors import LoadError, SchedsvcError, TraceError
 from .._runtime import buffer_of
 from ..tensor import Op, Tensor
-from ..tensor._tensor import ACTIVE, tracing
-from ._graph import Graph, Node, Ref, emit
+from ..tensor._tensor import ACTIVE, check_out, tracing
+from ._graph import Constants, Graph, Node, Ref, emit
 from ._trace import trace
 
 if TYPE_CHECKING:
@@ -38,6 +42,12 @@ __all__ = ["Compiled", "load"]
 _FORMAT = "schedsvc-compiled"
 _VERSION = 1
 _STATIC = (int, float, complex, bool, str, bytes, type(None), np.generic)
+#: the default ``max_signatures``: more than the batch sizes of a typical loader (32)
+MAX_SIGNATURES = 64
+#: traces of signatures the cache had evicted before one RuntimeWarning says it thrashes
+_THRASH = 4
+#: evicted signatures remembered, to tell a retrace from a new signature
+_EVICTED_KEPT = 1024
 
 
 class _Entry:
@@ -127,7 +137,7 @@ class Compiled:
         engine: Engine,
         fn: Callable[..., Any] | None,
         *,
-        max_signatures: int = 16,
+        max_signatures: int = MAX_SIGNATURES,
         name: str | None = None,
     ) -> None:
         if fn is not None and not callable(fn):
@@ -144,11 +154,15 @@ class Compiled:
         self.name = re.sub(r"\W", "_", name or name_of(fn) or "compiled").strip("_") or "compiled"
         self.max_signatures = max_signatures
         self._cache: OrderedDict[Any, _Entry] = OrderedDict()
+        self._constants = Constants()  # captured and folded arrays, once for every signature
         self._lock = threading.Lock()
         self._last: _Entry | None = None
         self.traces = 0
         self.replays = 0
         self.evictions = 0
+        self._evicted: OrderedDict[Any, None] = OrderedDict()  # recently evicted signatures
+        self._retraces = 0  # traces of signatures evicted before
+        self._warned = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if ACTIVE[0] and tracing.depth:  # inside another compiled function: trace straight through
@@ -183,21 +197,49 @@ class Compiled:
                 f"{self!r} was loaded without its Python source, so it replays only the signatures it was "
                 f"saved with:\n  {known}\nThis call's signature is:\n  {signature}"
             )
-        graph = trace(self._fn, self.name, list(args), kwargs, slots)
+        graph = trace(self._fn, self.name, list(args), kwargs, slots, self._constants)
         entry = _Entry(signature, graph)
         with self._lock:
             self.traces += 1
+            thrashing = self._retraced(signature)
             self._store(signature, entry)
         self._engine._compile_counts[0] += 1
+        if thrashing:
+            warnings.warn(self._thrash_message(), RuntimeWarning, stacklevel=3)
         return entry
+
+    def _retraced(self, signature: Any) -> bool:
+        """Count a trace of an evicted signature; True once, when there have been enough to warn."""
+        if signature not in self._evicted:
+            return False
+        del self._evicted[signature]
+        self._retraces += 1
+        if self._warned or self._retraces < _THRASH:
+            return False
+        self._warned = True
+        return True
+
+    def _thrash_message(self) -> str:
+        with self._lock:
+            seen = [*self._evicted, *self._cache]
+        return (
+            f"{self!r} traced {self._retraces} signatures again after evicting them: it is called with "
+            f"more signatures than max_signatures={self.max_signatures} keeps, so calls keep tracing "
+            f"(on the calling thread, far slower than a replay). Changing between calls: {_changing(seen)}. "
+            "Raise max_signatures (eng.compile(fn, max_signatures=...)), or give what changes a few "
+            "fixed values (pad batches to a few sizes)"
+        )
 
     def _store(self, signature: Any, entry: _Entry) -> None:
         self._cache[signature] = entry
         self._cache.move_to_end(signature)
         self._last = entry
         while len(self._cache) > self.max_signatures:
-            self._cache.popitem(last=False)
+            evicted, _ = self._cache.popitem(last=False)
             self.evictions += 1
+            self._evicted[evicted] = None
+            if len(self._evicted) > _EVICTED_KEPT:
+                self._evicted.popitem(last=False)
 
     @property
     def graph(self) -> Graph:
@@ -240,23 +282,53 @@ class Compiled:
 
 
 def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
-    """A compiled function saved with ``Compiled.save``, runnable on ``engine`` without its source."""
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
+    """A compiled function saved with ``Compiled.save``, runnable on ``engine`` without its source.
+
+    Every shape and dtype in the file is inferred again from the ops, as
+    tracing did; a file that is not such JSON, or disagrees, raises
+    ``ss.LoadError`` naming the file.
+    """
+    where = os.fspath(path)
+    doc = _read(path, where)
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-        raise ValueError(f"{os.fspath(path)!r} is not a saved schedsvc compiled function")
+        raise LoadError(f"{where!r} is not a saved schedsvc compiled function (Compiled.save writes one)")
     if doc.get("version") != _VERSION:
-        raise ValueError(
-            f"{os.fspath(path)!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}"
-        )
+        raise LoadError(f"{where!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}")
     try:
         compiled = Compiled(engine, None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"])))
         for item in doc["entries"]:
             signature = _dec(item["signature"])
-            compiled._store(signature, _Entry(signature, _dec_graph(item["graph"])))
+            graph = _dec_graph(item["graph"])
+            _check_types(graph, signature)
+            compiled._constants.share(graph)
+            compiled._store(signature, _Entry(signature, graph))
+    except RecursionError as exc:
+        raise LoadError(f"{where!r} nests its values too deeply to be a saved compiled function") from exc
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{os.fspath(path)!r} is not a valid saved compiled function: {exc!r}") from exc
+        raise LoadError(
+            f"{where!r} is not a valid saved compiled function: {exc!r}. Save it again with Compiled.save"
+        ) from exc
     return compiled
+
+
+def _read(path: str | os.PathLike[str], where: str) -> Any:
+    """The JSON document in the file; LoadError naming it when the file is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise LoadError(
+            f"{where!r} is not a saved schedsvc compiled function: it is not JSON ({exc}); a truncated "
+            "file, or another kind. Save it again with Compiled.save"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise LoadError(
+            f"{where!r} is not a saved schedsvc compiled function: not UTF-8 text ({exc})"
+        ) from exc
+    except RecursionError as exc:
+        raise LoadError(
+            f"{where!r} is not a saved schedsvc compiled function: its JSON nests too deeply to read"
+        ) from exc
 
 
 # -- signatures --------------------------------------------------------------------------
@@ -282,6 +354,33 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list
         else:
             parts.append((slot, "static", _static(value)))
     return tuple(parts), arrays, slots
+
+
+def _changing(signatures: list[Any]) -> str:
+    """What differs between these signatures, argument by argument: the axes whose sizes vary, or the values."""
+    by_slot: dict[Any, set[Any]] = {}
+    for signature in signatures:
+        for slot, *kind in signature:
+            by_slot.setdefault(slot, set()).add(tuple(kind))
+    said = [_describe_change(slot, kinds) for slot, kinds in by_slot.items() if len(kinds) > 1]
+    return "; ".join(said) or "nothing (the same signatures)"
+
+
+def _describe_change(slot: Any, kinds: set[Any]) -> str:
+    name = f"argument {slot}" if isinstance(slot, int) else f"argument {slot!r}"
+    shapes = {kind[1] for kind in kinds if kind[0] == "array"}
+    fixed = {(kind[0], len(kind[1]), *kind[2:]) for kind in kinds if kind[0] == "array"}
+    if len(shapes) == len(kinds) and len(fixed) == 1:  # arrays of one ndim, dtype and device
+        ndim = len(next(iter(shapes)))
+        axes = []
+        for axis in range(ndim):
+            sizes = sorted({shape[axis] for shape in shapes})
+            if len(sizes) > 1:
+                listed = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+                axes.append(f"axis {axis} takes {len(sizes)} sizes ({listed})")
+        return f"{name} {', '.join(axes)}"
+    listed = ", ".join(sorted(map(str, kinds))[:4]) + (", ..." if len(kinds) > 4 else "")
+    return f"{name} takes {len(kinds)} kinds: {listed}"
 
 
 def _same(tensors: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
@@ -416,6 +515,82 @@ def _dec_graph(doc: dict[str, Any]) -> Graph:
     graph.reuse = {int(k): int(v) for k, v in doc["reuse"]}
     _check_graph(graph)
     return graph
+
+
+def _check_types(graph: Graph, signature: Any) -> None:
+    """Infer every live node's shape and dtype again, from the signature's inputs on; the file's must agree.
+
+    A replay's Tensors take their shapes and dtypes from the graph, so a file
+    edited to claim others would give Tensors that disagree with their values.
+    """
+    from ..tensor import OPS
+
+    nodes = graph.nodes
+    arrays = _signature_arrays(signature)
+    if [nodes[i].op for i in graph.inputs] != ["input"] * len(arrays):
+        raise ValueError(f"the graph's inputs {graph.inputs} are not one input node per array argument")
+    for i, node in enumerate(nodes):
+        if node.op == "dead":
+            continue
+        if node.op == "input":
+            if not 0 <= node.value < len(arrays) or graph.inputs[node.value] != i:
+                raise ValueError(f"input node {i} is not the graph's input {node.value}")
+            shape, dtype = arrays[node.value]
+        elif node.op == "const":
+            value = np.asarray(node.value)
+            shape, dtype = value.shape, value.dtype
+        else:
+            shape, dtype = _infer_node(nodes, i, OPS[node.op])
+        if node.shape != shape or node.dtype != dtype:
+            raise ValueError(
+                f"node {i} ({node.op}) is {node.dtype}{list(node.shape)} in the file, but its operands give "
+                f"{dtype}{list(shape)}"
+            )
+        node.shape = shape
+    for i in graph.outputs:
+        if nodes[i].op == "dead":
+            raise ValueError(f"output node {i} is dead")
+    for i, j in graph.reuse.items():  # an elementwise result written into a dead intermediate of its type
+        same = (nodes[j].shape, nodes[j].dtype) == (nodes[i].shape, nodes[i].dtype)
+        if not j < i or nodes[j].op in ("input", "const", "dead") or not same:
+            raise ValueError(f"node {i} cannot reuse node {j}'s memory")
+
+
+def _signature_arrays(signature: Any) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
+    """(shape, dtype) of each array argument of a saved signature, in order."""
+    arrays = []
+    for part in signature:
+        if part[1] != "array":
+            continue
+        _, _, shape, dtype, _ = part
+        if not isinstance(dtype, np.dtype) or any(type(d) is not int or d < 0 for d in shape):
+            raise ValueError(f"signature part {part!r} is not a shape and a dtype")
+        arrays.append((tuple(shape), dtype))
+    return arrays
+
+
+def _infer_node(nodes: list[Node], i: int, op: Op) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """(shape, dtype) of node ``i`` from its operands', as tracing inferred it."""
+    node = nodes[i]
+    metas: list[Any] = []
+    for a in node.args:
+        if not isinstance(a, Ref):
+            metas.append(a)
+        elif a < i and nodes[a].op != "dead":
+            metas.append((nodes[a].shape, nodes[a].dtype))
+        else:
+            raise ValueError(f"node {i} reads node {a}, which is not computed before it")
+    try:
+        shape, dtype, _ = op.infer(metas, node.attrs)
+        if node.out is None:
+            return tuple(shape), dtype
+        target = nodes[node.out]
+        if not node.out < i or nodes[target.base].op in ("input", "const", "dead"):
+            raise ValueError(f"it writes node {node.out}, which is not memory the graph computed before it")
+        check_out(op, shape, dtype, target)
+        return target.shape, target.dtype
+    except Exception as exc:
+        raise ValueError(f"node {i} ({node.op}) on its operands fails: {exc}") from exc
 
 
 def _check_graph(graph: Graph) -> None:

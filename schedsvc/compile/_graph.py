@@ -19,6 +19,8 @@ straight-line Python function of NumPy calls: a replay is one task.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from ..tensor import OPS
 
-__all__ = ["Graph", "Node", "Ref", "optimize"]
+__all__ = ["Constants", "Graph", "Node", "Ref", "optimize"]
 
 
 class Ref(int):
@@ -111,6 +113,69 @@ def _literal(value: Any) -> str:
         text = f"{'' if value.start is None else value.start}:{'' if value.stop is None else value.stop}"
         return text if value.step is None else f"{text}:{value.step}"
     return repr(value)
+
+
+# -- constants ---------------------------------------------------------------------
+
+
+class Constants:
+    """The constant arrays of one compiled function, each held once and shared by all its signatures' graphs.
+
+    An array is keyed by dtype, shape, memory order and a digest of its bytes
+    (bytes, not values: -0.0 and 0.0 stay apart), so a captured array traced
+    again for a new signature, an equal capture, or a constant folded to the
+    same value, reuses the read-only array already held instead of a copy.
+    Held weakly: an array no cached graph uses any more is freed.
+    """
+
+    def __init__(self) -> None:
+        self._arrays: weakref.WeakValueDictionary[Any, np.ndarray] = weakref.WeakValueDictionary()
+
+    def snapshot(self, array: np.ndarray) -> np.ndarray:
+        """A read-only copy of ``array`` as it is now: the one held already when it has these bytes."""
+        key = _key_of(array)
+        held = None if key is None else self._arrays.get(key)
+        if held is not None:
+            return held
+        value = np.array(array, copy=True)  # later changes to the original do not leak in
+        value.flags.writeable = False
+        return self._hold(value, _key_of(value) if key is None else key)
+
+    def share(self, graph: Graph) -> None:
+        """Point every constant node of ``graph`` at the held array with its bytes (holding it if new)."""
+        for node in graph.nodes:
+            if node.op == "const" and type(node.value) is np.ndarray and not node.value.flags.writeable:
+                node.value = self._hold(node.value, _key_of(node.value))
+
+    def arrays(self) -> list[np.ndarray]:
+        """The arrays held now."""
+        return list(self._arrays.values())
+
+    def _hold(self, value: np.ndarray, key: Any) -> np.ndarray:
+        if key is None:
+            return value
+        held = self._arrays.get(key)
+        if held is None:
+            self._arrays[key] = held = value
+        return held
+
+
+def _key_of(array: np.ndarray) -> Any:
+    """(dtype, shape, order, digest of the bytes), or None for an array that is not shared."""
+    if array.dtype.hasobject:  # its bytes are pointers
+        return None
+    if array.flags.c_contiguous:
+        flat, order = array, "C"
+    elif array.flags.f_contiguous:  # kept apart from a C copy: NumPy's results follow the layout
+        flat, order = array.T, "F"
+    else:
+        return None
+    try:
+        data = flat.reshape(-1).view(np.uint8)
+    except (TypeError, ValueError):  # a dtype of size 0
+        return None
+    digest = hashlib.blake2b(data.data, digest_size=32).digest()
+    return array.dtype, array.dtype.char, array.shape, order, digest
 
 
 # -- optimisation ------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 While a trace runs on a thread, every Tensor operation there is recorded
 instead of queued (``schedsvc.tensor._tensor.tracing``).  Arrays the function
-captures become constants (copied: a constant cannot change under a compiled
-graph), and so do computed Tensors; anything a replay could not repeat --
+captures become constants (copied -- a constant cannot change under a compiled
+graph -- once per compiled function, see ``Constants``), and so do computed Tensors; anything a replay could not repeat --
 needing a value (``if t > 0``), printing, submitting tasks, writing an
 argument or a captured array in place, storing a traced tensor outside the
 function -- raises ``ss.TraceError`` that says what happened.
@@ -24,7 +24,7 @@ from .._errors import TraceError
 from .._future import Future
 from ..tensor import ArrayOps, Op, Tensor
 from ..tensor._tensor import ACTIVE, check_out, tracing
-from ._graph import Graph, Node, Ref, optimize
+from ._graph import Constants, Graph, Node, Ref, optimize
 
 __all__ = ["Symbol", "trace"]
 
@@ -110,8 +110,9 @@ class Symbol(ArrayOps):
 class _Trace:
     """The graph being recorded."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, constants: Constants) -> None:
         self.name = name
+        self.constants = constants
         self.nodes: list[Node] = []
         self.consts: dict[int, tuple[Any, int]] = {}  # id(array) -> (array, node): one node per capture
         self.symbols: list[weakref.ref[Symbol]] = []
@@ -131,8 +132,7 @@ class _Trace:
         seen = self.consts.get(id(array))
         if seen is not None:
             return Ref(seen[1])
-        value = np.array(array, copy=True)  # a snapshot: later changes to the original do not leak in
-        value.flags.writeable = False
+        value = self.constants.snapshot(array)
         index = len(self.nodes)
         self.nodes.append(Node("const", (), {}, value.shape, value.dtype, index, value=value))
         self.consts[id(array)] = (array, index)
@@ -200,10 +200,20 @@ class _Trace:
 
 
 def trace(
-    fn: Callable[..., Any], name: str, args: list[Any], kwargs: dict[str, Any], inputs: list[Any]
+    fn: Callable[..., Any],
+    name: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    inputs: list[Any],
+    constants: Constants | None = None,
 ) -> Graph:
-    """Trace ``fn(*args, **kwargs)``; ``inputs`` are (slot, shape, dtype) of the array arguments."""
-    record = _Trace(name)
+    """Trace ``fn(*args, **kwargs)``; ``inputs`` are (slot, shape, dtype) of the array arguments.
+
+    Captured arrays and folded constants come from (and go into) ``constants``,
+    shared with the other signatures of the same compiled function.
+    """
+    constants = Constants() if constants is None else constants
+    record = _Trace(name, constants)
     args = list(args)
     kwargs = dict(kwargs)
     input_nodes = []
@@ -235,8 +245,9 @@ def trace(
     outputs = [_output(record, r) for r in (result if kind != "single" else (result,))]
     del result
     _check_leaks(record, set(outputs))
-    graph = Graph(name, record.nodes, input_nodes, outputs, kind)
-    return optimize(graph)
+    graph = optimize(Graph(name, record.nodes, input_nodes, outputs, kind))
+    constants.share(graph)
+    return graph
 
 
 def _output(record: _Trace, value: Any) -> int:

@@ -175,6 +175,44 @@ async def test_lru_evicts_the_least_recently_used_signature(engine: ss.Engine) -
     assert (s.compile_traces, s.compile_replays) == (5, 7)
 
 
+def batches(n: int) -> list[np.ndarray]:
+    return [np.full((size, 3), float(size)) for size in range(1, n + 1)]
+
+
+# Regression (issue 15, item 12): the default max_signatures (16) was below the 32 batch sizes a loader
+# gives, so cycling through them traced on every call (160 traces in 160 calls), silently
+async def test_32_batch_sizes_trace_once_each_by_default(engine: ss.Engine) -> None:
+    c = engine.compile(lambda x: x * 2)
+    assert c.max_signatures == 64
+    for _ in range(3):
+        for x in batches(32):
+            assert_same_bits(await c(x), x * 2)
+    assert stats(c) == (32, 96, 32, 0)
+
+
+async def test_a_cache_that_keeps_retracing_warns_once(engine: ss.Engine) -> None:
+    c = engine.compile(lambda x, k: x * k, max_signatures=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            for x in batches(32):
+                assert_same_bits(await c(x, 2), x * 2)
+    assert stats(c) == (64, 64, 16, 48)  # every call of the second round traced again
+    assert [w.category for w in caught] == [RuntimeWarning]
+    message = str(caught[0].message)
+    assert "max_signatures=16" in message
+    assert "argument 0 axis 0 takes 32 sizes (1, 2, 3, 4, 5, 6, 7, 8, ...)" in message
+    assert "argument 1" not in message  # the same static value every call
+    assert caught[0].filename == __file__  # points at the call
+
+
+async def test_retracing_a_few_evicted_signatures_does_not_warn(engine: ss.Engine) -> None:
+    c = engine.compile(lambda x: x + 1, max_signatures=2)
+    for x in batches(3) * 2:  # 3 retraces of evicted signatures: an LRU doing its job
+        assert_same_bits(await c(x), x + 1)
+    assert stats(c) == (6, 6, 2, 4)
+
+
 async def test_graph_is_the_latest_signature(engine: ss.Engine) -> None:
     c = engine.compile(lambda x: x + 1)
     with pytest.raises(ss.SchedsvcError, match="not been traced"):
@@ -490,6 +528,56 @@ async def test_captured_arrays_are_snapshotted_at_trace_time(engine: ss.Engine) 
     w[...] = 100.0
     assert_same_bits(await c(X), want)  # the replay uses the copy taken when tracing
     assert stats(c)[:2] == (1, 2)
+
+
+def constant_arrays(c: ss.Compiled) -> list[np.ndarray]:
+    """The distinct constant arrays (by identity) held by every cached signature's graph."""
+    held = {id(n.value): n.value for g in c.graphs for n in g.nodes if n.op == "const"}
+    return list(held.values())
+
+
+# Regression (issue 15, item 12): every signature's trace copied the captured weights again, so 32 batch
+# sizes held 32 copies of them (+74 MiB for 2.3 MiB of weights)
+async def test_captured_constants_are_held_once_for_all_signatures(engine: ss.Engine) -> None:
+    w2_again = W2.copy()  # another object with the same bytes: shared too
+
+    def fn(x: Any) -> Any:
+        return np.maximum(x @ W1 + B1, 0) @ W2 + B2 + (x @ W1 @ w2_again) * 0
+
+    c = engine.compile(fn, max_signatures=32)
+    for n in range(1, 33):
+        x = np.linspace(-1, 1, n * 3).reshape(n, 3)
+        assert_same_bits(await c(x), fn(x))
+    assert stats(c)[:3] == (32, 32, 32)
+    held = constant_arrays(c)
+    assert len(held) == 4  # W1, B1, W2 (twice captured), B2: not 32 copies of each
+    assert sum(a.nbytes for a in held) == W1.nbytes + B1.nbytes + W2.nbytes + B2.nbytes
+    assert all(not a.flags.writeable for a in held)
+
+
+async def test_folded_constants_are_shared_and_distinct_bytes_stay_apart(engine: ss.Engine) -> None:
+    zeros, negative_zeros = np.zeros(3), -np.zeros(3)  # equal values, different bytes
+
+    def fn(x: Any) -> Any:
+        return (x + zeros) * W1.T.sum(axis=0)[:3] + negative_zeros + W1[0, :3].astype(np.float32)
+
+    c = engine.compile(fn)
+    for n in (1, 2, 3):
+        assert_same_bits(await c(np.ones((n, 3))), fn(np.ones((n, 3))))
+    held = constant_arrays(c)
+    assert len(held) == 4  # zeros, -zeros, and the two folded results, once each
+    held_bytes = [a.tobytes() for a in held]
+    assert zeros.tobytes() in held_bytes and negative_zeros.tobytes() in held_bytes
+
+
+async def test_a_capture_changed_between_traces_is_a_new_constant(engine: ss.Engine) -> None:
+    w = W1.copy()
+    c = engine.compile(lambda x: x @ w)
+    assert_same_bits(await c(X), X @ W1)
+    w[...] = 2.0  # the next signature's trace takes the array as it is now; the first keeps its copy
+    assert_same_bits(await c(X[:1]), X[:1] @ w)
+    assert_same_bits(await c(X), X @ W1)
+    assert len(constant_arrays(c)) == 2
 
 
 async def test_tuple_list_and_single_element_outputs(engine: ss.Engine) -> None:

@@ -96,6 +96,16 @@ async def test_every_cached_signature_is_saved(engine: ss.Engine, tmp_path: Path
     assert [str(g) for g in loaded.graphs] == [str(g) for g in c.graphs]
 
 
+async def test_loaded_signatures_share_their_constants(engine: ss.Engine, tmp_path: Path) -> None:
+    c = engine.compile(mlp)
+    calls = [(batch(n, n),) for n in (1, 2, 3, 4)]
+    for args in calls:
+        await c(*args)
+    loaded = await roundtrip(engine, c, tmp_path / "batches.json", *calls)
+    held = {id(n.value) for g in loaded.graphs for n in g.nodes if n.op == "const"}
+    assert len(held) == 4  # W1, B1, W2, B2 once, not once per saved signature
+
+
 async def test_indexing_dtypes_scalars_and_outputs_roundtrip(engine: ss.Engine, tmp_path: Path) -> None:
     def fn(x: Any, y: Any) -> Any:
         a = x[None, ..., ::-2][0, 1:, None] * np.float32(1.5)  # slices, Ellipsis, None, a float32 scalar
@@ -290,6 +300,80 @@ async def test_not_json_raises_value_error(engine: ss.Engine, tmp_path: Path) ->
         ss.load(path, engine)
     with pytest.raises(ValueError, match="not a saved schedsvc compiled function"):
         ss.load(write(tmp_path, [1, 2, 3]), engine)
+
+
+def nodes_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = doc["entries"][0]["graph"]["nodes"]  # input, exp, add
+    return nodes
+
+
+# Regression (issue 15, item 17): load trusted the shapes and dtypes in the file, so an edited output shape
+# gave a Tensor that claimed (7, 7) while its value was (2,)
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda d: nodes_of(d)[2].update(shape=[7, 7]),
+            r"node 2 \(add\) is float64\[7, 7\] in the file, but",
+        ),
+        (lambda d: nodes_of(d)[2].update(dtype="<f4"), r"node 2 \(add\) is float32\[2\] in the file, but"),
+        (lambda d: nodes_of(d)[1].update(shape=[1]), r"node 1 \(exp\) is float64\[1\]"),
+        (lambda d: nodes_of(d)[0].update(shape=[7, 7]), r"node 0 \(input\) is float64\[7, 7\]"),
+        (
+            lambda d: d["entries"][0]["signature"]["tuple"][0]["tuple"].__setitem__(2, {"tuple": [7]}),
+            r"node 0 \(input\) is float64\[2\] in the file, but its operands give float64\[7\]",
+        ),
+        (lambda d: d["entries"][0]["graph"].update(reuse=[[2, 0]]), "cannot reuse node 0"),
+        (lambda d: nodes_of(d)[1]["args"].__setitem__(0, {"ref": 2}), "reads node 2"),
+    ],
+    ids=["output-shape", "output-dtype", "intermediate-shape", "input-shape", "signature", "reuse", "order"],
+)
+async def test_a_file_whose_shapes_or_dtypes_disagree_is_refused(
+    engine: ss.Engine, tmp_path: Path, saved: dict[str, Any], change: Any, message: str
+) -> None:
+    change(saved)
+    path = write(tmp_path, saved)
+    with pytest.raises(ss.LoadError, match=message) as caught:
+        ss.load(path, engine)
+    assert str(path) in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+# Regression (issue 15, item 17): a truncated or non-JSON file raised a raw JSONDecodeError, deep nesting a
+# raw RecursionError, neither naming the file
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"format": "schedsvc-compiled", "vers', "not JSON"),
+        ("graph mlp(%0: float64[4, 5])", "not JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+        (b"\xff\xfe\x00binary", "not UTF-8"),
+    ],
+    ids=["truncated", "text", "deeply-nested", "binary"],
+)
+async def test_a_file_that_is_not_json_gives_load_error_naming_it(
+    engine: ss.Engine, tmp_path: Path, content: str | bytes, message: str
+) -> None:
+    path = tmp_path / "broken.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(ss.LoadError, match=message) as caught:
+        ss.load(path, engine)
+    assert repr(str(path)) in str(caught.value)
+
+
+async def test_deeply_nested_values_in_a_saved_graph_give_load_error(
+    engine: ss.Engine, tmp_path: Path, saved: dict[str, Any]
+) -> None:
+    nested = '{"tuple": [' * 5000 + "1" + "]}" * 5000  # a tuple of a tuple of ... as an operand
+    text = json.dumps(saved).replace('"args": [{"ref": 1}, 1]', f'"args": [{{"ref": 1}}, {nested}]')
+    path = tmp_path / "nested.json"
+    path.write_text(text)
+    with pytest.raises(ss.LoadError, match="nests too deeply") as caught:
+        ss.load(path, engine)
+    assert repr(str(path)) in str(caught.value)
 
 
 # Regression (a bug at f160ac0): a structurally corrupted file (missing key, dangling node reference, bad
