@@ -204,7 +204,7 @@ class Engine:
         if running:
             tasks = "task" if running == 1 else "tasks"
             print(
-                f"schedsvc: cancelled; queued tasks were cancelled, waiting for {running} running {tasks} "
+                f"schedsvc: cancelled the queued tasks; waiting for {running} running {tasks} "
                 "to finish (press Ctrl-C again to exit without waiting)",
                 file=sys.stderr,
                 flush=True,
