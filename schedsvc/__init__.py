@@ -4,6 +4,7 @@ from ._config import Config
 from ._engine import Engine
 from ._errors import (
     ConfigError,
+    ConfigWarning,
     DependencyError,
     DeviceError,
     EngineClosed,
@@ -26,6 +27,7 @@ __all__ = [
     "Compiled",
     "Config",
     "ConfigError",
+    "ConfigWarning",
     "DependencyError",
     "DeviceError",
     "Engine",

@@ -21,6 +21,7 @@ __all__ = ["emit", "main", "output_problem", "progress"]
 
 def main(argv: list[str] | None = None) -> int:
     from . import _demo, _info, _tune
+    from ._errors import ConfigError
 
     parser = argparse.ArgumentParser(prog="schedsvc", description="schedsvc: async array compute engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -29,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     _tune.register(sub)
     _info.register(sub)
     args = parser.parse_args(argv)
-    status: int = args.run(args)
+    try:
+        status: int = args.run(args)
+    except ConfigError as exc:  # e.g. a bad SCHEDSVC_* variable, met when the subcommand builds an engine
+        print(f"schedsvc {args.command}: {exc}", file=sys.stderr)
+        return 2
     return status
 
 

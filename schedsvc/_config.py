@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import math
 import os
 import re
 import tomllib
+import warnings
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
@@ -22,7 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from ._errors import ConfigError
+from ._errors import ConfigError, ConfigWarning
 
 __all__ = ["Config", "parse_bytes"]
 
@@ -42,23 +45,57 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_WRITE_BYTES = "write a whole number of bytes such as 16777216, or a size such as '16MiB' or '2GB'"
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_PREFIX = "SCHEDSVC_"
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("schedsvc_toml", default=None)
 # field -> where its value came from, filled by the sources of the Config being built in this context
 _found: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("schedsvc_found")
 
 
-def parse_bytes(value: int | str) -> int:
-    """``16777216``, ``"16MiB"``, ``"2 GB"`` -> a byte count."""
-    if isinstance(value, bool):
-        raise ValueError("a byte size must be a number or a string like '16MiB'")
-    if isinstance(value, int | float):
-        return int(value)
-    match = _BYTES_RE.match(value)
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"{value!r} is not a byte size; write e.g. 16777216, '16MiB' or '2GB'")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+def parse_bytes(value: int | float | str) -> int:
+    """``16777216``, ``"16MiB"``, ``"2 GB"`` -> a byte count.
+
+    A number must be a whole count of bytes (``1e9`` is, ``1.7`` is not); a size with a
+    unit is rounded down to whole bytes (``"1.3MiB"``).
+    """
+    if isinstance(value, str):
+        match = _BYTES_RE.match(value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"{value!r} is not a byte size; {_WRITE_BYTES}")
+        number, unit = Decimal(match.group(1)), _UNITS[match.group(2).lower()]
+        if unit > 1:
+            return int(number * unit)
+        value = float(number) if number != number.to_integral_value() else int(number)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{_kind(value)} is not a byte size; {_WRITE_BYTES}")
+    return _whole(value, _WRITE_BYTES)
+
+
+def _whole(value: int | float, how: str) -> int:
+    """An int, or a float that is a whole number (``1e9`` from TOML); anything else is refused."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number; {how}")
+        if not value.is_integer():
+            raise ValueError(f"{value} is not a whole number; {how}")
+    return int(value)
+
+
+def _number_in(text: str) -> int | float | str:
+    """The int or float ``text`` spells, or ``text`` itself for pydantic to refuse."""
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _kind(value: Any) -> str:
+    """How a value of the wrong type is named in a message: a bool or a list is not a number."""
+    return repr(value) if isinstance(value, bool) else f"a {type(value).__name__}"
 
 
 def _physical_memory() -> int:
@@ -76,7 +113,7 @@ class Config(BaseSettings):
     ``config.sources()`` says which of these gave each field its value.
     """
 
-    model_config = SettingsConfigDict(env_prefix="SCHEDSVC_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="forbid", frozen=True)
 
     cpu_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=1024)
     """CPU worker threads."""
@@ -107,6 +144,7 @@ class Config(BaseSettings):
     _sources: MappingProxyType[str, str] = PrivateAttr(default_factory=lambda: MappingProxyType({}))
 
     def __init__(self, **values: Any) -> None:
+        _warn_unknown_variables()
         found: dict[str, str] = {}
         token = _found.set(found)
         try:
@@ -139,12 +177,7 @@ class Config(BaseSettings):
     def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> Config:
         """Settings from a TOML file; environment variables and ``overrides`` still win."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+        _check_toml(path)
         token = _toml_file.set(path)
         try:
             return cls(**overrides)
@@ -168,10 +201,36 @@ class Config(BaseSettings):
         toml = TomlConfigSettingsSource(settings_cls, toml_file=path)
         return (keyword, environment, _Recorded(toml, lambda _: f"file {path}"))
 
-    @field_validator("max_pending_bytes", "max_device_bytes", mode="before")
+    @field_validator("cpu_workers", "streams_per_device", "max_pending", mode="before")
     @classmethod
-    def _bytes(cls, value: Any) -> Any:
-        return value if value is None else parse_bytes(value)
+    def _count(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would take True for 1
+            raise ValueError(f"{value!r} is not a number; write a whole number such as 4")
+        if isinstance(value, str):  # from the environment or `schedsvc info --set`: "4", "1e3", "1.7"
+            value = _number_in(value)
+        return _whole(value, "write a whole number such as 4") if isinstance(value, float) else value
+
+    @field_validator("inline_threshold_us", "dask_timeout_s", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would take True for 1.0
+            raise ValueError(f"{value!r} is not a number; write a number such as 2.5")
+        return value
+
+    @field_validator("max_pending_bytes", mode="before")
+    @classmethod
+    def _pending_bytes(cls, value: Any) -> Any:
+        if _means_unlimited(value):
+            raise ValueError(
+                "it cannot be unlimited: it is what keeps queued memory bounded; "
+                "write a large size such as '1TiB' instead"
+            )
+        return parse_bytes(value)
+
+    @field_validator("max_device_bytes", mode="before")
+    @classmethod
+    def _device_bytes(cls, value: Any) -> Any:
+        return None if value is None or _means_unlimited(value) else parse_bytes(value)
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -189,6 +248,49 @@ class Config(BaseSettings):
             if not _DEVICE_RE.match(device):
                 raise ValueError(f"{device!r} is not a device; use 'cpu' or 'cuda:N'")
         return tuple(dict.fromkeys(value))
+
+
+def _check_toml(path: Path) -> None:
+    """A ConfigError unless ``path`` is a readable TOML file: say what it is instead."""
+    if path.is_dir():
+        raise ConfigError(
+            f"config file {str(path)!r} is a directory; name a TOML file, e.g. {str(path / 'default.toml')!r}"
+        )
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist; check the path")
+    try:
+        tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid TOML: it is not UTF-8 text ({exc})"
+        ) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+
+
+def _warn_unknown_variables() -> None:
+    """A ``SCHEDSVC_*`` variable that names no setting is ignored: say so (a typo, most often)."""
+    names = list(Config.model_fields)
+    for variable in os.environ:
+        name = variable.upper().removeprefix(_PREFIX).lower()
+        if variable.upper().startswith(_PREFIX) and name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {_PREFIX}{close[0].upper()}? " if close else ""
+            warnings.warn(
+                f"environment variable {variable} names no schedsvc setting and is ignored; {hint}"
+                f"the settings are {', '.join(_PREFIX + n.upper() for n in names)}",
+                ConfigWarning,
+                stacklevel=3,
+            )
+
+
+def _means_unlimited(value: Any) -> bool:
+    """``"unlimited"`` (any case), or infinity: no byte limit."""
+    if isinstance(value, str):
+        return value.strip().lower() == "unlimited"
+    return isinstance(value, float) and value == math.inf
 
 
 class _Recorded(PydanticBaseSettingsSource):
@@ -219,7 +321,8 @@ def _describe(exc: ValidationError) -> str:
             lines.append(_unknown(field))
             continue
         env = f"SCHEDSVC_{str(err['loc'][0]).upper()}" if err["loc"] else "SCHEDSVC_*"
-        lines.append(f"{field}: {err['msg']} (got {err.get('input')!r}; set it by keyword, {env} or TOML)")
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{field}: {message} (got {err.get('input')!r}; set it by keyword, {env} or TOML)")
     return "invalid schedsvc configuration: " + "; ".join(lines)
 
 

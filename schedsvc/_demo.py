@@ -327,8 +327,9 @@ def main(reps: int = 3, quick: bool = False, json_path: str | None = None) -> in
     from ._bench import demo
 
     sizes = demo.QUICK if quick else demo.FULL
-    with _progress(quiet=json_path == "-") as progress:
+    with _progress() as progress:
         report = demo.run(reps=reps, sizes=sizes, progress=progress)
+        progress(f"all runs done in {report['wall_s']:.1f} s")
     report = _with_rows(report, sizes, quick)
     if json_path == "-":
         json.dump(report, sys.stdout, indent=2)
@@ -361,13 +362,16 @@ def _with_rows(report: dict[str, Any], sizes: Sizes, quick: bool) -> dict[str, A
 
 
 @contextlib.contextmanager
-def _progress(quiet: bool) -> Iterator[Callable[[str], None] | None]:
-    """A status line on stderr while the experiments run (only on a terminal, and not with --json -)."""
+def _progress() -> Iterator[Callable[[str], None]]:
+    """Progress on stderr while the experiments run: a status line on a terminal, else a line per run
+    (stdout, which may be the JSON report, stays the report)."""
     from rich.console import Console
 
+    from ._cli import progress
+
     console = Console(stderr=True)
-    if quiet or not console.is_terminal:
-        yield None
+    if not console.is_terminal:
+        yield progress
         return
     with console.status("starting") as status:
         yield lambda line: status.update(line)

@@ -8,6 +8,7 @@ import functools
 import math
 import operator
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -45,6 +46,7 @@ __all__ = ["Engine"]
 T = TypeVar("T")
 
 _JOIN_TIMEOUT_S = 30.0
+_INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, how long a close waits for running tasks before saying so
 
 
 class Engine:
@@ -188,7 +190,32 @@ class Engine:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.aclose(cancel_pending=exc_type is not None)
+        interrupted = exc_type is not None and issubclass(
+            exc_type, asyncio.CancelledError | KeyboardInterrupt
+        )
+        notice = asyncio.ensure_future(self._say_what_close_waits_for()) if interrupted else None
+        try:
+            await self.aclose(cancel_pending=exc_type is not None)
+        finally:
+            if notice is not None:
+                notice.cancel()
+
+    async def _say_what_close_waits_for(self) -> None:
+        """After Ctrl-C, a close that waits for running tasks says so once, and how to stop waiting."""
+        await asyncio.sleep(_INTERRUPT_GRACE_S)  # tasks about to finish need no word
+        rt = self._rt
+        if rt is None or self._state != "closing":
+            return
+        with rt.lock:
+            running = rt.core.running
+        if running:
+            tasks = "task" if running == 1 else "tasks"
+            print(
+                f"schedsvc: cancelled the queued tasks; waiting for {running} running {tasks} "
+                "to finish (press Ctrl-C again to exit without waiting)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     @property
     def closed(self) -> bool:

@@ -14,13 +14,16 @@ them all::
     ├── LoadError           ss.load: not a saved compiled function, or one that disagrees with itself (ValueError)
     └── ConfigError         also a pydantic ValidationError's message, re-raised (ValueError)
 
-Each message says what happened and what to do about it.
+Each message says what happened and what to do about it.  One warning,
+``ConfigWarning`` (a ``UserWarning``), says a ``SCHEDSVC_*`` environment
+variable names no setting and is ignored.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "ConfigWarning",
     "DependencyError",
     "DeviceError",
     "EngineClosed",
@@ -59,6 +62,10 @@ class DeviceError(SchedsvcError):
 
 class ConfigError(SchedsvcError, ValueError):
     """A configuration value is invalid; the message names the field."""
+
+
+class ConfigWarning(UserWarning):
+    """A ``SCHEDSVC_*`` environment variable names no setting, so it is ignored; the message names the closest."""
 
 
 class InvalidTask(SchedsvcError, TypeError):

@@ -42,6 +42,12 @@ class Stats:
     compile_replays: int = 0
     """Calls of compiled functions (each one replay task)."""
 
+    def __str__(self) -> str:
+        """One figure a line, aligned, sizes and durations in units (``repr`` is the one-line form)."""
+        names = [f.name for f in fields(self)]
+        width = max(map(len, names))
+        return "\n".join(["Stats:", *(f"  {n:<{width}}  {_shown(n, getattr(self, n))}" for n in names)])
+
     def as_dict(self) -> dict[str, Any]:
         """The figures as a plain dict (``worker_busy_s`` a dict too), ready for ``json.dumps``."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -58,6 +64,32 @@ class Stats:
         values = dict(figures)
         values["worker_busy_s"] = MappingProxyType(dict(values.get("worker_busy_s", {})))
         return cls(**values)
+
+
+def _shown(name: str, value: Any) -> str:
+    """A figure for people: bytes with a binary unit, seconds in s/ms/µs, a mapping one pair after another."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {_shown(name, v)}" for k, v in value.items()) or "none"
+    if name.endswith("_bytes") and isinstance(value, int) and value >= 1024:
+        return f"{value:,} ({_binary(value)})"
+    if name.endswith("_s") and isinstance(value, float):
+        return _seconds(value)
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _binary(n: int) -> str:
+    """``6319125504`` -> ``'5.9 GiB'``."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    power = min(len(units) - 1, (n.bit_length() - 1) // 10)
+    return f"{n / 1024**power:.1f} {units[power]}"
+
+
+def _seconds(s: float) -> str:
+    if s == 0:
+        return "0 s"
+    if s >= 1:
+        return f"{s:.3f} s"
+    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
 
 
 def percentile(samples: Iterable[float], q: float) -> float:

@@ -99,3 +99,19 @@ def test_an_output_path_that_cannot_be_written_fails_before_running(
     assert f"--json {path}: " in captured.err and expected in captured.err
     assert "..." not in captured.err  # no progress line: nothing ran
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "command", [["demo", "--quick", "--reps", "1"], ["tune", "chain", "--depths", "1", "--reps", "1"]]
+)
+def test_a_bad_setting_in_the_environment_exits_2_with_the_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """It used to end the run in a ConfigError traceback."""
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING_BYTES", "1.7")
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"schedsvc {command[0]}: invalid schedsvc configuration: max_pending_bytes: 1.7 is not a whole number"
+        in err
+    )

@@ -165,12 +165,102 @@ def test_byte_strings_for_device_memory() -> None:
         ("inline_threshold_us", float("inf")),
         ("inline_threshold_us", float("nan")),
         ("dask_timeout_s", float("inf")),
+        ("max_pending_bytes", float("inf")),
+        ("max_pending_bytes", float("nan")),
+        ("max_pending_bytes", [1]),
+        ("max_device_bytes", {"size": 1}),
+        ("cpu_workers", [2]),
+        ("max_pending", float("inf")),
     ],
 )
 def test_invalid_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ss.ConfigError) as info:
         ss.Config(**{field: value})
     assert field in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "field", ["cpu_workers", "streams_per_device", "max_pending", "max_pending_bytes", "max_device_bytes"]
+)
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [(1.7, "1.7 is not a whole number"), ("1.7", "1.7 is not a whole number"), (True, "True is not a")],
+)
+def test_integer_fields_refuse_fractions_and_bools(field: str, value: object, why: str) -> None:
+    """A fraction used to be cut to an int (1.7 -> 1) and True taken for 1, silently."""
+    with pytest.raises(ss.ConfigError, match=f"{field}: .*{why}.*write a whole number"):
+        ss.Config(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["inline_threshold_us", "dask_timeout_s"])
+def test_float_fields_refuse_bools(field: str) -> None:
+    with pytest.raises(ss.ConfigError, match=f"{field}: True is not a number; write a number"):
+        ss.Config(**{field: True})
+
+
+@pytest.mark.parametrize(
+    "field", ["cpu_workers", "streams_per_device", "max_pending", "max_pending_bytes", "max_device_bytes"]
+)
+def test_integer_fields_take_a_whole_float(field: str) -> None:
+    assert getattr(ss.Config(**{field: 4.0}), field) == 4
+
+
+def test_a_whole_float_from_toml_is_a_byte_count(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "max_pending_bytes = 1e9\nmax_pending = 2e3\n")
+    config = ss.Config.from_file(path)
+    assert (config.max_pending_bytes, config.max_pending) == (10**9, 2000)
+    assert isinstance(config.max_pending_bytes, int)
+
+
+def test_a_size_with_a_unit_is_rounded_down_to_whole_bytes() -> None:
+    assert ss.Config(max_pending_bytes="1.3MiB").max_pending_bytes == int(1.3 * 2**20)
+    with pytest.raises(ss.ConfigError, match=r"max_pending_bytes: 1\.5 is not a whole number"):
+        ss.Config(max_pending_bytes="1.5B")
+
+
+@pytest.mark.parametrize("value", ["unlimited", " Unlimited ", float("inf"), None])
+def test_device_bytes_can_be_unlimited(value: object) -> None:
+    assert ss.Config(max_device_bytes=value).max_device_bytes is None
+
+
+@pytest.mark.parametrize("value", ["unlimited", float("inf")])
+def test_pending_bytes_cannot_be_unlimited_and_says_why(value: object) -> None:
+    """Infinity used to raise a raw OverflowError; "unlimited" is refused with the reason and a fix."""
+    with pytest.raises(ss.ConfigError, match=r"max_pending_bytes: it cannot be unlimited: .* such as '1TiB'"):
+        ss.Config(max_pending_bytes=value)
+
+
+def test_infinity_in_toml_names_the_field(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "max_pending_bytes = inf\n")
+    with pytest.raises(ss.ConfigError, match="max_pending_bytes: it cannot be unlimited"):
+        ss.Config.from_file(path)
+
+
+def test_a_misspelt_environment_variable_warns_naming_the_one_meant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHEDSVC_CPU_WORKER=7 used to be ignored without a word."""
+    monkeypatch.setenv("SCHEDSVC_CPU_WORKER", "7")
+    with pytest.warns(
+        ss.ConfigWarning,
+        match="SCHEDSVC_CPU_WORKER names no schedsvc setting and is ignored; did you mean SCHEDSVC_CPU_WORKERS?",
+    ):
+        config = ss.Config()
+    assert config.cpu_workers == (os.cpu_count() or 1)
+
+
+def test_an_unknown_environment_variable_warns_listing_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("schedsvc_zzz", "1")
+    with pytest.warns(
+        UserWarning,
+        match="schedsvc_zzz names no schedsvc setting and is ignored; the settings are SCHEDSVC_CPU_WORKERS",
+    ):
+        ss.Config()
+
+
+def test_known_environment_variables_do_not_warn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_CPU_WORKERS", "3")
+    monkeypatch.setenv("schedsvc_max_pending", "5")
+    monkeypatch.setenv("SCHEDSVCX_CPU_WORKERS", "9")  # another program's prefix
+    assert ss.Config().cpu_workers == 3  # warnings are errors in this test suite
 
 
 def test_invalid_environment_value_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,6 +303,18 @@ def test_extra_fields_in_toml_are_rejected(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ss.ConfigError, match="does-not-exist"):
         ss.Config.from_file(tmp_path / "does-not-exist.toml")
+
+
+def test_a_directory_is_not_said_to_be_missing(tmp_path: Path) -> None:
+    with pytest.raises(ss.ConfigError, match="is a directory; name a TOML file"):
+        ss.Config.from_file(tmp_path)
+
+
+def test_a_file_that_is_not_text(tmp_path: Path) -> None:
+    path = tmp_path / "schedsvc.toml"
+    path.write_bytes(b"max_pending = 3\n\xff\xfe")
+    with pytest.raises(ss.ConfigError, match="is not valid TOML: it is not UTF-8 text"):
+        ss.Config.from_file(path)
 
 
 def test_malformed_toml(tmp_path: Path) -> None:

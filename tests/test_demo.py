@@ -77,6 +77,26 @@ def test_demo_json_to_stdout_has_every_experiment(capsys: pytest.CaptureFixture[
         assert row["measured"] if row["status"] == "measured" else row["reason"]
 
 
+def test_demo_json_to_stdout_shows_progress_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """`schedsvc demo --json -` used to print nothing at all for the 10-20 s the experiments take."""
+    report = {"wall_s": 1.5, "experiments": {}}
+
+    def run(reps: int, sizes: demo.Sizes, progress: Any) -> dict[str, Any]:  # the runs, not run
+        for key in demo.EXPERIMENTS:
+            progress(f"run 1/{reps}: {key}")
+        return report
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demo, "run", run)
+        patch.setattr(_demo, "_with_rows", lambda report, sizes, quick: report)
+        assert main(["demo", "--quick", "--reps", "1", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == report  # stdout is still nothing but the JSON
+    assert captured.err.splitlines() == [f"  ... run 1/1: {key}" for key in demo.EXPERIMENTS] + [
+        "  ... all runs done in 1.5 s"
+    ]
+
+
 def test_demo_json_checks_what_the_runs_established(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--quick", "--reps", "1", "--json", "-"]) == 0
     e = json.loads(capsys.readouterr().out)["experiments"]

@@ -30,6 +30,10 @@ def test_the_readme_shows_the_tour_as_it_runs() -> None:
     readme = (EXAMPLES.parent / "README.md").read_text()
     block = readme.split("## Ten-line tour", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     source = (EXAMPLES / "tour.py").read_text()
-    lines = block.strip("\n").splitlines()
-    assert len(lines) == 10  # ten lines, async def main() included
+    main = block.split("async def main", 1)[1].split("\n\n", 1)[0]
+    lines = ("async def main" + main).splitlines()
+    assert len(lines) == 10  # ten lines, async def main() included (the imports and asyncio.run around them)
     assert "\n".join(lines) in source.replace(" -> None:", ":"), "README's tour differs from examples/tour.py"
+    assert block.startswith("import asyncio\n") and block.endswith(
+        "\nasyncio.run(main())\n"
+    )  # runs as pasted

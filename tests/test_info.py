@@ -232,6 +232,9 @@ def test_bad_arguments_exit_2_with_a_message(
         ("max_pending = = 3\n", "is not valid TOML"),
         ("max_pending = -3\n", "max_pending"),
         ("bogus = 1\n", "bogus"),
+        ("max_pending_bytes = inf\n", "max_pending_bytes: it cannot be unlimited"),
+        ("max_pending_bytes = 1.7\n", "max_pending_bytes: 1.7 is not a whole number"),
+        ("cpu_workers = true\n", "cpu_workers: True is not a number"),
     ],
 )
 def test_a_bad_config_file_exits_2_with_a_message(
@@ -251,3 +254,12 @@ def test_a_bad_environment_variable_exits_2_naming_it(
     monkeypatch.setenv("SCHEDSVC_CPU_WORKERS", "abc")
     assert main(["info"]) == 2
     assert "SCHEDSVC_CPU_WORKERS" in capsys.readouterr().err
+
+
+def test_a_directory_given_as_config_exits_2_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["info", "--config", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert "is a directory; name a TOML file" in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""

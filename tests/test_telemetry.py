@@ -82,6 +82,27 @@ def test_from_dict_without_worker_times() -> None:
     assert json.loads(stats.to_json()) == {**figures, "worker_busy_s": {}}
 
 
+def test_str_is_one_figure_a_line_with_units() -> None:
+    """print(eng.stats()) used to be one line of 400 characters of raw numbers."""
+    figures = dict.fromkeys(STATS_FIELDS, 0) | {
+        "submitted": 12345,
+        "max_pending_bytes": 3 * 2**30,
+        "queue_wait_p50_s": 2.5e-5,
+        "queue_wait_p99_s": 0.0042,
+        "worker_busy_s": {"cpu-0": 1.5, "cpu-1": 0.0},
+    }
+    stats = ss.Stats.from_dict(figures)
+    lines = str(stats).splitlines()
+    assert lines[0] == "Stats:"
+    assert [line.split()[0] for line in lines[1:]] == STATS_FIELDS  # every field, new ones too
+    shown = {line.split(None, 1)[0]: line.split(None, 1)[1] for line in lines[1:]}
+    assert shown["submitted"] == "12,345"
+    assert shown["max_pending_bytes"] == "3,221,225,472 (3.0 GiB)"
+    assert (shown["queue_wait_p50_s"], shown["queue_wait_p99_s"]) == ("25.0 µs", "4.200 ms")
+    assert shown["worker_busy_s"] == "cpu-0 1.500 s, cpu-1 0 s"
+    assert repr(stats).startswith("Stats(submitted=12345, ") and "\n" not in repr(stats)
+
+
 def test_from_dict_rejects_unknown_figures() -> None:
     figures = {name: 0 for name in STATS_FIELDS} | {"worker_busy_s": {}, "bogus": 1}
     with pytest.raises(TypeError, match="bogus"):

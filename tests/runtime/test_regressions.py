@@ -12,6 +12,12 @@ import asyncio
 import functools
 import gc
 import operator
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -532,3 +538,63 @@ async def test_a_finished_future_lets_go_of_its_callable_and_callbacks(engine: s
     assert fut.result() == "value"
     assert refs[0]() is None, "the finished future still holds its callable"
     assert refs[1]() is None, "the finished future still holds its done-callback"
+
+
+_INTERRUPTED_SCRIPT = """
+import asyncio, threading
+import schedsvc as ss
+
+never = threading.Event()
+
+def long_task():
+    print("started", flush=True)
+    never.wait(60)
+
+async def main():
+    async with ss.Engine(cpu_workers=1) as eng:
+        await eng.submit(long_task)
+        await eng.submit(long_task)  # queued behind the first: the first Ctrl-C cancels it
+        await eng.waitall()
+
+asyncio.run(main())
+"""
+
+
+def _read_until(fd: int, text: str, deadline: float) -> str:
+    """What ``fd`` gives until it has given ``text`` (or the deadline passes, or it ends)."""
+    seen = b""
+    while text.encode() not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            break
+        seen += chunk
+    return seen.decode()
+
+
+def test_ctrl_c_says_what_the_close_waits_for_and_a_second_one_exits() -> None:
+    """The first Ctrl-C cancelled the queue, then waited for the running tasks without a word (19 s for a 20 s
+    task): it now says, once, how many running tasks it waits for and that a second Ctrl-C exits, which it does."""
+    code = textwrap.dedent(_INTERRUPTED_SCRIPT)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        assert "started" in _read_until(proc.stdout.fileno(), "started", deadline)
+        os.kill(proc.pid, signal.SIGINT)
+        said = _read_until(proc.stderr.fileno(), "exit without waiting)", deadline)
+        assert "waiting for 1 running task to finish (press Ctrl-C again to exit without waiting)" in said, (
+            said
+        )
+        assert proc.poll() is None  # still waiting for the running task
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(TIMEOUT)
+        rest = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode != 0
+    assert "running task" not in rest  # said once
+    assert "KeyboardInterrupt" in rest
