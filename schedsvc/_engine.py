@@ -61,6 +61,10 @@ class Engine:
         self._remote = config.backend == "dask"  # tasks run on a Dask cluster
         self._default_device = "cpu" if "cpu" in config.devices else config.devices[0]
         self._compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
+        # (token, asyncio task) of throttle() calls let through onto a reserved slot whose caller has
+        # not yielded since (loop thread only): its next submission takes the slot, ahead of the queue
+        self._held: list[tuple[asyncio.Future[None], asyncio.Task[Any] | None]] = []
+        self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
         # array share their writes, and eng.submit(..., out=array) counts as a write of them
         self._owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
@@ -222,7 +226,7 @@ class Engine:
             if rt.closed:
                 raise self._closed_error()
             stage = tid == rt.loop_thread and rt.stage_next(priority)
-            if not rt.core.submit(task, task.nested, stage):
+            if not rt.core.submit(task, task.nested, stage) and not self._use_reserved(rt, task, tid, stage):
                 token = asyncio.get_running_loop().create_future()
                 rt.core.enqueue(task, token)
                 rt.core.publish()  # we are about to wait: let staged work run
@@ -268,7 +272,7 @@ class Engine:
             if rt.closed and not task.nested:
                 raise self._closed_error()
             stage = tid == rt.loop_thread and rt.stage_next(priority)
-            admitted = rt.core.submit(task, task.nested, stage)
+            admitted = rt.core.submit(task, task.nested, stage) or self._use_reserved(rt, task, tid, stage)
             if not admitted:
                 rt.core.publish()  # a caller that retries must see progress
             after = rt.collect()
@@ -292,26 +296,49 @@ class Engine:
         await self._barrier()
 
     async def throttle(self) -> None:
-        """Wait until the engine is under its limits (room for one more task)."""
+        """Wait until the engine is under its limits (room for one more task), first come first served.
+
+        Waiters are let through one per free slot, in the same queue as
+        ``await submit`` calls.  A caller that had to wait holds its slot until
+        it next yields to the event loop: its next submission takes it, and
+        nobody queued behind it does.
+        """
         rt = self._running()
         core = rt.core
         with rt.lock:
-            if (
-                not core.waiting_admission
-                and core.pending < core.max_pending
-                and (core.pending_bytes < core.max_pending_bytes)
-            ):
+            if core.has_room(1):  # under both limits, nobody queued: what lets a waiter through
                 return
             token = asyncio.get_running_loop().create_future()
             core.enqueue(None, token)
+            core.publish()  # we are about to wait: let staged work run
             after = rt.collect()
         if after is not None:
             after()
         try:
             await token
-        except asyncio.CancelledError:
-            rt.under_lock(core.withdraw, token)
+        except asyncio.CancelledError:  # still queued, or let through after all: give the slot back
+            rt.under_lock(_leave_queue, core, token)
             raise
+        entry = (token, asyncio.current_task())
+        self._held.append(entry)
+        rt.loop.call_soon(self._unhold, rt, entry)  # runs once this caller has yielded
+
+    def _unhold(self, rt: Runtime, entry: tuple[asyncio.Future[None], Any]) -> None:
+        """A throttle caller yielded without submitting: its reserved slot goes to the next in line."""
+        if entry in self._held:
+            self._held.remove(entry)
+            rt.under_lock(rt.core.unreserve, entry[0])
+
+    def _use_reserved(self, rt: Runtime, task: Task, tid: int, stage: bool) -> bool:
+        """With the lock held, ``task`` did not fit: admit it on the slot throttle() let its caller onto."""
+        if not self._held or tid != rt.loop_thread:
+            return False
+        caller = asyncio.current_task()
+        for entry in self._held:
+            if entry[1] is caller:
+                self._held.remove(entry)
+                return rt.core.submit_reserved(task, entry[0], stage)
+        return False
 
     def map(
         self,
@@ -759,6 +786,12 @@ class Engine:
             f"pending={core.pending}/{core.max_pending} running={core.running} "
             f"bytes={core.pending_bytes}/{core.max_pending_bytes}>"
         )
+
+
+def _leave_queue(core: Scheduler, token: Any) -> None:
+    """A cancelled throttle() leaves the admission queue, or gives back the slot it was let through onto."""
+    if not core.withdraw(token):
+        core.unreserve(token)
 
 
 def _check_dask_config(config: Config) -> None:

@@ -532,3 +532,54 @@ async def test_a_finished_future_lets_go_of_its_callable_and_callbacks(engine: s
     assert fut.result() == "value"
     assert refs[0]() is None, "the finished future still holds its callable"
     assert refs[1]() is None, "the finished future still holds its done-callback"
+
+
+async def test_throttle_lets_waiters_through_one_per_free_slot() -> None:
+    """i15.9: when a slot freed, the admission step let every throttle() waiter through without counting
+    them, so 200 producers doing ``await eng.throttle()`` then a Tensor op reached 84-198 pending with
+    max_pending=8."""
+    limit = 8
+    async with started(cpu_workers=2, max_pending=limit) as eng:
+        x = eng.asarray(np.ones(4))
+        peak = 0
+
+        async def producer() -> None:
+            nonlocal peak
+            await eng.throttle()
+            x + 1  # a Tensor op: admitted over the limits, so only throttle() bounds it
+            peak = max(peak, eng.stats().pending)
+
+        async with occupied(eng, 2):  # nothing finishes until the producers are queued
+            producers = [asyncio.create_task(producer()) for _ in range(200)]
+            await until(lambda: eng.stats().waiting_admission == 200 - (limit - 2))
+        await within(asyncio.gather(*producers))
+        await within(eng.waitall())
+    assert peak == limit
+
+
+async def test_a_throttle_caller_keeps_its_turn_ahead_of_a_queued_submission() -> None:
+    """i15.9: throttle() waiters and ``await submit`` waiters queue in one FIFO; a throttle() caller let
+    through must be able to submit on the slot it waited for (no QueueFull because a later waiter is
+    queued), and the submission queued behind it must not take that slot."""
+    async with started(cpu_workers=1, max_pending=1) as eng:
+        order: list[str] = []
+
+        async def throttler(name: str) -> ss.Future[None]:
+            await eng.throttle()
+            order.append(name)
+            return eng.submit_nowait(order.append, f"{name} ran")
+
+        async def submitter() -> ss.Future[None]:
+            return await eng.submit(order.append, "s ran")
+
+        async with occupied(eng, 1):
+            first = asyncio.create_task(throttler("t1"))
+            await until(lambda: eng.stats().waiting_admission == 1)
+            middle = asyncio.create_task(submitter())
+            await until(lambda: eng.stats().waiting_admission == 2)
+            last = asyncio.create_task(throttler("t2"))
+            await until(lambda: eng.stats().waiting_admission == 3)
+        futures = await within(asyncio.gather(first, middle, last))
+        await within(asyncio.gather(*futures))
+        await within(eng.waitall())
+    assert order == ["t1", "t1 ran", "s ran", "t2", "t2 ran"]
