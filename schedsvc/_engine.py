@@ -559,10 +559,15 @@ class Engine:
         device: str | None = None,
         out_bytes: int | None = None,
         replay: Any = None,
+        limits: bool = False,
+        waiting: list[asyncio.Future[None]] | None = None,
     ) -> Tensor:
         """Queue one Tensor operation; it is admitted over the limits (operators cannot wait).
 
         ``replay``: the ``Compiled`` this task replays, counted under the lock.
+        ``limits``: admit it only within the limits (not nested), else raise
+        QueueFull -- or, given ``waiting``, queue it for admission (FIFO) and
+        append the token to await there.
         """
         rt = self._rt
         tid = get_ident()
@@ -641,14 +646,35 @@ class Engine:
             if rt.closed and not task.nested:
                 raise self._closed_error()
             stage = tid == rt.loop_thread and rt.stage_next(0)
-            rt.core.submit(task, True, stage)
-            if replay is not None:  # counted under the lock already held, not a second one
+            if limits:
+                admitted = self._admit_within_limits(rt, task, tid, stage, waiting)
+            else:
+                admitted = rt.core.submit(task, True, stage)
+            if replay is not None and admitted:  # counted under the lock already held, not a second one
                 replay.replays += 1
                 self._compile_counts[1] += 1
             after = rt.collect()
         if after is not None:
             after()
+        if not admitted:
+            raise QueueFull(self._full_message(task, "await compiled.submit(...)"))
         return task
+
+    def _admit_within_limits(
+        self, rt: Runtime, task: Tensor, tid: int, stage: bool, waiting: list[asyncio.Future[None]] | None
+    ) -> bool:
+        """With the lock held: admit ``task`` as ``submit_nowait`` would, or (``waiting``) queue it."""
+        core = rt.core
+        if core.submit(task, task.nested, stage) or self._use_reserved(rt, task, tid, stage):
+            return True
+        if waiting is None:
+            core.publish()  # a caller that retries must see progress
+            return False
+        token = rt.loop.create_future()
+        core.enqueue(task, token)
+        core.publish()  # the caller is about to wait: let staged work run
+        waiting.append(token)
+        return True  # queued: counted as a call now
 
     def _no_tensors(self, what: str) -> None:
         if self._remote:
@@ -768,12 +794,12 @@ class Engine:
             after()
         await token
 
-    def _full_message(self, task: Future[Any]) -> str:
+    def _full_message(self, task: Future[Any], waiting_form: str = "await eng.submit(...)") -> str:
         core = self._rt.core  # type: ignore[union-attr]
         return (
             f"engine at its limits ({core.pending}/{core.max_pending} tasks, "
             f"{core.pending_bytes}/{core.max_pending_bytes} bytes, {core.waiting_admission} waiting): "
-            f"{task!r} was not admitted; use 'await eng.submit(...)' to wait for room"
+            f"{task!r} was not admitted; use '{waiting_form}' to wait for room"
         )
 
     def __repr__(self) -> str:

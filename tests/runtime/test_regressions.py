@@ -583,3 +583,22 @@ async def test_a_throttle_caller_keeps_its_turn_ahead_of_a_queued_submission() -
         await within(asyncio.gather(*futures))
         await within(eng.waitall())
     assert order == ["t1", "t1 ran", "s ran", "t2", "t2 ran"]
+
+
+async def test_a_compiled_call_is_admitted_within_the_limits() -> None:
+    """i15.10: a compiled call was admitted over the limits like a Tensor operator: 50 calls with
+    max_pending=8 left 50 pending, with no QueueFull and no waiting.  Now ``mlp(x)`` is admitted as
+    ``submit_nowait`` is, and the first call (the trace) counts too."""
+    limit = 8
+    async with started(cpu_workers=2, max_pending=limit) as eng:
+        mlp = eng.compile(lambda x: np.maximum(x @ x.T, 0))
+        x = eng.asarray(np.ones((2, 2)))
+        async with occupied(eng, 2):
+            outputs = [mlp(x) for _ in range(limit - 2)]  # the first one traces
+            assert eng.stats().pending == limit
+            with pytest.raises(ss.QueueFull, match=r"await compiled\.submit"):
+                mlp(x)
+            assert eng.stats().pending == limit
+            assert mlp.stats()["replays"] == limit - 2  # the refused call is not counted
+        for out in outputs:
+            assert (await within(out) == 2.0).all()
