@@ -91,6 +91,7 @@ def test_error_flavours() -> None:
         "waitall",
         "throttle",
         "stats",
+        "has_room",
         "asarray",
         "zeros",
         "ones",
