@@ -4,7 +4,7 @@ Every error derives from one base class, so ``except ss.SchedsvcError`` catches
 them all::
 
     SchedsvcError
-    ├── QueueFull           submit_nowait() at max_pending / max_pending_bytes
+    ├── QueueFull           submit_nowait() or a compiled call at max_pending / max_pending_bytes
     ├── MemoryLimitError    a task can never fit max_pending_bytes
     ├── DependencyError     a task's input failed or was cancelled; __cause__ is why
     ├── EngineClosed        the engine is closed, closing, or was never started
@@ -41,7 +41,7 @@ class SchedsvcError(Exception):
 
 
 class QueueFull(SchedsvcError):
-    """``submit_nowait`` found the engine at ``max_pending`` or ``max_pending_bytes``."""
+    """``submit_nowait`` (or a compiled call) found the engine at ``max_pending`` or ``max_pending_bytes``."""
 
 
 class MemoryLimitError(SchedsvcError):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Stats", "percentile"]
+__all__ = ["Stats", "percentile", "percentiles"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,8 @@ class Stats:
     max_pending: int
     max_pending_bytes: int
     queue_wait_p50_s: float
-    """Median seconds from ready to started, over recent tasks."""
+    """Median seconds from ready to started, over the last 8,192 tasks that started (recomputed once an
+    eighth of those are new, so that reading stats() often stays cheap)."""
     queue_wait_p99_s: float
     worker_busy_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     """Seconds each worker spent running tasks.  A worker adds its time when it ends a run of
@@ -94,8 +95,13 @@ def _seconds(s: float) -> str:
 
 def percentile(samples: Iterable[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``samples`` by nearest rank; 0.0 when empty."""
+    return percentiles(samples, (q,))[0]
+
+
+def percentiles(samples: Iterable[float], qs: Iterable[float]) -> tuple[float, ...]:
+    """The ``qs`` quantiles (0..1) of ``samples`` by nearest rank, from one sort; 0.0 each when empty."""
     ordered = sorted(samples)
     if not ordered:
-        return 0.0
-    rank = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[rank]
+        return tuple(0.0 for _ in qs)
+    last = len(ordered) - 1
+    return tuple(ordered[min(last, max(0, round(q * last)))] for q in qs)

@@ -155,16 +155,15 @@ def _mlp_for(eng: ss.Engine) -> Any:
 async def mlp(eng: ss.Engine, items: int) -> AsyncIterator[ss.Tensor]:
     """The sources' MLP (512->256->128->2, ReLU), compiled; an item is one request of batch 1.
 
-    Each request brings its own input; Tensor calls cannot wait, so the
-    producer waits for room (``eng.throttle()``) before each one.
+    Each request brings its own input; the producer waits for room
+    (``await net.submit(...)``, first come first served) before each one.
     """
     import numpy as np
 
     net = _mlp_for(eng)
     rng = np.random.default_rng(1)
     for _ in range(items):
-        await eng.throttle()
-        yield net(eng.asarray(rng.standard_normal((1, 512))))
+        yield await net.submit(eng.asarray(rng.standard_normal((1, 512))))
 
 
 def _load(i: int) -> np.ndarray:

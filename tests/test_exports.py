@@ -92,6 +92,7 @@ def test_error_flavours() -> None:
         "waitall",
         "throttle",
         "stats",
+        "has_room",
         "asarray",
         "zeros",
         "ones",

@@ -15,12 +15,15 @@ method of the same name directly):
   (a remote executor: taken from the core, not started on the cluster yet)
 * ``cancel(task)``         cancel a task that has not started
 * ``withdraw(token)``      a ``throttle`` waiter gave up
+* ``unreserve(token)``    a ``throttle`` waiter that was let through gives its slot back
 * ``barrier(token)``       wake ``token`` once every task admitted so far is final
 
 Instructions appear in ``out`` (``drain()`` empties it):
 
 * ``("resolve", task)``   task is final and has watchers to wake
-* ``("admitted", token)`` the queued submission behind ``token`` was admitted
+* ``("admitted", token)`` the queued submission behind ``token`` was admitted (a
+  ``throttle`` waiter: let through, and holding one reserved slot until ``unreserve``
+  or ``submit_reserved``)
 * ``("barrier", token)``  every task admitted before that barrier is final
 
 Ready tasks wait in per-device ``ReadyQueue``s; workers pull them with
@@ -83,6 +86,9 @@ class Scheduler:
         check: bool = False,
     ) -> None:
         self.max_pending = max_pending
+        # throttle waiters let through that have not used or given back their slot yet
+        self._reservations: set[Any] = set()
+        self._limit = max_pending  # max_pending - reserved: what a task must stay under to be admitted
         self.max_pending_bytes = max_pending_bytes
         self.queues: dict[str, ReadyQueue] = {d: ReadyQueue() for d in devices}
         self.out: list[Instruction] = []
@@ -278,11 +284,36 @@ class Scheduler:
         return True
 
     def withdraw(self, token: Any) -> bool:
-        """Take a waiter that holds no task (``throttle``) out of the admission queue."""
+        """Take a waiter that holds no task (``throttle``) out of the admission queue.
+
+        False if it was not queued (let through already: then it may hold a
+        reserved slot, which ``unreserve`` gives back).
+        """
         before = len(self._admission)
         self._admission = deque(e for e in self._admission if e[1] is not token)
         self._admit_waiters()
         return len(self._admission) < before
+
+    def unreserve(self, token: Any) -> bool:
+        """The ``throttle`` waiter ``token``, let through, gives its reserved slot back (False: it held none)."""
+        if not self._release_reservation(token):
+            return False
+        self._admit_waiters()
+        return True
+
+    def submit_reserved(self, task: Task, token: Any, stage: bool = False) -> bool:
+        """Admit ``task`` on the slot reserved for ``token``, ahead of the queue (it was let through first).
+
+        The reservation is used up either way; False (no such reservation, or
+        the task does not fit: its bytes, or tasks forced in over the limits)
+        leaves the task untouched.
+        """
+        if not self._release_reservation(token):
+            return False
+        if self._fits(task):
+            return self.submit(task, force=True, stage=stage)
+        self._admit_waiters()
+        return False
 
     def cancel_pending(self) -> list[Any]:
         """Stop starting work: cancel queued tasks now and each task as it becomes ready.
@@ -321,6 +352,19 @@ class Scheduler:
         return not self._admission and self._fits(task)
 
     @property
+    def reserved(self) -> int:
+        """Slots held by throttle waiters that were let through."""
+        return len(self._reservations)
+
+    def has_room(self, nbytes: int = 0) -> bool:
+        """Would a task holding ``nbytes`` new bytes be admitted now, without waiting?"""
+        return (
+            not self._admission
+            and self.pending < self._limit
+            and self.pending_bytes + nbytes <= self.max_pending_bytes
+        )
+
+    @property
     def waiting_admission(self) -> int:
         return len(self._admission)
 
@@ -335,8 +379,15 @@ class Scheduler:
         else:
             self.queues[task.device].discard()
 
+    def _release_reservation(self, token: Any) -> bool:
+        if token not in self._reservations:
+            return False
+        self._reservations.remove(token)
+        self._limit += 1
+        return True
+
     def _fits(self, task: Task) -> bool:
-        if self.pending >= self.max_pending:
+        if self.pending >= self._limit:  # hot path: one compare, reserved slots included
             return False
         need = task.out_bytes
         known = self._buffers
@@ -545,13 +596,16 @@ class Scheduler:
         admission = self._admission
         while admission:
             task = admission[0][0]
-            if task is None:
-                if self.pending >= self.max_pending or self.pending_bytes >= self.max_pending_bytes:
+            if task is None:  # a throttle waiter: let through only onto a free slot, which it reserves
+                if self.pending >= self._limit or self.pending_bytes >= self.max_pending_bytes:
                     return
             elif not self._fits(task):
                 return
             token = admission.popleft()[1]
-            if task is not None:
+            if task is None:
+                self._reservations.add(token)
+                self._limit -= 1
+            else:
                 self._admit(task)
             self.out.append(("admitted", token))
 
@@ -597,6 +651,7 @@ class Scheduler:
         assert self.peak_pending_bytes >= self.pending_bytes
         for entry, _ in self._admission:
             assert entry is None or entry.state == "admitting"
+        assert self._limit == self.max_pending - len(self._reservations), self._reservations
 
 
 @dataclass(frozen=True, slots=True)

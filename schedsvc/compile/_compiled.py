@@ -11,6 +11,7 @@ the first few such retraces give one ``RuntimeWarning`` that names
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import inspect
 import json
@@ -21,7 +22,7 @@ import re
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,16 +75,54 @@ class _Entry:
         self.tensors = tuple(p[2:] for p in parts) if positional and parts else None
 
     def launch(self, engine: Engine, arrays: Sequence[Any], compiled: Compiled) -> Any:
-        """Queue one replay of ``compiled`` on ``arrays``; its Tensor (or tuple/list of them)."""
+        """Queue one replay of ``compiled`` on ``arrays`` now, or raise QueueFull; its Tensor (or tuple/list)."""
+        return self._outputs(engine, arrays, self._replay(engine, arrays, compiled, None))
+
+    async def launch_waiting(self, engine: Engine, arrays: Sequence[Any], compiled: Compiled) -> Any:
+        """Queue one replay, waiting for room (FIFO) while the engine is at its limits."""
+        waiting: list[asyncio.Future[None]] = []
+        whole = self._replay(engine, arrays, compiled, waiting)
+        if waiting:
+            try:
+                await waiting[0]
+            except asyncio.CancelledError:
+                whole.cancel()  # not admitted yet, or admitted and now unwanted
+                raise
+        return self._outputs(engine, arrays, whole)
+
+    def _replay(
+        self,
+        engine: Engine,
+        arrays: Sequence[Any],
+        compiled: Compiled,
+        waiting: list[asyncio.Future[None]] | None,
+    ) -> Tensor:
+        """The replay task, admitted within the engine's limits (or queued for admission, given ``waiting``)."""
         if self.graph.out_kind == "single":
             shape, dtype, source = self.outputs[0]
             root, memory = (None, None) if source is None else _alias(arrays, source)
-            return engine._tensor_task(
-                self.op, arrays, None, shape, dtype, root, None, memory, None, self.out_bytes, compiled
-            )
-        whole = engine._tensor_task(
-            self.op, arrays, None, (), _OBJECT, None, None, out_bytes=self.out_bytes, replay=compiled
+        else:
+            shape, dtype, root, memory = (), _OBJECT, None, None
+        return engine._tensor_task(
+            self.op,
+            arrays,
+            None,
+            shape,
+            dtype,
+            root,
+            None,
+            memory,
+            None,
+            self.out_bytes,
+            compiled,
+            True,
+            waiting,
         )
+
+    def _outputs(self, engine: Engine, arrays: Sequence[Any], whole: Tensor) -> Any:
+        """The call's result: the replay's Tensor, or a Tensor per output picked from it (admitted with it)."""
+        if self.graph.out_kind == "single":
+            return whole
         parts = []
         owners: dict[int, Tensor] = {}  # memory (graph base) -> the first output living in it
         for i, (shape, dtype, source) in enumerate(self.outputs):
@@ -165,13 +204,38 @@ class Compiled:
         self._warned = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Queue one call now; its Tensor (or tuple/list of them, as ``fn`` returns).
+
+        Admitted like ``eng.submit_nowait``: at the engine's limits it raises
+        ``ss.QueueFull`` (``await compiled.submit(...)`` waits instead); inside a
+        running task it is admitted over the limits.  The first call with a
+        signature traces ``fn`` first.
+        """
         if ACTIVE[0] and tracing.depth:  # inside another compiled function: trace straight through
             if self._fn is None:
                 raise TraceError(f"{self!r} was loaded without its source and cannot be traced into another")
             return self._fn(*args, **kwargs)
+        entry, arrays = self._lookup(args, kwargs)
+        return entry.launch(self._engine, arrays, self)  # counts the replay
+
+    def submit(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """Queue one call, waiting (first come first served) while the engine is at its limits.
+
+        ``out = await compiled.submit(x)``: the call's Tensor (or tuple/list of
+        them), admitted.  Cancelling the wait cancels the call.
+        """
+        if ACTIVE[0] and tracing.depth:
+            raise TraceError(
+                f"{self!r}.submit() inside a compiled function: call it ({self.name}(...)) to trace it in"
+            )
+        entry, arrays = self._lookup(args, kwargs)
+        return entry.launch_waiting(self._engine, arrays, self)
+
+    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
+        """The entry for this call's signature (traced now if new) and its array arguments."""
         entry = self._last
         if entry is not None and not kwargs and entry.tensors is not None and _same(entry.tensors, args):
-            return entry.launch(self._engine, args, self)  # the latest signature again, Tensors only
+            return entry, args  # the latest signature again, Tensors only
         signature, arrays, slots = _signature(args, kwargs)
         with self._lock:
             entry = self._cache.get(signature)
@@ -180,7 +244,7 @@ class Compiled:
                 self._last = entry
         if entry is None:
             entry = self._entry(signature, args, kwargs, slots)
-        return entry.launch(self._engine, arrays, self)  # counts the replay
+        return entry, arrays
 
     def _entry(
         self, signature: Any, args: tuple[Any, ...], kwargs: dict[str, Any], slots: list[Any]

@@ -14,7 +14,7 @@ import pytest
 
 import schedsvc as ss
 
-from ..runtime.helpers import occupied, within
+from ..runtime.helpers import occupied, until, within
 from .helpers import assert_matches_eager, assert_same_bits, values
 
 X = np.arange(6.0).reshape(2, 3) / 4 - 0.5
@@ -906,3 +906,95 @@ async def test_view_of_a_merged_expression_keeps_its_memory(engine: ss.Engine) -
     got, want = await values(c(x)), await values(fn(x))
     for g, w in zip(got, want, strict=True):
         assert_same_bits(g, w)  # the view is +0.0, not the -0.0 the second negation wrote
+
+
+# -- admission: a compiled call is a task within the engine's limits ---------------------------------------
+
+
+async def test_compiled_submit_waits_for_room_and_never_exceeds_max_pending() -> None:
+    limit = 8
+    async with ss.Engine(cpu_workers=2, max_pending=limit) as eng:
+        mlp = eng.compile(lambda x: np.maximum(x @ W1 + B1, 0) @ W2 + B2)
+        x = eng.asarray(X)
+        peak = 0
+
+        async def call() -> Any:
+            nonlocal peak
+            out = await mlp.submit(x)
+            peak = max(peak, eng.stats().pending)
+            return out
+
+        async with occupied(eng, 2):
+            calls = [asyncio.create_task(call()) for _ in range(50)]
+            await until(lambda: eng.stats().waiting_admission == 50 - (limit - 2))
+            assert eng.stats().pending == limit
+        outputs = await within(asyncio.gather(*calls))
+        want = np.maximum(X @ W1 + B1, 0) @ W2 + B2
+        for out in outputs:
+            assert_same_bits(await within(out), want)
+        assert peak <= limit
+        assert mlp.stats()["traces"] == 1 and mlp.stats()["replays"] == 50
+
+
+async def test_compiled_submit_queues_behind_earlier_submissions() -> None:
+    async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
+        order: list[str] = []
+        mlp = eng.compile(lambda x: x + 1)
+        x = eng.asarray(X)
+        async with occupied(eng, 1):
+            first = asyncio.create_task(eng.submit(order.append, "submitted first"))
+            await until(lambda: eng.stats().waiting_admission == 1)
+            second = asyncio.create_task(mlp.submit(x))
+            await until(lambda: eng.stats().waiting_admission == 2)
+        await within(await within(first))
+        out = await within(second)
+        assert order == ["submitted first"]
+        assert_same_bits(await within(out), X + 1)
+
+
+async def test_the_first_compiled_call_at_the_limits_traces_then_raises_queue_full() -> None:
+    async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
+        mlp = eng.compile(lambda x: x * 2)
+        x = eng.asarray(X)
+        async with occupied(eng, 1):
+            with pytest.raises(ss.QueueFull):
+                mlp(x)
+            assert stats(mlp) == (1, 0, 1, 0)
+        await within(eng.waitall())
+        assert_same_bits(await within(mlp(x)), X * 2)  # room again: the traced graph replays
+
+
+async def test_cancelling_a_waiting_compiled_submit_cancels_the_call() -> None:
+    async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
+        mlp = eng.compile(lambda x: x - 1)
+        x = eng.asarray(X)
+        async with occupied(eng, 1):
+            waiter = asyncio.create_task(mlp.submit(x))
+            await until(lambda: eng.stats().waiting_admission == 1)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await within(waiter)
+            assert eng.stats().waiting_admission == 0
+        await within(eng.waitall())
+        assert eng.stats().cancelled == 1
+
+
+async def test_compiled_submit_of_several_outputs_gives_them_after_admission() -> None:
+    async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
+        split = eng.compile(lambda x: (x + 1, x.sum()))
+        x = eng.asarray(X)
+        async with occupied(eng, 1):
+            waiter = asyncio.create_task(split.submit(x))
+            await until(lambda: eng.stats().waiting_admission == 1)
+        a, b = await within(waiter)
+        assert_same_bits(await within(a), X + 1)
+        assert_same_bits(await within(b), X.sum())
+
+
+async def test_a_compiled_call_inside_a_running_task_is_admitted_over_the_limits() -> None:
+    async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
+        mlp = eng.compile(lambda x: x + 2)
+        x = eng.asarray(X)
+        await within(mlp(x))  # traced on the loop
+        inner = await within(eng.submit(lambda: mlp(x)))  # the engine is at its limit while it runs
+        assert_same_bits(await within(await within(inner)), X + 2)

@@ -703,6 +703,123 @@ def test_enqueue_without_a_task_waits_for_room() -> None:
     assert ("admitted", "throttle") in out
 
 
+def admitted(out: list[tuple[str, Any]]) -> list[Any]:
+    return [x[1] for x in out if x[0] == "admitted"]
+
+
+def throttle(s: Scheduler, token: str) -> list[Any]:
+    """A ``throttle`` waiter queues for room; the tokens let through at once."""
+    s.enqueue(None, token)
+    s.validate()
+    return admitted(s.drain())
+
+
+def test_throttle_waiters_are_let_through_one_per_free_slot_in_fifo_order() -> None:
+    s = make(max_pending=2)
+    a, b = task("a"), task("b")
+    submit(s, a, b)
+    assert [throttle(s, f"t{i}") for i in range(3)] == [[], [], []]
+    take_all(s)
+    assert admitted(step(s, Finish(a))) == ["t0"]  # one slot freed: one waiter, and it holds the slot
+    assert s.reserved == 1 and s.waiting_admission == 2
+    assert admitted(step(s, Finish(b))) == ["t1"]
+    assert s.reserved == 2 and s.waiting_admission == 1
+    assert s.unreserve("t0")  # t0's caller resumed without submitting: its slot goes to the next in line
+    s.validate()
+    assert admitted(s.drain()) == ["t2"]
+    assert s.reserved == 2 and s.waiting_admission == 0
+
+
+def test_a_reserved_slot_is_not_taken_by_a_submission_that_did_not_wait_for_it() -> None:
+    s = make(max_pending=1)
+    a = task("a")
+    submit(s, a)
+    assert throttle(s, "t") == []
+    late, queued = task("late"), task("queued")
+    take(s)
+    assert admitted(step(s, Finish(a))) == ["t"]
+    assert s.submit(late) is False  # nobody queued, pending 0, but the slot is t's
+    assert s.fits(late) is False and s.has_room() is False
+    step(s, Enqueue(queued, "q"))
+    assert queued.state == "admitting"
+    assert s.unreserve("t")
+    s.validate()
+    assert admitted(s.drain()) == ["q"]
+    assert queued.state == "ready"
+
+
+def test_a_throttle_waiter_and_a_submission_share_one_fifo() -> None:
+    s = make(max_pending=1)
+    a, first = task("a"), task("first")
+    submit(s, a)
+    step(s, Enqueue(first, "first"))
+    assert throttle(s, "t") == []
+    take(s)
+    assert admitted(step(s, Finish(a))) == ["first"]  # the submission queued first gets the slot
+    assert s.reserved == 0 and s.waiting_admission == 1
+    take(s)
+    assert admitted(step(s, Finish(first))) == ["t"]
+    assert s.reserved == 1
+
+
+def test_submit_reserved_uses_the_slot_ahead_of_the_queue() -> None:
+    s = make(max_pending=1)
+    a, mine, other = task("a"), task("mine"), task("other")
+    submit(s, a)
+    assert throttle(s, "t") == []
+    take(s)
+    assert admitted(step(s, Finish(a))) == ["t"]
+    step(s, Enqueue(other, "o"))  # queued after t was let through
+    assert s.submit(mine) is False  # the queue is not empty
+    assert s.submit_reserved(mine, "o") is False  # o holds no reservation
+    assert s.submit_reserved(mine, "t") is True
+    s.validate()
+    assert s.reserved == 0 and s.pending == 1 and mine.state == "ready"
+    assert s.drain() == [] and other.state == "admitting"
+
+
+def test_submit_reserved_that_does_not_fit_gives_the_slot_back() -> None:
+    s = make(max_pending=2, max_pending_bytes=100)
+    a, big, other = task("a", buffers=(R(1, 60),)), task("big", buffers=(R(2, 60),)), task("other")
+    submit(s, a)
+    assert throttle(s, "t") == ["t"]  # a free slot: let through at once, and reserved
+    step(s, Enqueue(other, "o"))  # waits behind the reservation (pending 1 + reserved 1)
+    assert s.submit_reserved(big, "t") is False  # its bytes do not fit
+    s.validate()
+    assert big.state == "new" and s.reserved == 0
+    assert admitted(s.drain()) == ["o"]
+
+
+def test_withdraw_tells_a_queued_throttle_waiter_from_one_let_through() -> None:
+    s = make(max_pending=1)
+    a = task("a")
+    submit(s, a)
+    assert throttle(s, "t1") == [] and throttle(s, "t2") == []
+    assert s.withdraw("t2") is True
+    take(s)
+    assert admitted(step(s, Finish(a))) == ["t1"]
+    assert s.withdraw("t1") is False  # let through: it holds a slot, which it gives back
+    assert s.unreserve("t1") and not s.unreserve("t1")  # given back once
+    s.validate()
+    assert s.reserved == 0 and s.has_room()
+
+
+def test_has_room_counts_tasks_bytes_and_the_queue() -> None:
+    s = make(max_pending=2, max_pending_bytes=100)
+    a = task("a", buffers=(R(1, 60),))
+    submit(s, a)
+    assert s.has_room() and s.has_room(40)
+    assert s.has_room(41) is False
+    b = task("b")
+    step(s, Submit(b))
+    assert s.has_room() is False  # two of two tasks
+    step(s, Enqueue(task("c", buffers=(R(2, 60),)), "c"))
+    take_all(s)
+    step(s, Finish(b))
+    assert s.pending == 1 and s.waiting_admission == 1  # c's bytes do not fit yet
+    assert s.has_room() is False  # c is queued ahead
+
+
 # -- barriers --------------------------------------------------------------------------------
 
 

@@ -295,3 +295,40 @@ async def test_throttle_keeps_a_producer_in_step() -> None:
             assert eng.stats().pending < 3
             futures.append(eng.submit_nowait(operator.add, i, 1))  # throttle made room: no QueueFull
         assert await within(asyncio.gather(*futures)) == [i + 1 for i in range(100)]
+
+
+# -- a cheap room check for load shedding ------------------------------------------------------------------
+
+
+async def test_pending_and_has_room_follow_the_limits() -> None:
+    eng = ss.Engine(cpu_workers=1, max_pending=2, max_pending_bytes=1000)
+    assert eng.pending == 0 and eng.has_room() is False  # not started
+    async with eng:
+        assert eng.pending == 0 and eng.has_room() and eng.has_room(1000)
+        assert eng.has_room(1001) is False  # could not fit with nothing pending either
+        async with occupied(eng, 1):
+            assert eng.pending == 1 and eng.has_room()
+            held = eng.submit_nowait(np.copy, np.zeros(100, dtype=np.uint8))  # 100 bytes: 2 of 2 tasks
+            assert eng.pending == 2 and eng.has_room() is False
+            with pytest.raises(ss.QueueFull):
+                eng.submit_nowait(operator.add, 1, 1)  # what has_room() said
+        await within(held)
+        await within(eng.waitall())
+        assert eng.pending == 0 and eng.has_room(1000)
+    assert eng.has_room() is False  # closed
+
+
+async def test_has_room_is_false_while_a_submission_waits_ahead() -> None:
+    async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
+        async with occupied(eng, 1):
+            waiter = asyncio.create_task(eng.submit(operator.add, 1, 1))
+            await until(lambda: eng.stats().waiting_admission == 1)
+            assert eng.has_room() is False
+        assert await within(await within(waiter)) == 2
+
+
+@pytest.mark.parametrize("nbytes", [-1, 1.5, True, "10"])
+async def test_has_room_refuses_a_size_that_is_not_bytes(nbytes: Any) -> None:
+    async with ss.Engine(cpu_workers=1) as eng:
+        with pytest.raises(ss.InvalidTask, match="non-negative int"):
+            eng.has_room(nbytes)

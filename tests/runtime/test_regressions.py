@@ -598,3 +598,123 @@ def test_ctrl_c_says_what_the_close_waits_for_and_a_second_one_exits() -> None:
     assert proc.returncode != 0
     assert "running task" not in rest  # said once
     assert "KeyboardInterrupt" in rest
+
+
+async def test_throttle_lets_waiters_through_one_per_free_slot() -> None:
+    """i15.9: when a slot freed, the admission step let every throttle() waiter through without counting
+    them, so 200 producers doing ``await eng.throttle()`` then a Tensor op reached 84-198 pending with
+    max_pending=8."""
+    limit = 8
+    async with started(cpu_workers=2, max_pending=limit) as eng:
+        x = eng.asarray(np.ones(4))
+        peak = 0
+
+        async def producer() -> None:
+            nonlocal peak
+            await eng.throttle()
+            x + 1  # a Tensor op: admitted over the limits, so only throttle() bounds it
+            peak = max(peak, eng.stats().pending)
+
+        async with occupied(eng, 2):  # nothing finishes until the producers are queued
+            producers = [asyncio.create_task(producer()) for _ in range(200)]
+            await until(lambda: eng.stats().waiting_admission == 200 - (limit - 2))
+        await within(asyncio.gather(*producers))
+        await within(eng.waitall())
+    assert peak == limit
+
+
+async def test_a_throttle_caller_keeps_its_turn_ahead_of_a_queued_submission() -> None:
+    """i15.9: throttle() waiters and ``await submit`` waiters queue in one FIFO; a throttle() caller let
+    through must be able to submit on the slot it waited for (no QueueFull because a later waiter is
+    queued), and the submission queued behind it must not take that slot."""
+    async with started(cpu_workers=1, max_pending=1) as eng:
+        order: list[str] = []
+
+        async def throttler(name: str) -> ss.Future[None]:
+            await eng.throttle()
+            order.append(name)
+            return eng.submit_nowait(order.append, f"{name} ran")
+
+        async def submitter() -> ss.Future[None]:
+            return await eng.submit(order.append, "s ran")
+
+        async with occupied(eng, 1):
+            first = asyncio.create_task(throttler("t1"))
+            await until(lambda: eng.stats().waiting_admission == 1)
+            middle = asyncio.create_task(submitter())
+            await until(lambda: eng.stats().waiting_admission == 2)
+            last = asyncio.create_task(throttler("t2"))
+            await until(lambda: eng.stats().waiting_admission == 3)
+        futures = await within(asyncio.gather(first, middle, last))
+        await within(asyncio.gather(*futures))
+        await within(eng.waitall())
+    assert order == ["t1", "t1 ran", "s ran", "t2", "t2 ran"]
+
+
+async def test_a_compiled_call_is_admitted_within_the_limits() -> None:
+    """i15.10: a compiled call was admitted over the limits like a Tensor operator: 50 calls with
+    max_pending=8 left 50 pending, with no QueueFull and no waiting.  Now ``mlp(x)`` is admitted as
+    ``submit_nowait`` is, and the first call (the trace) counts too."""
+    limit = 8
+    async with started(cpu_workers=2, max_pending=limit) as eng:
+        mlp = eng.compile(lambda x: np.maximum(x @ x.T, 0))
+        x = eng.asarray(np.ones((2, 2)))
+        async with occupied(eng, 2):
+            outputs = [mlp(x) for _ in range(limit - 2)]  # the first one traces
+            assert eng.stats().pending == limit
+            with pytest.raises(ss.QueueFull, match=r"await compiled\.submit"):
+                mlp(x)
+            assert eng.stats().pending == limit
+            assert mlp.stats()["replays"] == limit - 2  # the refused call is not counted
+        for out in outputs:
+            assert (await within(out) == 2.0).all()
+
+
+async def test_stats_does_not_sort_the_queue_wait_window_on_every_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """i15.11: every ``stats()`` sorted the 8,192 recent queue waits twice for its percentiles, so after
+    10,000 tasks it took about a millisecond instead of microseconds, and a service that read it per
+    request lost a third of its throughput.  The percentiles are now recomputed once an eighth of the
+    window is new."""
+    import schedsvc._engine as engine_module
+
+    sorts = 0
+
+    def counted(real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any) -> Any:
+            nonlocal sorts
+            sorts += 1
+            return real(*args)
+
+        return wrapper
+
+    for name in ("percentile", "percentiles"):  # whichever the engine sorts with
+        if hasattr(engine_module, name):
+            monkeypatch.setattr(engine_module, name, counted(getattr(engine_module, name)))
+    async with started(cpu_workers=2) as eng:
+        await within(asyncio.gather(*(eng.submit_nowait(operator.add, i, 1) for i in range(200))))
+        await within(eng.waitall())
+        eng.stats()
+        before = sorts
+        for _ in range(100):
+            eng.stats()
+        assert sorts == before, "stats() sorted the window again with no new samples"
+
+
+async def test_stats_percentiles_follow_new_samples_within_an_eighth_of_the_window() -> None:
+    """i15.11 (the other side): the cached percentiles are refreshed once enough tasks have ended."""
+    async with started(cpu_workers=1) as eng:
+        rt = eng._rt
+        assert rt is not None
+        await within(asyncio.gather(*(eng.submit_nowait(operator.add, i, 1) for i in range(16))))
+        await within(eng.waitall())
+        assert eng.stats().queue_wait_p50_s < 5.0
+        with rt.lock:
+            rt.queue_waits.clear()
+            rt.queue_waits.extend([5.0] * 16)  # as if 16 tasks had waited 5 s
+        assert eng.stats().queue_wait_p50_s < 5.0  # no task ended since: the cached figure
+        await within(asyncio.gather(*(eng.submit_nowait(operator.add, i, 1) for i in range(2))))
+        await within(eng.waitall())
+        stats = eng.stats()  # 2 new of 18: at least an eighth
+        assert stats.queue_wait_p50_s == 5.0 and stats.queue_wait_p99_s == 5.0
