@@ -269,7 +269,7 @@ class Compiled:
             self._store(signature, entry)
         self._engine._compile_counts[0] += 1
         if thrashing:
-            warnings.warn(self._thrash_message(), RuntimeWarning, stacklevel=3)
+            warnings.warn(self._thrash_message(), RuntimeWarning, stacklevel=4)  # user -> call -> _lookup
         return entry
 
     def _retraced(self, signature: Any) -> bool:
