@@ -39,7 +39,8 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -104,7 +105,13 @@ async def connect(rt: Runtime, config: Config) -> DaskDevice:
                 "start one (dask scheduler), fix dask_address, or leave it unset for a local cluster"
             ) from exc
         raise
-    return DaskDevice(rt, client, cluster)
+    return DaskDevice(rt, client, cluster, await _threads(client, config))
+
+
+async def _threads(client: Client, config: Config) -> int:
+    """The cluster's worker threads now; ``cpu_workers`` if none has joined yet."""
+    threads = sum((await client.nthreads()).values())
+    return threads if threads > 0 else config.cpu_workers
 
 
 class DaskValue(Remote):
@@ -196,13 +203,15 @@ class DaskDevice:
 
     name = "cpu"
     # never staged (Runtime.stage_next): a submission is sent at once, so its dependents,
-    # submitted next, can go to the cluster right behind it (see forward)
+    # submitted next, can go to the cluster right behind it (see forward); a staged parent
+    # is not visible to take(), so its children would wait for it to finish here instead
     size = 1 << 30
 
-    def __init__(self, rt: Runtime, client: Client, cluster: LocalCluster | None) -> None:
+    def __init__(self, rt: Runtime, client: Client, cluster: LocalCluster | None, threads: int) -> None:
         self.rt = rt
         self.client = client
         self.cluster = cluster
+        self.concurrency = threads  # the cluster's worker threads at start: eng.map's window is twice this
         # non-empty while no pump is scheduled: the runtime calls wake() when tasks become ready
         self.idle: list[Any] = [self]
         self.sent: dict[Task, DaskFuture] = {}  # tasks on the cluster, until the core records their end
@@ -461,11 +470,38 @@ class DaskDevice:
         self.early.clear()
         self.writers.clear()
         self.traced.clear()
-        try:
-            await asyncio.wait_for(self.client.close(), _CLOSE_TIMEOUT_S)
-        finally:
-            if self.cluster is not None:
-                await asyncio.wait_for(self.cluster.close(), _CLOSE_TIMEOUT_S)
+        await _close_quietly(
+            "the Dask client",
+            self.client.close(),
+            "the scheduler forgets this client's tasks when it notices the client is gone",
+        )
+        if self.cluster is not None:
+            await _close_quietly(
+                "the local Dask cluster",
+                self.cluster.close(),
+                "its worker processes end with this process at the latest",
+            )
+
+
+async def _close_quietly(what: str, closing: Coroutine[Any, Any, Any], after: str) -> None:
+    """Await a close for at most ``_CLOSE_TIMEOUT_S``; a close that hangs or fails is a warning.
+
+    The engine's own work is over by then: a slow scheduler must not turn
+    ``aclose()`` into an error after every result was delivered.
+    """
+    try:
+        await asyncio.wait_for(closing, _CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        problem = f"did not close within {_CLOSE_TIMEOUT_S:g} s"
+    except Exception as exc:
+        problem = f"failed to close ({type(exc).__name__}: {exc})"
+    else:
+        return
+    warnings.warn(
+        f"schedsvc: {what} {problem}; the engine closed anyway ({after})",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def _apply(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -285,3 +285,71 @@ async def test_a_value_that_cannot_be_fetched_fails_alone(dask_address: str) -> 
         outcomes = await within(asyncio.gather(lost, kept, return_exceptions=True))
         assert isinstance(outcomes[0], distributed.client.FutureCancelledError)
         assert outcomes[1] == 4  # the batch's failure is not its neighbour's
+
+
+# -- issue 15: regressions of the bad-input sweep -----------------------------------------------------
+
+
+async def test_map_without_max_inflight_pulls_at_most_its_window_ahead(dask_address: str) -> None:
+    """``eng.map`` on Dask had no default window: the device's size (1 << 30) made it two billion, so
+    with a large ``max_pending`` the whole source was pulled and submitted before the first result
+    (100,000 items, 1.1 GiB).  The window is now twice the cluster's worker threads."""
+    pulled = 0
+
+    def source() -> Iterator[int]:
+        nonlocal pulled
+        for i in range(40):
+            pulled += 1
+            yield i
+
+    async with engine(dask_address, max_pending=10**6) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        assert device.concurrency == 2  # the cluster's 2 single-threaded workers
+        window = 2 * device.concurrency
+        results = eng.map(np.negative, source())
+        got = []
+        while len(got) < 40:
+            got.append(await within(anext(results)))
+            # never more than the window past what was yielded (this result's slot is free again)
+            assert pulled <= len(got) + window, (len(got), pulled)
+        await results.aclose()
+    assert got == [-i for i in range(40)]
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("hangs", "did not close within 0.1 s"),
+        ("times out", "did not close within 0.1 s"),
+        ("fails", r"failed to close \(OSError: connection reset\)"),
+    ],
+)
+async def test_a_client_that_will_not_close_is_a_warning_not_an_error(
+    dask_address: str, monkeypatch: pytest.MonkeyPatch, how: str, said: str
+) -> None:
+    """``aclose()`` raised ``TimeoutError`` from ``client.close()`` when the scheduler was slow to
+    answer (after a large map), although every result had been delivered; now the close of the client
+    is bounded and a failure is a ``RuntimeWarning``."""
+    from schedsvc.devices import dask as dask_device
+
+    monkeypatch.setattr(dask_device, "_CLOSE_TIMEOUT_S", 0.1)
+    eng = await within(engine(dask_address).start(), 60)
+    device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+    real_close = device.client.close
+
+    async def stuck_close(*args: Any, **kwargs: Any) -> None:
+        if how == "hangs":
+            await asyncio.Event().wait()
+        if how == "fails":
+            raise OSError("connection reset")
+        raise TimeoutError("distributed's own close timeout")
+
+    device.client.close = stuck_close
+    try:
+        assert await within(eng.run(np.add, 1, 2)) == 3
+        with pytest.warns(RuntimeWarning, match=f"the Dask client {said}; the engine closed anyway"):
+            await within(eng.aclose())
+        assert eng.closed
+    finally:
+        del device.client.close  # the real one again (Client.__del__ calls it)
+        await within(real_close())
