@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import FINAL_STATES, Task
-from .._errors import SchedsvcError
+from .._errors import InvalidTask, SchedsvcError
 from .._runtime._remote import Remote
 from .._timeline import describe
 
@@ -313,6 +313,8 @@ class DaskDevice:
         key = f"{task.label}-{next(self._count)}-{self._prefix}"
         run = _apply_writing if isinstance(out, np.ndarray) else _apply
         traced = self.rt.timeline is not None
+        args: Any = ()
+        dkwargs: Any = {}
         try:
             args = _to_dask(task.args, self.sent)
             dkwargs = _to_dask(kwargs, self.sent)
@@ -334,7 +336,7 @@ class DaskDevice:
                     run, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
                 )
         except BaseException as exc:  # could not even be sent (unpicklable, client closed): it failed
-            self._finish(task, None, exc)
+            self._finish(task, None, _unsendable(task, args, dkwargs) or exc)
             return
         if traced:
             self.traced[key] = task
@@ -577,6 +579,30 @@ def _write_back(
     value, written, error, returned_out = result
     np.copyto(out, written)
     return (out if returned_out else value), error
+
+
+def _unsendable(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidTask | None:
+    """Which part of a task that failed to send cannot be pickled, as an error that says what to do.
+
+    Only on that error path: each part is pickled alone, as Dask would.
+    """
+    import cloudpickle  # Dask's own serializer for code and objects (a dependency of distributed)
+
+    parts = [("its function", task.fn)]
+    parts += [(f"argument {i}", arg) for i, arg in enumerate(args)]
+    parts += [(f"keyword argument {name!r}", arg) for name, arg in kwargs.items()]
+    for what, obj in parts:
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:
+            error = InvalidTask(
+                f"task {task.label!r} (#{task.seq}): {what}, a {type(obj).__name__}, cannot be sent to the Dask "
+                f"workers ({exc}). Pass picklable data (arrays, numbers, strings, ...) or create the object "
+                "inside the task, or use backend='threads' to run tasks in this process"
+            )
+            error.__cause__ = exc
+            return error
+    return None
 
 
 def _remote_error(dfut: DaskFuture) -> BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -353,3 +354,38 @@ async def test_a_client_that_will_not_close_is_a_warning_not_an_error(
     finally:
         del device.client.close  # the real one again (Client.__del__ calls it)
         await within(real_close())
+
+
+def locked(flag: int, lock: Any = None) -> bool:
+    return bool(flag) and lock is not None and lock.locked()
+
+
+async def test_an_unpicklable_argument_names_the_task_and_the_argument(dask_address: str) -> None:
+    """An argument that cannot be pickled failed with Dask's "Could not serialize object of type
+    LLGExpr" (the task graph), which named neither the task nor the argument nor what to do."""
+    lock = threading.Lock()
+    said = r"cannot be sent to the Dask workers \(cannot pickle '_thread.lock' object\)\. Pass picklable data"
+    async with engine(dask_address) as eng:
+        by_position = eng.submit_nowait(locked, 1, lock, name="guarded")
+        by_keyword = eng.submit_nowait(locked, 1, lock=lock)
+        in_a_closure = eng.submit_nowait(lambda: lock.locked())
+        child = eng.submit_nowait(np.add, by_position, 1)
+        with pytest.raises(ss.InvalidTask, match=rf"task 'guarded' \(#\d+\): argument 1, a lock, {said}"):
+            await within(by_position)
+        with pytest.raises(
+            ss.InvalidTask, match=rf"task 'locked' \(#\d+\): keyword argument 'lock', a lock, {said}"
+        ):
+            await within(by_keyword)
+        with pytest.raises(
+            ss.InvalidTask, match=rf"task '<lambda>' \(#\d+\): its function, a function, {said}"
+        ):
+            await within(in_a_closure)
+        with pytest.raises(
+            ss.InvalidTask, match="or use backend='threads' to run tasks in this process"
+        ) as info:
+            await within(by_position)
+        assert isinstance(info.value, TypeError)  # as Dask's own error was
+        assert isinstance(info.value.__cause__, TypeError)  # pickle's error, about the argument itself
+        with pytest.raises(ss.DependencyError):
+            await within(child)
+        assert await within(eng.run(np.add, 1, 1)) == 2  # the engine keeps serving
