@@ -34,8 +34,12 @@ executor takes the tasks it makes ready and sends them with ``client.submit``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
+import multiprocessing
+import os
+import sys
 import threading
 import time
 import uuid
@@ -46,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import FINAL_STATES, Task
-from .._errors import InvalidTask, SchedsvcError
+from .._errors import DeviceError, InvalidTask, SchedsvcError
 from .._runtime._remote import Remote
 from .._timeline import describe
 
@@ -61,6 +65,8 @@ Client = Any
 DaskFuture = Any
 LocalCluster = Any
 
+_MAIN_GUARD = '`if __name__ == "__main__":`'
+_START_A_CLUSTER = "start one with: dask scheduler, and dask worker tcp://HOST:8786 on each machine"
 _CLOSE_TIMEOUT_S = 20.0
 _SPAN_WAIT_S = 2.0  # how long a finished traced task waits for its span event (it is normally there)
 _MAX_SHAPES = 8
@@ -81,14 +87,7 @@ async def connect(rt: Runtime, config: Config) -> DaskDevice:
     distributed = _import_distributed()
     cluster = None
     if config.dask_address is None:
-        cluster = await distributed.LocalCluster(
-            n_workers=config.cpu_workers,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",  # any free port: 8787 may be taken by another cluster
-            asynchronous=True,
-        )
+        cluster = await _start_local_cluster(distributed, config)
         address = cluster.scheduler_address
     else:
         address = config.dask_address
@@ -106,6 +105,102 @@ async def connect(rt: Runtime, config: Config) -> DaskDevice:
             ) from exc
         raise
     return DaskDevice(rt, client, cluster, await _threads(client, config))
+
+
+async def _start_local_cluster(distributed: Any, config: Config) -> LocalCluster:
+    """A cluster of ``cpu_workers`` processes here; if its workers cannot start, one error says why."""
+    method = _start_method()
+    if method != "fork":
+        _leave_if_importing_main()
+        _check_main_can_run_again(method)
+    cluster = distributed.LocalCluster(
+        n_workers=config.cpu_workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=":0",  # any free port: 8787 may be taken by another cluster
+        asynchronous=True,
+    )
+    try:
+        return await cluster
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # what did start (the scheduler, some workers) stops
+            await asyncio.wait_for(cluster.close(), _CLOSE_TIMEOUT_S)
+        raise DeviceError(_workers_failed(exc, config, method)) from _without_tracebacks(exc)
+
+
+def _start_method() -> str:
+    """How Dask starts worker processes: spawn and forkserver run the main module again in each."""
+    import dask
+
+    return str(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
+
+
+def _main_module() -> str | None:
+    """What a spawned worker runs again before it starts: the main module's file or name, if any."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    return None if path is None else str(path)
+
+
+def _leave_if_importing_main() -> None:
+    """In a worker process that is still running the main module, an engine can never start: leave.
+
+    That is a program without a main guard, run again in each worker of the
+    cluster its main process is starting.  A traceback per worker would bury
+    the main process's error, which says what to do; this is one line each.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # what multiprocessing checks
+        main = getattr(sys.modules.get("__mp_main__"), "__file__", None) or "the main module"
+        raise SystemExit(
+            f"schedsvc: a Dask worker process ran {main} again, and it starts an engine: "
+            "this worker exits (the main process says what to do)"
+        )
+
+
+def _check_main_can_run_again(method: str) -> None:
+    """A main module read from standard input (``python -``) cannot be run again in the workers."""
+    main = _main_module()
+    if main is None or getattr(sys.modules.get("__main__"), "__spec__", None) is not None:
+        return  # nothing to run again (python -c, a notebook), or a module run with -m: imported by name
+    start_dir = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or ""  # where spawn looks, as it does
+    if not os.path.isfile(os.path.join(start_dir, main)):
+        raise DeviceError(
+            f"backend='dask' cannot start a local cluster from this program: Dask starts each worker with the "
+            f"{method!r} method, which runs the main module again from its file, and {main!r} is no file "
+            "(a program read from standard input, python -). Run the program from a file, with the code that "
+            f"starts the engine under {_MAIN_GUARD}, or connect to a running cluster with "
+            f"dask_address='tcp://HOST:8786' ({_START_A_CLUSTER})"
+        )
+
+
+def _workers_failed(exc: Exception, config: Config, method: str) -> str:
+    """What to say when the local cluster's workers did not start."""
+    text = f"backend='dask' could not start a local cluster of {config.cpu_workers} worker processes ({exc})."
+    main = _main_module()
+    if main is not None and method != "fork":
+        text += (
+            f" The usual cause: Dask starts each worker with the {method!r} method, which runs the main module "
+            f"({main}) again in it, and a program without a main guard starts the engine again there. Put the "
+            f"code that starts the engine under {_MAIN_GUARD}, or connect"
+        )
+    else:
+        text += " Connect"
+    return text + f" to a running cluster with dask_address='tcp://HOST:8786' ({_START_A_CLUSTER})"
+
+
+def _without_tracebacks(exc: BaseException) -> BaseException:
+    """``exc`` and the errors chained to it, without their frames: Dask's internals, dozens of lines each."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    return exc
 
 
 async def _threads(client: Client, config: Config) -> int:

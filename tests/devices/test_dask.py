@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -389,3 +391,63 @@ async def test_an_unpicklable_argument_names_the_task_and_the_argument(dask_addr
         with pytest.raises(ss.DependencyError):
             await within(child)
         assert await within(eng.run(np.add, 1, 1)) == 2  # the engine keeps serving
+
+
+NO_MAIN_GUARD = """
+import asyncio
+import numpy as np
+import schedsvc as ss
+
+async def main():
+    async with ss.Engine(backend="dask", cpu_workers=2) as eng:
+        print(await eng.run(np.add, 1, 2))
+
+asyncio.run(main())
+"""
+
+
+def run_python(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a program in a fresh interpreter that imports this checkout's schedsvc."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
+def test_a_script_without_a_main_guard_gets_one_error_that_says_what_to_do(tmp_path: Path) -> None:
+    """Dask starts its workers with the spawn method, which runs the main module again in each; a script
+    without a main guard started the engine again in every worker, and failed with 473 lines of stderr,
+    12 tracebacks and "Nanny failed to start", none of it naming the cause."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_MAIN_GUARD)
+    done = run_python(str(script), cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("schedsvc._errors.DeviceError: backend='dask' could not start a local cluster"), (
+        last
+    )
+    assert f"runs the main module ({script}) again" in last
+    assert 'under `if __name__ == "__main__":`' in last and "dask_address=" in last
+    assert "ran " + str(script) + " again, and it starts an engine: this worker exits" in done.stderr
+    assert len(done.stderr.splitlines()) < 40, done.stderr
+
+
+def test_a_program_read_from_stdin_is_refused_before_a_cluster_starts(tmp_path: Path) -> None:
+    """``python -`` with the Dask backend: every spawned worker failed to run '<stdin>' as a file, with a
+    traceback each, then "Nanny failed to start"; a main guard does not help there."""
+    done = run_python("-", cwd=tmp_path, stdin=NO_MAIN_GUARD)
+    assert done.returncode == 1 and done.stdout == ""
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("schedsvc._errors.DeviceError: backend='dask' cannot start a local cluster"), last
+    assert (
+        "'<stdin>' is no file" in last and "Run the program from a file" in last and "dask_address=" in last
+    )
+    assert "Nanny" not in done.stderr  # refused before any worker process started
+    assert len(done.stderr.splitlines()) < 40, done.stderr
