@@ -205,7 +205,10 @@ def _without_tracebacks(exc: BaseException) -> BaseException:
 
 async def _threads(client: Client, config: Config) -> int:
     """The cluster's worker threads now; ``cpu_workers`` if none has joined yet."""
-    threads = sum((await client.nthreads()).values())
+    try:
+        threads = sum((await client.nthreads()).values())
+    except Exception:  # the scheduler went away just now: the first task will say so; this is a default
+        return config.cpu_workers
     return threads if threads > 0 else config.cpu_workers
 
 
