@@ -390,7 +390,8 @@ class Engine:
         ``source`` is an iterable or an async iterable; an item that is a
         Future or Tensor (say, from another stage) is a dependency, as in
         ``submit``.  At most ``max_inflight`` items (default: twice the
-        device's workers) are submitted and not yet yielded: the source is
+        device's workers; on Dask, twice the cluster's worker threads when
+        the engine started) are submitted and not yet yielded: the source is
         pulled ahead, concurrently, up to that window.  Results come in source
         order (``ordered=True``) or as they finish; an item's error, and the
         source's, is raised at its place in that order.

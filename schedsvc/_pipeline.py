@@ -67,7 +67,7 @@ def pipeline(
     if not callable(fn):
         raise InvalidTask(f"eng.map() needs a callable first, got {type(fn).__name__} {fn!r}")
     device = engine._device(device)
-    window = 2 * rt.devices[device].size if max_inflight is None else _checked_window(max_inflight)
+    window = 2 * rt.devices[device].concurrency if max_inflight is None else _checked_window(max_inflight)
     items = _iterator(source)
     return _Pipeline(engine, fn, items, window, ordered, {"device": device, **options}).results()
 

@@ -56,8 +56,12 @@ class Device(Protocol):
 
     def start(self) -> None: ...
 
-    size: int
+    size: int  # submissions handed to it at once per loop iteration before staging starts
     idle: list[Any]
+
+    @property
+    def concurrency(self) -> int:
+        """Tasks it runs at once; ``eng.map``'s default window is twice this."""
 
     def wake(self, ready: int) -> Callable[[], None] | None: ...
     def stop(self) -> None: ...

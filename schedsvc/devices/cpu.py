@@ -89,6 +89,11 @@ class CpuPool:
         self.blocked = 0
         self.stopping = False
 
+    @property
+    def concurrency(self) -> int:
+        """Tasks it runs at once: its worker threads."""
+        return self.size
+
     def start(self) -> None:
         for _ in range(self.size):
             with self.rt.lock:

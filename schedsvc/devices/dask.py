@@ -34,18 +34,23 @@ executor takes the tasks it makes ready and sends them with ``client.submit``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
+import multiprocessing
+import os
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._core import FINAL_STATES, Task
-from .._errors import SchedsvcError
+from .._errors import DeviceError, InvalidTask, SchedsvcError
 from .._runtime._remote import Remote
 from .._timeline import describe
 
@@ -60,6 +65,8 @@ Client = Any
 DaskFuture = Any
 LocalCluster = Any
 
+_MAIN_GUARD = '`if __name__ == "__main__":`'
+_START_A_CLUSTER = "start one with: dask scheduler, and dask worker tcp://HOST:8786 on each machine"
 _CLOSE_TIMEOUT_S = 20.0
 _SPAN_WAIT_S = 2.0  # how long a finished traced task waits for its span event (it is normally there)
 _MAX_SHAPES = 8
@@ -80,14 +87,7 @@ async def connect(rt: Runtime, config: Config) -> DaskDevice:
     distributed = _import_distributed()
     cluster = None
     if config.dask_address is None:
-        cluster = await distributed.LocalCluster(
-            n_workers=config.cpu_workers,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",  # any free port: 8787 may be taken by another cluster
-            asynchronous=True,
-        )
+        cluster = await _start_local_cluster(distributed, config)
         address = cluster.scheduler_address
     else:
         address = config.dask_address
@@ -104,7 +104,112 @@ async def connect(rt: Runtime, config: Config) -> DaskDevice:
                 "start one (dask scheduler), fix dask_address, or leave it unset for a local cluster"
             ) from exc
         raise
-    return DaskDevice(rt, client, cluster)
+    return DaskDevice(rt, client, cluster, await _threads(client, config))
+
+
+async def _start_local_cluster(distributed: Any, config: Config) -> LocalCluster:
+    """A cluster of ``cpu_workers`` processes here; if its workers cannot start, one error says why."""
+    method = _start_method()
+    if method != "fork":
+        _leave_if_importing_main()
+        _check_main_can_run_again(method)
+    cluster = distributed.LocalCluster(
+        n_workers=config.cpu_workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=":0",  # any free port: 8787 may be taken by another cluster
+        asynchronous=True,
+    )
+    try:
+        return await cluster
+    except Exception as exc:
+        with contextlib.suppress(Exception):  # what did start (the scheduler, some workers) stops
+            await asyncio.wait_for(cluster.close(), _CLOSE_TIMEOUT_S)
+        raise DeviceError(_workers_failed(exc, config, method)) from _without_tracebacks(exc)
+
+
+def _start_method() -> str:
+    """How Dask starts worker processes: spawn and forkserver run the main module again in each."""
+    import dask
+
+    return str(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
+
+
+def _main_module() -> str | None:
+    """What a spawned worker runs again before it starts: the main module's file or name, if any."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    return None if path is None else str(path)
+
+
+def _leave_if_importing_main() -> None:
+    """In a worker process that is still running the main module, an engine can never start: leave.
+
+    That is a program without a main guard, run again in each worker of the
+    cluster its main process is starting.  A traceback per worker would bury
+    the main process's error, which says what to do; this is one line each.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # what multiprocessing checks
+        main = getattr(sys.modules.get("__mp_main__"), "__file__", None) or "the main module"
+        raise SystemExit(
+            f"schedsvc: a Dask worker process ran {main} again, and it starts an engine: "
+            "this worker exits (the main process says what to do)"
+        )
+
+
+def _check_main_can_run_again(method: str) -> None:
+    """A main module read from standard input (``python -``) cannot be run again in the workers."""
+    main = _main_module()
+    if main is None or getattr(sys.modules.get("__main__"), "__spec__", None) is not None:
+        return  # nothing to run again (python -c, a notebook), or a module run with -m: imported by name
+    start_dir = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or ""  # where spawn looks, as it does
+    if not os.path.isfile(os.path.join(start_dir, main)):
+        raise DeviceError(
+            f"backend='dask' cannot start a local cluster from this program: Dask starts each worker with the "
+            f"{method!r} method, which runs the main module again from its file, and {main!r} is no file "
+            "(a program read from standard input, python -). Run the program from a file, with the code that "
+            f"starts the engine under {_MAIN_GUARD}, or connect to a running cluster with "
+            f"dask_address='tcp://HOST:8786' ({_START_A_CLUSTER})"
+        )
+
+
+def _workers_failed(exc: Exception, config: Config, method: str) -> str:
+    """What to say when the local cluster's workers did not start."""
+    text = f"backend='dask' could not start a local cluster of {config.cpu_workers} worker processes ({exc})."
+    main = _main_module()
+    if main is not None and method != "fork":
+        text += (
+            f" The usual cause: Dask starts each worker with the {method!r} method, which runs the main module "
+            f"({main}) again in it, and a program without a main guard starts the engine again there. Put the "
+            f"code that starts the engine under {_MAIN_GUARD}, or connect"
+        )
+    else:
+        text += " Connect"
+    return text + f" to a running cluster with dask_address='tcp://HOST:8786' ({_START_A_CLUSTER})"
+
+
+def _without_tracebacks(exc: BaseException) -> BaseException:
+    """``exc`` and the errors chained to it, without their frames: Dask's internals, dozens of lines each."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    return exc
+
+
+async def _threads(client: Client, config: Config) -> int:
+    """The cluster's worker threads now; ``cpu_workers`` if none has joined yet."""
+    try:
+        threads = sum((await client.nthreads()).values())
+    except Exception:  # the scheduler went away just now: the first task will say so; this is a default
+        return config.cpu_workers
+    return threads if threads > 0 else config.cpu_workers
 
 
 class DaskValue(Remote):
@@ -196,13 +301,15 @@ class DaskDevice:
 
     name = "cpu"
     # never staged (Runtime.stage_next): a submission is sent at once, so its dependents,
-    # submitted next, can go to the cluster right behind it (see forward)
+    # submitted next, can go to the cluster right behind it (see forward); a staged parent
+    # is not visible to take(), so its children would wait for it to finish here instead
     size = 1 << 30
 
-    def __init__(self, rt: Runtime, client: Client, cluster: LocalCluster | None) -> None:
+    def __init__(self, rt: Runtime, client: Client, cluster: LocalCluster | None, threads: int) -> None:
         self.rt = rt
         self.client = client
         self.cluster = cluster
+        self.concurrency = threads  # the cluster's worker threads at start: eng.map's window is twice this
         # non-empty while no pump is scheduled: the runtime calls wake() when tasks become ready
         self.idle: list[Any] = [self]
         self.sent: dict[Task, DaskFuture] = {}  # tasks on the cluster, until the core records their end
@@ -304,6 +411,8 @@ class DaskDevice:
         key = f"{task.label}-{next(self._count)}-{self._prefix}"
         run = _apply_writing if isinstance(out, np.ndarray) else _apply
         traced = self.rt.timeline is not None
+        args: Any = ()
+        dkwargs: Any = {}
         try:
             args = _to_dask(task.args, self.sent)
             dkwargs = _to_dask(kwargs, self.sent)
@@ -325,7 +434,7 @@ class DaskDevice:
                     run, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
                 )
         except BaseException as exc:  # could not even be sent (unpicklable, client closed): it failed
-            self._finish(task, None, exc)
+            self._finish(task, None, _unsendable(task, args, dkwargs) or exc)
             return
         if traced:
             self.traced[key] = task
@@ -461,11 +570,38 @@ class DaskDevice:
         self.early.clear()
         self.writers.clear()
         self.traced.clear()
-        try:
-            await asyncio.wait_for(self.client.close(), _CLOSE_TIMEOUT_S)
-        finally:
-            if self.cluster is not None:
-                await asyncio.wait_for(self.cluster.close(), _CLOSE_TIMEOUT_S)
+        await _close_quietly(
+            "the Dask client",
+            self.client.close(),
+            "the scheduler forgets this client's tasks when it notices the client is gone",
+        )
+        if self.cluster is not None:
+            await _close_quietly(
+                "the local Dask cluster",
+                self.cluster.close(),
+                "its worker processes end with this process at the latest",
+            )
+
+
+async def _close_quietly(what: str, closing: Coroutine[Any, Any, Any], after: str) -> None:
+    """Await a close for at most ``_CLOSE_TIMEOUT_S``; a close that hangs or fails is a warning.
+
+    The engine's own work is over by then: a slow scheduler must not turn
+    ``aclose()`` into an error after every result was delivered.
+    """
+    try:
+        await asyncio.wait_for(closing, _CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        problem = f"did not close within {_CLOSE_TIMEOUT_S:g} s"
+    except Exception as exc:
+        problem = f"failed to close ({type(exc).__name__}: {exc})"
+    else:
+        return
+    warnings.warn(
+        f"schedsvc: {what} {problem}; the engine closed anyway ({after})",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def _apply(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -541,6 +677,30 @@ def _write_back(
     value, written, error, returned_out = result
     np.copyto(out, written)
     return (out if returned_out else value), error
+
+
+def _unsendable(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidTask | None:
+    """Which part of a task that failed to send cannot be pickled, as an error that says what to do.
+
+    Only on that error path: each part is pickled alone, as Dask would.
+    """
+    import cloudpickle  # Dask's own serializer for code and objects (a dependency of distributed)
+
+    parts = [("its function", task.fn)]
+    parts += [(f"argument {i}", arg) for i, arg in enumerate(args)]
+    parts += [(f"keyword argument {name!r}", arg) for name, arg in kwargs.items()]
+    for what, obj in parts:
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:
+            error = InvalidTask(
+                f"task {task.label!r} (#{task.seq}): {what}, a {type(obj).__name__}, cannot be sent to the Dask "
+                f"workers ({exc}). Pass picklable data (arrays, numbers, strings, ...) or create the object "
+                "inside the task, or use backend='threads' to run tasks in this process"
+            )
+            error.__cause__ = exc
+            return error
+    return None
 
 
 def _remote_error(dfut: DaskFuture) -> BaseException:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -285,3 +288,166 @@ async def test_a_value_that_cannot_be_fetched_fails_alone(dask_address: str) -> 
         outcomes = await within(asyncio.gather(lost, kept, return_exceptions=True))
         assert isinstance(outcomes[0], distributed.client.FutureCancelledError)
         assert outcomes[1] == 4  # the batch's failure is not its neighbour's
+
+
+# -- issue 15: regressions of the bad-input sweep -----------------------------------------------------
+
+
+async def test_map_without_max_inflight_pulls_at_most_its_window_ahead(dask_address: str) -> None:
+    """``eng.map`` on Dask had no default window: the device's size (1 << 30) made it two billion, so
+    with a large ``max_pending`` the whole source was pulled and submitted before the first result
+    (100,000 items, 1.1 GiB).  The window is now twice the cluster's worker threads."""
+    pulled = 0
+
+    def source() -> Iterator[int]:
+        nonlocal pulled
+        for i in range(40):
+            pulled += 1
+            yield i
+
+    async with engine(dask_address, max_pending=10**6) as eng:
+        device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+        assert device.concurrency == 2  # the cluster's 2 single-threaded workers
+        window = 2 * device.concurrency
+        results = eng.map(np.negative, source())
+        got = []
+        while len(got) < 40:
+            got.append(await within(anext(results)))
+            # never more than the window past what was yielded (this result's slot is free again)
+            assert pulled <= len(got) + window, (len(got), pulled)
+        await results.aclose()
+    assert got == [-i for i in range(40)]
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("hangs", "did not close within 0.1 s"),
+        ("times out", "did not close within 0.1 s"),
+        ("fails", r"failed to close \(OSError: connection reset\)"),
+    ],
+)
+async def test_a_client_that_will_not_close_is_a_warning_not_an_error(
+    dask_address: str, monkeypatch: pytest.MonkeyPatch, how: str, said: str
+) -> None:
+    """``aclose()`` raised ``TimeoutError`` from ``client.close()`` when the scheduler was slow to
+    answer (after a large map), although every result had been delivered; now the close of the client
+    is bounded and a failure is a ``RuntimeWarning``."""
+    from schedsvc.devices import dask as dask_device
+
+    monkeypatch.setattr(dask_device, "_CLOSE_TIMEOUT_S", 0.1)
+    eng = await within(engine(dask_address).start(), 60)
+    device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
+    real_close = device.client.close
+
+    async def stuck_close(*args: Any, **kwargs: Any) -> None:
+        if how == "hangs":
+            await asyncio.Event().wait()
+        if how == "fails":
+            raise OSError("connection reset")
+        raise TimeoutError("distributed's own close timeout")
+
+    device.client.close = stuck_close
+    try:
+        assert await within(eng.run(np.add, 1, 2)) == 3
+        with pytest.warns(RuntimeWarning, match=f"the Dask client {said}; the engine closed anyway"):
+            await within(eng.aclose())
+        assert eng.closed
+    finally:
+        del device.client.close  # the real one again (Client.__del__ calls it)
+        await within(real_close())
+
+
+def locked(flag: int, lock: Any = None) -> bool:
+    return bool(flag) and lock is not None and lock.locked()
+
+
+async def test_an_unpicklable_argument_names_the_task_and_the_argument(dask_address: str) -> None:
+    """An argument that cannot be pickled failed with Dask's "Could not serialize object of type
+    LLGExpr" (the task graph), which named neither the task nor the argument nor what to do."""
+    lock = threading.Lock()
+    said = r"cannot be sent to the Dask workers \(cannot pickle '_thread.lock' object\)\. Pass picklable data"
+    async with engine(dask_address) as eng:
+        by_position = eng.submit_nowait(locked, 1, lock, name="guarded")
+        by_keyword = eng.submit_nowait(locked, 1, lock=lock)
+        in_a_closure = eng.submit_nowait(lambda: lock.locked())
+        child = eng.submit_nowait(np.add, by_position, 1)
+        with pytest.raises(ss.InvalidTask, match=rf"task 'guarded' \(#\d+\): argument 1, a lock, {said}"):
+            await within(by_position)
+        with pytest.raises(
+            ss.InvalidTask, match=rf"task 'locked' \(#\d+\): keyword argument 'lock', a lock, {said}"
+        ):
+            await within(by_keyword)
+        with pytest.raises(
+            ss.InvalidTask, match=rf"task '<lambda>' \(#\d+\): its function, a function, {said}"
+        ):
+            await within(in_a_closure)
+        with pytest.raises(
+            ss.InvalidTask, match="or use backend='threads' to run tasks in this process"
+        ) as info:
+            await within(by_position)
+        assert isinstance(info.value, TypeError)  # as Dask's own error was
+        assert isinstance(info.value.__cause__, TypeError)  # pickle's error, about the argument itself
+        with pytest.raises(ss.DependencyError):
+            await within(child)
+        assert await within(eng.run(np.add, 1, 1)) == 2  # the engine keeps serving
+
+
+NO_MAIN_GUARD = """
+import asyncio
+import numpy as np
+import schedsvc as ss
+
+async def main():
+    async with ss.Engine(backend="dask", cpu_workers=2) as eng:
+        print(await eng.run(np.add, 1, 2))
+
+asyncio.run(main())
+"""
+
+
+def run_python(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a program in a fresh interpreter that imports this checkout's schedsvc."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
+def test_a_script_without_a_main_guard_gets_one_error_that_says_what_to_do(tmp_path: Path) -> None:
+    """Dask starts its workers with the spawn method, which runs the main module again in each; a script
+    without a main guard started the engine again in every worker, and failed with 473 lines of stderr,
+    12 tracebacks and "Nanny failed to start", none of it naming the cause."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_MAIN_GUARD)
+    done = run_python(str(script), cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("schedsvc._errors.DeviceError: backend='dask' could not start a local cluster"), (
+        last
+    )
+    assert f"runs the main module ({script}) again" in last
+    assert 'under `if __name__ == "__main__":`' in last and "dask_address=" in last
+    assert "ran " + str(script) + " again, and it starts an engine: this worker exits" in done.stderr
+    assert len(done.stderr.splitlines()) < 40, done.stderr
+
+
+def test_a_program_read_from_stdin_is_refused_before_a_cluster_starts(tmp_path: Path) -> None:
+    """``python -`` with the Dask backend: every spawned worker failed to run '<stdin>' as a file, with a
+    traceback each, then "Nanny failed to start"; a main guard does not help there."""
+    done = run_python("-", cwd=tmp_path, stdin=NO_MAIN_GUARD)
+    assert done.returncode == 1 and done.stdout == ""
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("schedsvc._errors.DeviceError: backend='dask' cannot start a local cluster"), last
+    assert (
+        "'<stdin>' is no file" in last and "Run the program from a file" in last and "dask_address=" in last
+    )
+    assert "Nanny" not in done.stderr  # refused before any worker process started
+    assert len(done.stderr.splitlines()) < 40, done.stderr
