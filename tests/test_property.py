@@ -12,6 +12,7 @@ bounds the bytes instead, so admission by bytes is exercised as well.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -292,8 +293,9 @@ def assert_same(
 
 
 # Shrinking a 200-operation program takes minutes; a failure reports the first operation that differs.
+# PROPERTY_EXAMPLES=600 runs more programs (the README's reliability figure).
 @settings(
-    max_examples=15,
+    max_examples=int(os.environ.get("PROPERTY_EXAMPLES", "15")),
     deadline=None,
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
