@@ -21,7 +21,7 @@ import numpy as np
 from ._config import Config
 from ._core import FINAL_STATES, Buffer, Scheduler, Task, name_of
 from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError, TraceError
-from ._future import Future
+from ._future import Future, stop_through_await
 from ._runtime import Runtime, buffer_of, scan
 from ._runtime._runtime import settle
 from ._telemetry import Stats, percentile
@@ -216,7 +216,10 @@ class Engine:
         tid = get_ident()
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
         if self._sync_mode:
-            return self._run_here(task)
+            try:
+                return self._run_here(task)
+            except StopIteration as exc:  # PEP 479 would make it a bare RuntimeError in this coroutine
+                raise stop_through_await(task, exc) from exc
         token = None
         with rt.lock:
             if rt.closed:
@@ -712,7 +715,7 @@ class Engine:
         if claimed:
             rt.execute(task, chain=False)
         elif task.state not in FINAL_STATES:
-            task.result()
+            rt.wait_blocking(task, None)  # sync_mode blocks the caller, the loop's thread too
         if task.state == "failed" and task.error is not None:
             raise task.error
         return task

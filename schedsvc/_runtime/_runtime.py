@@ -230,12 +230,19 @@ class Runtime:
         """Block this thread until ``task`` is final; False on timeout.
 
         A CPU task that is still queued is run right here (this thread would
-        only wait).  Otherwise, on a worker, the pool starts a stand-in thread
-        while this one blocks, so a task waiting on another never starves it.
+        only wait) -- with a ``timeout``, only if tasks of its kind have run
+        within it (``fits``), so the timeout bounds the wait.  Otherwise, on a
+        worker, the pool starts a stand-in thread while this one blocks, so a
+        task waiting on another never starves it.
         """
         worker = current_worker()
         # this thread would only wait: run it here (not on Dask, where no task runs in this process)
-        if task.device == "cpu" and not self.remote and self.claim(task):
+        if (
+            task.device == "cpu"
+            and not self.remote
+            and (timeout is None or self.fits(task, timeout))
+            and self.claim(task)
+        ):
             self.execute(task, chain=False)  # just this task: its dependents go to the queue
             return True
         self.flush()
@@ -258,6 +265,11 @@ class Runtime:
             return task.state in FINAL_STATES
         return True
 
+    def on_loop_thread(self) -> bool:
+        """Is this the event loop's thread, outside a task?  (A task run inline there may block: it is its own.)"""
+        ident = get_ident()
+        return ident == self.loop_thread and ident not in self.worker_threads
+
     def claim(self, task: Task) -> bool:
         """Take a queued ready task to run on this thread (ready -> running)."""
         with self.lock:
@@ -274,6 +286,16 @@ class Runtime:
         except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
             return False
         return cost is not None and cost < self.inline_threshold_s
+
+    def fits(self, task: Task, budget: float) -> bool:
+        """Has this kind of task run within ``budget`` seconds?  (Never on the loop's thread, outside a task.)"""
+        if self.on_loop_thread():
+            return False
+        try:
+            cost = self._costs.get(_cost_key(task))
+        except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
+            return False
+        return cost is not None and cost <= budget
 
     def run_inline(self, task: Task) -> bool:
         """Run a ready task on this (the awaiting) thread if it is cheap; False if not run."""

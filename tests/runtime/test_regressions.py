@@ -178,7 +178,7 @@ async def test_result_on_another_engines_future_runs_it_on_that_engine() -> None
     ):
         async with occupied(b_eng, 1):  # B's only worker is busy: fb stays queued
             fb = b_eng.submit_nowait(np.sum, np.ones(3))
-            fa = a_eng.submit_nowait(lambda: fb.result(TIMEOUT))
+            fa = a_eng.submit_nowait(lambda: fb.result())  # no timeout: the waiting worker may run fb itself
             assert await within(fa) == 3.0  # A's worker ran fb, on B's behalf
             assert fb.done()
         await within(b_eng.waitall())
@@ -506,7 +506,7 @@ async def test_a_claimed_task_does_not_stay_in_the_ready_queue() -> None:
         async with occupied(eng, 1):
             fut = eng.submit_nowait(Payload)
             await until(lambda: queue.count == 1)  # in the queue, not staged
-            value = await within(asyncio.to_thread(fut.result, TIMEOUT))  # a plain thread claims and runs it
+            value = await within(asyncio.to_thread(fut.result))  # a plain thread claims and runs it
             assert queue.count == 0
         await within(eng.waitall())
         ref = weakref.ref(value)
@@ -532,3 +532,111 @@ async def test_a_finished_future_lets_go_of_its_callable_and_callbacks(engine: s
     assert fut.result() == "value"
     assert refs[0]() is None, "the finished future still holds its callable"
     assert refs[1]() is None, "the finished future still holds its done-callback"
+
+
+# -- issue 15: waits, loops and odd exceptions ---------------------------------------------------------
+
+
+async def test_result_with_a_timeout_does_not_run_a_task_of_unknown_cost() -> None:
+    """i15/4: result(timeout=0.01) on a queued task claimed it and ran it on the calling thread, returning
+    only when it ended (2 s later): the timeout bounded nothing."""
+    async with started(cpu_workers=1) as eng:
+        ran_on: list[int] = []
+        async with occupied(eng, 1):
+            fut = eng.submit_nowait(lambda: ran_on.append(threading.get_ident()))
+            with pytest.raises(TimeoutError, match=r"did not finish within 0\.01 s"):
+                await within(asyncio.to_thread(fut.result, 0.01))
+            assert ran_on == [] and fut.state == "ready", "result(timeout) ran the task on the waiting thread"
+        await within(fut)
+        assert ran_on != [] and ran_on[0] != threading.get_ident()
+
+
+async def test_result_with_a_timeout_runs_a_queued_task_that_is_known_to_fit() -> None:
+    """i15/4: a task of a kind that has run well within the timeout still runs on the waiting thread."""
+    async with started(cpu_workers=1) as eng:  # the default inline threshold: costs are learned
+        ran_on: list[int] = []
+
+        def record() -> int:
+            ran_on.append(threading.get_ident())
+            return 1
+
+        gate = Gate()
+        eng.submit_nowait(gate.hold())
+        await gate.wait_started(1)
+        assert await await_while_queued(eng.submit_nowait(record), gate) == 1  # learns record's cost
+        async with occupied(eng, 1):
+            fut = eng.submit_nowait(record)
+            waiter = threading.Thread(target=fut.result, args=(TIMEOUT,))
+            waiter.start()
+            await within(asyncio.to_thread(waiter.join, TIMEOUT))
+            assert fut.done() and ran_on[-1] == waiter.ident
+
+
+async def test_result_on_the_loop_thread_refuses_to_block_the_loop(engine: ss.Engine) -> None:
+    """i15/20: fut.result() on the event loop's thread blocked the loop on the threads backend (timeout=0
+    for a second), while a Tensor's wait_to_read() and a Dask future refused; all refuse alike now."""
+    async with occupied(engine, 1):
+        fut = engine.submit_nowait(operator.add, 1, 2)
+        t = engine.asarray(np.ones(2)) + 1
+        for call in (fut.result, lambda: fut.result(0), t.wait_to_read, t.result):
+            with pytest.raises(ss.SchedsvcError, match=r"would block the loop.*use 'await fut'"):
+                call()
+        assert not fut.done(), "the refused result() ran the task on the loop's thread"
+    assert await within(fut) == 3
+    assert fut.result() == 3  # final: returns at once
+    np.testing.assert_array_equal(await within(t), [2.0, 2.0])
+    np.testing.assert_array_equal(t.wait_to_read(), [2.0, 2.0])
+
+
+async def test_result_inside_a_task_run_on_the_loop_thread_may_wait() -> None:
+    """i15/20: the refusal is for the loop's own code: a task that runs inline there (sync_mode) waits."""
+    async with started(sync_mode=True) as eng:
+        fut = await eng.submit(lambda: eng.submit_nowait(operator.add, 2, 2).result(TIMEOUT))
+        assert fut.result() == 4
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+@pytest.mark.parametrize("kind", [StopIteration, StopAsyncIteration])
+async def test_a_task_raising_stop_iteration_keeps_its_exception(engine: ss.Engine, kind: type) -> None:
+    """i15/15: a task raising StopIteration surfaced from 'await' as RuntimeError('generator raised
+    StopIteration') (PEP 479) and eng.map() turned StopAsyncIteration into a bare RuntimeError; the
+    exception itself comes back from result() and exception() and is the cause of what await raises."""
+    error = kind("mine")
+    fut = engine.submit_nowait(_raise, error)
+    dependent = engine.submit_nowait(operator.neg, fut)
+    await within(engine.waitall())
+    assert fut.exception() is error
+    with pytest.raises(kind) as raised:
+        fut.result()  # final: no wait, so allowed on the loop's thread
+    assert raised.value is error
+    with pytest.raises(ss.DependencyError) as dep:
+        await within(dependent)
+    assert dep.value.__cause__ is error
+    awaited: list[BaseException] = []
+    for awaiting in (lambda: fut, lambda: engine.run(_raise, error)):
+        try:
+            await within(awaiting())
+        except BaseException as exc:  # whatever await raises is what is tested
+            awaited.append(exc)
+    try:
+        async for _ in engine.map(_raise, [error]):
+            pass
+    except BaseException as exc:
+        awaited.append(exc)
+    for exc in awaited:
+        assert exc is error or (isinstance(exc, RuntimeError) and exc.__cause__ is error), repr(exc)
+        if exc is not error:
+            assert "PEP 479" in str(exc) and kind.__name__ in str(exc), repr(exc)
+
+
+async def test_a_tensor_awaited_after_a_write_that_raised_stop_iteration(engine: ss.Engine) -> None:
+    """i15/15: awaiting a Tensor whose last write raised StopIteration gave the bare PEP 479 RuntimeError."""
+    error = StopIteration("in a write")
+    t = engine.asarray(np.zeros(2))
+    write = engine.submit_nowait(_raise, error, writes=[t])
+    with pytest.raises(RuntimeError, match="PEP 479") as raised:
+        await within(t)
+    assert raised.value.__cause__ is error and write.exception() is error
