@@ -14,7 +14,9 @@ future somebody awaits is final, a queued submission got in, a ``waitall``
 is satisfied) is appended to ``_to_loop`` under the lock, and the first such
 item of a burst schedules one ``call_soon_threadsafe(_drain_to_loop)``; the
 rest ride along.  Threads blocked in ``result()`` wait on a plain lock that
-the finishing worker releases directly, so they never need the loop.
+the finishing worker releases directly, and a coroutine awaiting on another
+event loop is woken on its own loop directly (``settle``), so neither needs
+the engine's loop.
 """
 
 from __future__ import annotations
@@ -125,9 +127,12 @@ class Runtime:
             wakes = []
             for item in core.drain():
                 if item[0] == "resolve":
-                    self._resolve_threads(item[1], wakes)
+                    self._resolve_elsewhere(item[1], wakes)
+                elif item[1].get_loop() is not self.loop:  # a token awaited on another loop
+                    wakes.append(functools.partial(settle, item[1]))
+                    continue
                 self._to_loop.append(item)
-            if not self._drain_scheduled:
+            if self._to_loop and not self._drain_scheduled:
                 self._drain_scheduled = True
                 wakes.append(self._schedule_drain)
         for device, queue in self._pools:
@@ -165,10 +170,13 @@ class Runtime:
         self._eager_left = sum(d.size for d in self.devices.values())
         self.core.publish()
 
-    def _resolve_threads(self, task: Task, wakes: list[Callable[[], None]]) -> None:
+    def _resolve_elsewhere(self, task: Task, wakes: list[Callable[[], None]]) -> None:
+        """Wake who waits for ``task`` outside this loop (threads, other loops) directly, not through it."""
         for watcher in task.watchers or ():
             if type(watcher) is _LockType:
                 wakes.append(watcher.release)
+            elif isinstance(watcher, asyncio.Future) and watcher.get_loop() is not self.loop:
+                wakes.append(functools.partial(settle, watcher))
 
     # -- the loop side ---------------------------------------------------------
 
@@ -192,7 +200,7 @@ class Runtime:
                 if kind == "resolve":
                     watchers, obj.watchers = obj.watchers, None  # fired once; let them go
                     for watcher in watchers or ():
-                        if type(watcher) is not _LockType:
+                        if type(watcher) is not _LockType and not _elsewhere(watcher, self.loop):
                             _fire(watcher, obj)
                 else:  # "admitted" / "barrier": obj is an asyncio future token
                     _fire(obj, None)
@@ -409,6 +417,11 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _elsewhere(watcher: Any, loop: asyncio.AbstractEventLoop) -> bool:
+    """Is ``watcher`` an asyncio future of another loop (woken directly when its task finished)?"""
+    return isinstance(watcher, asyncio.Future) and watcher.get_loop() is not loop
 
 
 def _watch(task: Task, watcher: Any) -> None:

@@ -640,3 +640,49 @@ async def test_a_tensor_awaited_after_a_write_that_raised_stop_iteration(engine:
     with pytest.raises(RuntimeError, match="PEP 479") as raised:
         await within(t)
     assert raised.value.__cause__ is error and write.exception() is error
+
+
+def _on_another_loop(
+    coro_fn: Callable[[], Any], started_: threading.Event, done: threading.Event
+) -> list[Any]:
+    """Run ``coro_fn()`` on a new event loop in a new thread; ``started_``/``done`` bracket it; its result list."""
+    out: list[Any] = []
+
+    async def body() -> None:
+        started_.set()
+        out.append(await asyncio.wait_for(coro_fn(), TIMEOUT))
+
+    def run() -> None:
+        try:
+            asyncio.run(body())
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="another-loop").start()
+    return out
+
+
+async def test_an_await_on_another_loop_does_not_need_the_engines_loop() -> None:
+    """i15/7: a future awaited on a second event loop was woken through the engine's loop, so the await
+    stalled for as long as the engine's loop was blocked."""
+    started_, done = threading.Event(), threading.Event()
+    async with started(cpu_workers=1) as eng, occupied(eng, 1) as (gate, _):
+        fut = eng.submit_nowait(operator.add, 3, 4)
+        out = _on_another_loop(lambda: fut, started_, done)
+        await wait_thread_event(started_)
+        await until(lambda: bool(fut.watchers))  # the other loop awaits it: its waiter is registered
+        gate.open()
+        assert done.wait(TIMEOUT), "the await on the other loop waited for the engine's (blocked) loop"
+    assert out == [7]
+
+
+async def test_a_submit_waiting_for_room_on_another_loop_does_not_need_the_engines_loop() -> None:
+    """i15/7: the same for 'await eng.submit(...)' waiting for room at max_pending on a second loop."""
+    async with started(cpu_workers=1, max_pending=1) as eng, occupied(eng, 1) as (gate, _):
+        started_, done = threading.Event(), threading.Event()
+        out = _on_another_loop(lambda: eng.submit(operator.add, 1, 1), started_, done)
+        await wait_thread_event(started_)
+        await until(lambda: eng.stats().waiting_admission == 1)
+        gate.open()
+        assert done.wait(TIMEOUT), "the admission on the other loop waited for the engine's (blocked) loop"
+        assert await within(out[0]) == 2
