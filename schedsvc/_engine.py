@@ -8,6 +8,7 @@ import functools
 import math
 import operator
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -64,6 +65,7 @@ class Engine:
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
         # array share their writes, and eng.submit(..., out=array) counts as a write of them
         self._owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+        self._abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -115,8 +117,13 @@ class Engine:
                 await self._join(self._rt, _JOIN_TIMEOUT_S)
             return
         rt = self._rt
+        if rt is not None and rt.loop.is_closed() and self._state == "running":  # closed late, elsewhere
+            self._state, self._abandoned = "closed", _LOOP_CLOSED
+            _stop_devices(rt)
         if rt is None or self._state != "running":
             self._state = "closed"
+            if rt is not None and self._abandoned == _LOOP_CLOSED:  # its threads were told to stop
+                await self._join(rt, _JOIN_TIMEOUT_S)
             return
         self._state = "closing"
         self._closing = asyncio.get_running_loop().create_future()
@@ -262,7 +269,7 @@ class Engine:
         """
         rt = self._rt
         tid = get_ident()
-        if rt is None or (self._state != "running" and tid not in rt.worker_threads):
+        if rt is None or (self._state != "running" and tid not in rt.worker_threads) or rt.loop.is_closed():
             raise self._closed_error()
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
         if self._sync_mode:
@@ -542,7 +549,7 @@ class Engine:
         """
         rt = self._rt
         tid = get_ident()
-        if rt is None or (self._state != "running" and tid not in rt.worker_threads):
+        if rt is None or (self._state != "running" and tid not in rt.worker_threads) or rt.loop.is_closed():
             raise self._closed_error()
         args = tuple(args)
         deps: list[Task] = []
@@ -638,14 +645,56 @@ class Engine:
 
     def _running(self) -> Runtime:
         rt = self._rt
-        if rt is None or self._state != "running":
+        if rt is None or self._state != "running" or rt.loop.is_closed():
             raise self._closed_error()
         return rt
 
     def _closed_error(self) -> EngineClosed:
+        """Why the engine takes no work; an engine whose loop has closed is stopped first (with a warning)."""
+        rt = self._rt
+        if rt is not None and self._state == "running" and rt.loop.is_closed():
+            self._abandon(rt, _LOOP_CLOSED)
         if self._state == "new":
             return EngineClosed("the engine has not started; use 'async with Engine(...) as eng'")
+        if self._abandoned == _LOOP_CLOSED:
+            return EngineClosed(
+                "the event loop this engine was started on has closed (the engine was never closed with "
+                "'await eng.aclose()'); create a new Engine on the running loop: 'async with ss.Engine() as eng'"
+            )
+        if self._abandoned == _FORKED:
+            return EngineClosed(
+                "this process was forked from the one that started the engine, and the engine's threads "
+                "did not come along; create a new Engine in the child process"
+            )
         return EngineClosed("the engine is closed; submit to an engine that is running")
+
+    def _abandon(self, rt: Runtime, why: str) -> None:
+        """The engine's loop closed while it was open: warn, and let its threads finish what is queued and end."""
+        warnings.warn(
+            f"{self!r} was still open when its event loop closed; its worker threads stop once the "
+            "queued tasks ran. Close an engine with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
+            ResourceWarning,
+            4,
+        )
+        self._state, self._abandoned = "closed", why
+        _stop_devices(rt)
+
+    def __del__(self) -> None:
+        rt = getattr(self, "_rt", None)
+        if rt is None or getattr(self, "_state", None) != "running":
+            return
+        text = f"unclosed {self!r}"
+        self._state = "closed"
+        # in a thread of its own: the last reference may go while this thread holds the engine's lock
+        with contextlib.suppress(RuntimeError):  # at interpreter exit no thread starts: they die anyway
+            threading.Thread(target=_stop_devices, args=(rt,), name="schedsvc-stop", daemon=True).start()
+        warnings.warn(
+            f"{text}: its worker threads stop once the queued tasks ran. Close an engine "
+            "with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
+            ResourceWarning,
+            stacklevel=2,
+            source=self,
+        )
 
     def _task(
         self,
@@ -792,6 +841,22 @@ def _check_remote_writes(fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
             f"{label}: out= must be a NumPy array of this process on backend='dask' (it is written back "
             f"after the task), got {type(out).__name__}; return the new value instead"
         )
+
+
+_LOOP_CLOSED = "loop closed"
+_FORKED = "forked"
+
+
+def _stop_devices(rt: Runtime) -> None:
+    """Stop an engine that was never closed: staged work is handed over, then the threads end when idle."""
+    with rt.lock:
+        rt.closed = True
+        rt.core.publish()
+        after = rt.collect()
+    if after is not None:
+        after()
+    for device in rt.devices.values():
+        device.stop()
 
 
 async def _aclose_devices(rt: Runtime) -> None:

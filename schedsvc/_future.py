@@ -131,6 +131,8 @@ class Future(Task, Generic[T]):
     def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
         """Call ``fn(future)`` on the engine's event loop once the task is final."""
         rt = self._rt
+        if rt.loop.is_closed():  # it could never be called
+            raise self._engine._closed_error()
         with rt.lock:
             if self.state not in FINAL_STATES:
                 _watch(self, fn)

@@ -686,3 +686,45 @@ async def test_a_submit_waiting_for_room_on_another_loop_does_not_need_the_engin
         gate.open()
         assert done.wait(TIMEOUT), "the admission on the other loop waited for the engine's (blocked) loop"
         assert await within(out[0]) == 2
+
+
+async def _join_engine_threads() -> None:
+    for thread in engine_threads():
+        await asyncio.to_thread(thread.join, TIMEOUT)
+    assert engine_threads() == []
+
+
+async def test_an_engine_whose_loop_closed_refuses_work_and_stops() -> None:
+    """i15/5: an engine whose event loop ended without aclose() accepted submit_nowait from a new loop (the
+    await never completed), and eng.run raised a raw 'RuntimeError: Event loop is closed'."""
+
+    async def start_and_leave() -> tuple[ss.Engine, ss.Future[int]]:
+        eng = await ss.Engine(cpu_workers=1).start()
+        fut = eng.submit_nowait(operator.add, 1, 2)
+        await within(fut)
+        return eng, fut
+
+    eng, fut = await within(asyncio.to_thread(asyncio.run, start_and_leave()))  # that loop is closed now
+    with (
+        pytest.warns(ResourceWarning, match="still open when its event loop closed"),
+        pytest.raises(ss.EngineClosed, match="event loop this engine was started on has closed"),
+    ):
+        eng.submit_nowait(operator.add, 1, 1)
+    for call in (lambda: within(eng.run(operator.add, 1, 1)), lambda: within(eng.submit(abs, -1))):
+        with pytest.raises(ss.EngineClosed, match="create a new Engine"):
+            await call()
+    with pytest.raises(ss.EngineClosed, match="has closed"):
+        fut.add_done_callback(print)
+    assert fut.result() == 3  # what finished is still there
+    await within(eng.aclose())
+    await _join_engine_threads()
+
+
+async def test_an_engine_collected_while_open_warns_and_its_threads_end() -> None:
+    """i15/5: an engine dropped without aclose() said nothing and left its worker threads parked forever."""
+    eng = await ss.Engine(cpu_workers=2).start()
+    assert len(engine_threads()) == 2
+    with pytest.warns(ResourceWarning, match="unclosed <Engine running"):
+        del eng
+        gc.collect()
+    await _join_engine_threads()
