@@ -24,7 +24,7 @@ from ._core import FINAL_STATES, Buffer, Scheduler, Task, name_of
 from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError, TraceError
 from ._future import Future, stop_through_await
 from ._runtime import Runtime, buffer_of, scan
-from ._runtime._runtime import settle
+from ._runtime._runtime import FORKED, settle
 from ._telemetry import Stats, percentile
 from ._timeline import Timeline
 from .devices import check_device, make_device
@@ -100,6 +100,7 @@ class Engine:
             device.start()
         self._rt = rt
         self._state = "running"
+        _STARTED.add(self)  # for a fork: the child's copy refuses work
         if timeline is not None:  # the engine's whole life, written at aclose()
             self._attach(rt, timeline)
         return self
@@ -662,10 +663,7 @@ class Engine:
                 "'await eng.aclose()'); create a new Engine on the running loop: 'async with ss.Engine() as eng'"
             )
         if self._abandoned == _FORKED:
-            return EngineClosed(
-                "this process was forked from the one that started the engine, and the engine's threads "
-                "did not come along; create a new Engine in the child process"
-            )
+            return EngineClosed(FORKED)
         return EngineClosed("the engine is closed; submit to an engine that is running")
 
     def _abandon(self, rt: Runtime, why: str) -> None:
@@ -678,6 +676,12 @@ class Engine:
         )
         self._state, self._abandoned = "closed", why
         _stop_devices(rt)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the engine's threads did not come along; it refuses work from now on."""
+        if self._rt is not None and self._state != "closed":
+            self._state, self._abandoned, self._closing = "closed", _FORKED, None
+            self._rt.after_fork()
 
     def __del__(self) -> None:
         rt = getattr(self, "_rt", None)
@@ -845,6 +849,16 @@ def _check_remote_writes(fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
 
 _LOOP_CLOSED = "loop closed"
 _FORKED = "forked"
+_STARTED: weakref.WeakSet[Engine] = weakref.WeakSet()  # engines started in this process (not kept alive)
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_STARTED):
+        engine._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _stop_devices(rt: Runtime) -> None:

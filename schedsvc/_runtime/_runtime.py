@@ -35,10 +35,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._core import FINAL_STATES, Instruction, Scheduler, Task
+from .._errors import EngineClosed
 from .._timeline import Timeline
 from ._scan import substitute, substitute_args
 
-__all__ = ["Device", "Runtime", "current_worker"]
+__all__ = ["FORKED", "Device", "Runtime", "current_worker"]
+
+#: what an engine says in a process forked from the one that started it
+FORKED = (
+    "this process was forked from the one that started the engine, and the engine's threads did not "
+    "come along, so its work would never run here; create a new Engine in the child process"
+)
 
 _SPINS = 16  # GIL yields before a contended acquire blocks
 
@@ -85,6 +92,7 @@ class Runtime:
         self.loop_thread = threading.get_ident()
         self.queue_waits: deque[float] = deque(maxlen=8192)
         self.closed = False
+        self.forked = False  # this is a child process forked after the engine started: nothing runs here
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
         self._to_loop: list[Instruction] = []
         self._drain_scheduled = False
@@ -217,6 +225,8 @@ class Runtime:
 
     async def wait(self, task: Task) -> None:
         """Wait on the event loop until ``task`` is final."""
+        if self.forked:
+            raise EngineClosed(FORKED)
         waiter = asyncio.get_running_loop().create_future()
         with self.lock:
             if task.state in FINAL_STATES:
@@ -243,6 +253,8 @@ class Runtime:
         worker, the pool starts a stand-in thread while this one blocks, so a
         task waiting on another never starves it.
         """
+        if self.forked:
+            raise EngineClosed(FORKED)
         worker = current_worker()
         # this thread would only wait: run it here (not on Dask, where no task runs in this process)
         if (
@@ -272,6 +284,14 @@ class Runtime:
                 _unwatch(task, gate)
             return task.state in FINAL_STATES
         return True
+
+    def after_fork(self) -> None:
+        """In a forked child (one thread, a copy of memory): no worker or loop of the engine runs here."""
+        self.forked = self.closed = True
+        self.lock = threading.Lock()  # another thread of the parent may have held it at the fork
+        self.worker_threads = set()
+        self.loop_thread = -1
+        self._to_loop = []
 
     def on_loop_thread(self) -> bool:
         """Is this the event loop's thread, outside a task?  (A task run inline there may block: it is its own.)"""

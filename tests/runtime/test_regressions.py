@@ -12,6 +12,9 @@ import asyncio
 import functools
 import gc
 import operator
+import os
+import select
+import signal
 import threading
 import time
 import weakref
@@ -728,3 +731,66 @@ async def test_an_engine_collected_while_open_warns_and_its_threads_end() -> Non
         del eng
         gc.collect()
     await _join_engine_threads()
+
+
+def _in_forked_child(eng: ss.Engine, queued: ss.Future[Any]) -> str:
+    """What the child's copy of the engine does when used (runs in the child: must never block)."""
+    seen = []
+    for call in (
+        lambda: eng.submit_nowait(operator.add, 1, 1),
+        lambda: eng.asarray(np.ones(2)) + 1,
+        lambda: queued.result(TIMEOUT),
+    ):
+        try:
+            call()
+            seen.append("accepted")
+        except ss.EngineClosed as exc:
+            seen.append(
+                "forked" if "forked" in str(exc) and "new Engine in the child" in str(exc) else repr(exc)
+            )
+        except BaseException as exc:
+            seen.append(repr(exc))
+    seen.append(f"closed={eng.closed}")
+    return ",".join(seen)
+
+
+def _read_child(fd: int, pid: int) -> str:
+    """All the child writes to ``fd`` until it exits (killed if it takes longer than TIMEOUT); reaps it."""
+    chunks = []
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore:This process .*is multi-threaded, use of fork:DeprecationWarning")
+async def test_an_engine_in_a_forked_child_refuses_work() -> None:
+    """i15/6: after os.fork() the child's copy of the engine accepted work that never ran (its worker
+    threads stay in the parent), and result() waited forever."""
+    async with started(cpu_workers=1) as eng, occupied(eng, 1):
+        queued = eng.submit_nowait(operator.add, 1, 1)  # queued behind the held worker
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe and leave, never return into the test
+            try:
+                os.close(read_fd)
+                os.write(write_fd, _in_forked_child(eng, queued).encode())
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        report = await asyncio.to_thread(_read_child, read_fd, pid)
+        assert report == "forked,forked,forked,closed=True"
+        assert not eng.closed  # the parent's engine is untouched
+    assert await within(queued) == 2
