@@ -575,20 +575,21 @@ async def test_result_with_a_timeout_runs_a_queued_task_that_is_known_to_fit() -
             assert fut.done() and ran_on[-1] == waiter.ident
 
 
-async def test_result_on_the_loop_thread_refuses_to_block_the_loop(engine: ss.Engine) -> None:
+async def test_result_on_the_loop_thread_refuses_to_block_the_loop() -> None:
     """i15/20: fut.result() on the event loop's thread blocked the loop on the threads backend (timeout=0
     for a second), while a Tensor's wait_to_read() and a Dask future refused; all refuse alike now."""
-    async with occupied(engine, 1):
-        fut = engine.submit_nowait(operator.add, 1, 2)
-        t = engine.asarray(np.ones(2)) + 1
-        for call in (fut.result, lambda: fut.result(0), t.wait_to_read, t.result):
-            with pytest.raises(ss.SchedsvcError, match=r"would block the loop.*use 'await fut'"):
-                call()
-        assert not fut.done(), "the refused result() ran the task on the loop's thread"
-    assert await within(fut) == 3
-    assert fut.result() == 3  # final: returns at once
-    np.testing.assert_array_equal(await within(t), [2.0, 2.0])
-    np.testing.assert_array_equal(t.wait_to_read(), [2.0, 2.0])
+    async with started(cpu_workers=1) as engine:
+        async with occupied(engine, 1):  # the tasks below stay queued
+            fut = engine.submit_nowait(operator.add, 1, 2)
+            t = engine.asarray(np.ones(2)) + 1
+            for call in (fut.result, lambda: fut.result(0), t.wait_to_read, t.result):
+                with pytest.raises(ss.SchedsvcError, match=r"would block the loop.*use 'await fut'"):
+                    call()
+            assert not fut.done(), "the refused result() ran the task on the loop's thread"
+        assert await within(fut) == 3
+        assert fut.result() == 3  # final: returns at once
+        np.testing.assert_array_equal(await within(t), [2.0, 2.0])
+        np.testing.assert_array_equal(t.wait_to_read(), [2.0, 2.0])
 
 
 async def test_result_inside_a_task_run_on_the_loop_thread_may_wait() -> None:
