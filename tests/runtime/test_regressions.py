@@ -795,3 +795,16 @@ async def test_an_engine_in_a_forked_child_refuses_work() -> None:
         assert report == "forked,forked,forked,closed=True"
         assert not eng.closed  # the parent's engine is untouched
     assert await within(queued) == 2
+
+
+async def test_sync_mode_submit_of_a_task_raising_stop_iteration() -> None:
+    """i15/15: in sync_mode, 'await eng.submit(...)' of a task raising StopIteration gave the bare PEP 479
+    RuntimeError ('coroutine raised StopIteration'); submit_nowait raises the exception itself."""
+    error = StopIteration("in sync mode")
+    async with started(sync_mode=True) as eng:
+        with pytest.raises(RuntimeError, match="PEP 479") as raised:
+            await eng.submit(_raise, error)
+        assert raised.value.__cause__ is error
+        with pytest.raises(StopIteration) as direct:
+            eng.submit_nowait(_raise, error)
+        assert direct.value is error
