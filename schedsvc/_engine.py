@@ -9,6 +9,7 @@ import math
 import operator
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -29,9 +30,9 @@ import numpy as np
 from ._config import Config
 from ._core import FINAL_STATES, Buffer, Scheduler, Task, name_of, safe_repr
 from ._errors import DeviceError, EngineClosed, InvalidTask, QueueFull, SchedsvcError, TraceError
-from ._future import Future
+from ._future import Future, stop_through_await
 from ._runtime import Runtime, buffer_of, scan
-from ._runtime._runtime import settle
+from ._runtime._runtime import FORKED, settle
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from .devices import check_device, make_device
@@ -77,6 +78,7 @@ class Engine:
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
         # array share their writes, and eng.submit(..., out=array) counts as a write of them
         self._owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+        self._abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -111,6 +113,7 @@ class Engine:
             device.start()
         self._rt = rt
         self._state = "running"
+        _STARTED.add(self)  # for a fork: the child's copy refuses work
         if timeline is not None:  # the engine's whole life, written at aclose()
             self._attach(rt, timeline)
         return self
@@ -128,8 +131,13 @@ class Engine:
                 await self._join(self._rt, _JOIN_TIMEOUT_S)
             return
         rt = self._rt
+        if rt is not None and rt.loop.is_closed() and self._state == "running":  # closed late, elsewhere
+            self._state, self._abandoned = "closed", _LOOP_CLOSED
+            _stop_devices(rt)
         if rt is None or self._state != "running":
             self._state = "closed"
+            if rt is not None and self._abandoned == _LOOP_CLOSED:  # its threads were told to stop
+                await self._join(rt, _JOIN_TIMEOUT_S)
             return
         self._state = "closing"
         self._closing = asyncio.get_running_loop().create_future()
@@ -254,7 +262,10 @@ class Engine:
         tid = get_ident()
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
         if self._sync_mode:
-            return self._run_here(task)
+            try:
+                return self._run_here(task)
+            except StopIteration as exc:  # PEP 479 would make it a bare RuntimeError in this coroutine
+                raise stop_through_await(task, exc) from exc
         token = None
         with rt.lock:
             if rt.closed:
@@ -297,7 +308,7 @@ class Engine:
         """
         rt = self._rt
         tid = get_ident()
-        if rt is None or (self._state != "running" and tid not in rt.worker_threads):
+        if rt is None or (self._state != "running" and tid not in rt.worker_threads) or rt.loop.is_closed():
             raise self._closed_error()
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
         if self._sync_mode:
@@ -637,7 +648,7 @@ class Engine:
         """
         rt = self._rt
         tid = get_ident()
-        if rt is None or (self._state != "running" and tid not in rt.worker_threads):
+        if rt is None or (self._state != "running" and tid not in rt.worker_threads) or rt.loop.is_closed():
             raise self._closed_error()
         args = tuple(args)
         deps: list[Task] = []
@@ -754,14 +765,59 @@ class Engine:
 
     def _running(self) -> Runtime:
         rt = self._rt
-        if rt is None or self._state != "running":
+        if rt is None or self._state != "running" or rt.loop.is_closed():
             raise self._closed_error()
         return rt
 
     def _closed_error(self) -> EngineClosed:
+        """Why the engine takes no work; an engine whose loop has closed is stopped first (with a warning)."""
+        rt = self._rt
+        if rt is not None and self._state == "running" and rt.loop.is_closed():
+            self._abandon(rt, _LOOP_CLOSED)
         if self._state == "new":
             return EngineClosed("the engine has not started; use 'async with Engine(...) as eng'")
+        if self._abandoned == _LOOP_CLOSED:
+            return EngineClosed(
+                "the event loop this engine was started on has closed (the engine was never closed with "
+                "'await eng.aclose()'); create a new Engine on the running loop: 'async with ss.Engine() as eng'"
+            )
+        if self._abandoned == _FORKED:
+            return EngineClosed(FORKED)
         return EngineClosed("the engine is closed; submit to an engine that is running")
+
+    def _abandon(self, rt: Runtime, why: str) -> None:
+        """The engine's loop closed while it was open: warn, and let its threads finish what is queued and end."""
+        warnings.warn(
+            f"{self!r} was still open when its event loop closed; its worker threads stop once the "
+            "queued tasks ran. Close an engine with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
+            ResourceWarning,
+            4,
+        )
+        self._state, self._abandoned = "closed", why
+        _stop_devices(rt)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the engine's threads did not come along; it refuses work from now on."""
+        if self._rt is not None and self._state != "closed":
+            self._state, self._abandoned, self._closing = "closed", _FORKED, None
+            self._rt.after_fork()
+
+    def __del__(self) -> None:
+        rt = getattr(self, "_rt", None)
+        if rt is None or getattr(self, "_state", None) != "running":
+            return
+        text = f"unclosed {self!r}"
+        self._state = "closed"
+        # in a thread of its own: the last reference may go while this thread holds the engine's lock
+        with contextlib.suppress(RuntimeError):  # at interpreter exit no thread starts: they die anyway
+            threading.Thread(target=_stop_devices, args=(rt,), name="schedsvc-stop", daemon=True).start()
+        warnings.warn(
+            f"{text}: its worker threads stop once the queued tasks ran. Close an engine "
+            "with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
+            ResourceWarning,
+            stacklevel=2,
+            source=self,
+        )
 
     def _task(
         self,
@@ -835,7 +891,7 @@ class Engine:
         if claimed:
             rt.execute(task, chain=False)
         elif task.state not in FINAL_STATES:
-            task.result()
+            rt.wait_blocking(task, None)  # sync_mode blocks the caller, the loop's thread too
         if task.state == "failed" and task.error is not None:
             raise task.error
         return task
@@ -948,6 +1004,32 @@ def _check_remote_writes(fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
             f"{label}: out= must be a NumPy array of this process on backend='dask' (it is written back "
             f"after the task), got {type(out).__name__}; return the new value instead"
         )
+
+
+_LOOP_CLOSED = "loop closed"
+_FORKED = "forked"
+_STARTED: weakref.WeakSet[Engine] = weakref.WeakSet()  # engines started in this process (not kept alive)
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_STARTED):
+        engine._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _stop_devices(rt: Runtime) -> None:
+    """Stop an engine that was never closed: staged work is handed over, then the threads end when idle."""
+    with rt.lock:
+        rt.closed = True
+        rt.core.publish()
+        after = rt.collect()
+    if after is not None:
+        after()
+    for device in rt.devices.values():
+        device.stop()
 
 
 async def _aclose_devices(rt: Runtime) -> None:

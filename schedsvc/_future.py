@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import threading
 import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -72,7 +71,10 @@ class Future(Task, Generic[T]):
                 raise
         if self._rt.remote and self.state == "done" and isinstance(self.value, Remote):
             return (yield from self.value.get().__await__())  # type: ignore[no-any-return]
-        return self._outcome(asyncio.CancelledError)
+        try:
+            return self._outcome(asyncio.CancelledError)
+        except StopIteration as exc:  # PEP 479 would turn it into a bare RuntimeError here
+            raise stop_through_await(self, exc) from exc
 
     async def wait(self) -> Future[T]:
         """Wait until the task is final, without raising its error; returns the future."""
@@ -84,25 +86,27 @@ class Future(Task, Generic[T]):
         """Block until the value is there (for threads, not coroutines); raise the task's error.
 
         Raises TimeoutError after ``timeout`` seconds.  Inside a task, waiting
-        on another task is safe: a queued task runs right here.
+        on another task is safe: a queued task runs right here.  On the event
+        loop's thread a future that is not final raises SchedsvcError (blocking
+        there would stall the loop): use ``await fut``.
         """
         rt = self._rt
         if rt.remote:
             return self._remote_result(timeout)
-        if self.state not in FINAL_STATES and not rt.wait_blocking(self, timeout):
-            raise TimeoutError(f"{self!r} did not finish within {timeout} s")
+        if self.state not in FINAL_STATES:
+            if rt.on_loop_thread():
+                raise blocks_the_loop(self, "result()")
+            if not rt.wait_blocking(self, timeout):
+                raise TimeoutError(f"{self!r} did not finish within {timeout} s")
         return self._outcome(concurrent.futures.CancelledError)
 
     def _remote_result(self, timeout: float | None) -> T:
         """``result()`` on a Dask engine: wait, then fetch the value from the cluster (not on the loop)."""
         rt = self._rt
-        if threading.get_ident() == rt.loop_thread:
+        if rt.on_loop_thread():
             if self.state in FINAL_STATES and not isinstance(self.value, Remote):
                 return self._outcome(concurrent.futures.CancelledError)
-            raise SchedsvcError(
-                f"{self!r}.result() on the event loop's thread would block the loop that drives the Dask "
-                "client; use 'await fut' there (result() is for other threads)"
-            )
+            raise blocks_the_loop(self, "result()")  # the value is still on the cluster
         deadline = None if timeout is None else time.monotonic() + timeout
         if self.state not in FINAL_STATES and not rt.wait_blocking(self, timeout):
             raise TimeoutError(f"{self!r} did not finish within {timeout} s")
@@ -127,6 +131,8 @@ class Future(Task, Generic[T]):
     def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
         """Call ``fn(future)`` on the engine's event loop once the task is final."""
         rt = self._rt
+        if rt.loop.is_closed():  # it could never be called
+            raise self._engine._closed_error()
         with rt.lock:
             if self.state not in FINAL_STATES:
                 _watch(self, fn)
@@ -150,3 +156,24 @@ class Future(Task, Generic[T]):
             extra = f" {type(self.error).__name__}"
         seq = f"#{self.seq} " if self.seq >= 0 else ""
         return f"<Future {seq}{label} {self.state}{extra}>"
+
+
+def blocks_the_loop(what: object, call: str) -> SchedsvcError:
+    """The one refusal of a blocking wait (``result()``, ``wait_to_read()``) on the event loop's thread."""
+    return SchedsvcError(
+        f"{what!r}.{call} on the event loop's thread would block the loop that drives the engine until "
+        f"the value is there; use 'await fut' there ({call} is for other threads)"
+    )
+
+
+def stop_through_await(fut: object, exc: BaseException) -> RuntimeError:
+    """A task's StopIteration (or StopAsyncIteration) cannot pass through ``await`` (PEP 479): say so.
+
+    Python would raise a bare ``RuntimeError('generator raised StopIteration')``; this one names the task
+    and says where the exception itself is (``__cause__``, ``fut.exception()``, ``fut.result()``).
+    """
+    return RuntimeError(
+        f"{fut!r} raised {type(exc).__name__}({exc}), which Python cannot raise through 'await' or an "
+        "async generator (PEP 479); "
+        "it is this error's __cause__, and fut.exception() returns it (fut.result() raises it unchanged)"
+    )

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import name_of
 from ._errors import InvalidTask
+from ._future import stop_through_await
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -136,7 +137,10 @@ class _Pipeline(Generic[T]):
         self.feeder = asyncio.create_task(self.feed(), name=f"eng.map feeder of {name_of(self.fn)}")
         try:
             while (fut := await self.next_future()) is not None:
-                value = await fut  # raises the task's own exception at its place in the order
+                try:
+                    value = await fut  # raises the task's own exception at its place in the order
+                except StopAsyncIteration as exc:  # this generator cannot raise it (PEP 479): say why
+                    raise stop_through_await(fut, exc) from exc
                 del self.live[fut]
                 self.slots.release()  # before yielding: the feeder refills while the consumer works
                 yield value

@@ -14,7 +14,9 @@ future somebody awaits is final, a queued submission got in, a ``waitall``
 is satisfied) is appended to ``_to_loop`` under the lock, and the first such
 item of a burst schedules one ``call_soon_threadsafe(_drain_to_loop)``; the
 rest ride along.  Threads blocked in ``result()`` wait on a plain lock that
-the finishing worker releases directly, so they never need the loop.
+the finishing worker releases directly, and a coroutine awaiting on another
+event loop is woken on its own loop directly (``settle``), so neither needs
+the engine's loop.
 """
 
 from __future__ import annotations
@@ -33,10 +35,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._core import FINAL_STATES, Instruction, Scheduler, Task
+from .._errors import EngineClosed
 from .._timeline import Timeline
 from ._scan import substitute, substitute_args
 
-__all__ = ["Device", "Runtime", "current_worker"]
+__all__ = ["FORKED", "Device", "Runtime", "current_worker"]
+
+#: what an engine says in a process forked from the one that started it
+FORKED = (
+    "this process was forked from the one that started the engine, and the engine's threads did not "
+    "come along, so its work would never run here; create a new Engine in the child process"
+)
 
 _SPINS = 16  # GIL yields before a contended acquire blocks
 
@@ -87,6 +96,7 @@ class Runtime:
         self.loop_thread = threading.get_ident()
         self.queue_waits: deque[float] = deque(maxlen=8192)
         self.closed = False
+        self.forked = False  # this is a child process forked after the engine started: nothing runs here
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
         self._to_loop: list[Instruction] = []
         self._drain_scheduled = False
@@ -129,9 +139,12 @@ class Runtime:
             wakes = []
             for item in core.drain():
                 if item[0] == "resolve":
-                    self._resolve_threads(item[1], wakes)
+                    self._resolve_elsewhere(item[1], wakes)
+                elif item[1].get_loop() is not self.loop:  # a token awaited on another loop
+                    wakes.append(functools.partial(settle, item[1]))
+                    continue
                 self._to_loop.append(item)
-            if not self._drain_scheduled:
+            if self._to_loop and not self._drain_scheduled:
                 self._drain_scheduled = True
                 wakes.append(self._schedule_drain)
         for device, queue in self._pools:
@@ -169,10 +182,13 @@ class Runtime:
         self._eager_left = sum(d.size for d in self.devices.values())
         self.core.publish()
 
-    def _resolve_threads(self, task: Task, wakes: list[Callable[[], None]]) -> None:
+    def _resolve_elsewhere(self, task: Task, wakes: list[Callable[[], None]]) -> None:
+        """Wake who waits for ``task`` outside this loop (threads, other loops) directly, not through it."""
         for watcher in task.watchers or ():
             if type(watcher) is _LockType:
                 wakes.append(watcher.release)
+            elif isinstance(watcher, asyncio.Future) and watcher.get_loop() is not self.loop:
+                wakes.append(functools.partial(settle, watcher))
 
     # -- the loop side ---------------------------------------------------------
 
@@ -196,7 +212,7 @@ class Runtime:
                 if kind == "resolve":
                     watchers, obj.watchers = obj.watchers, None  # fired once; let them go
                     for watcher in watchers or ():
-                        if type(watcher) is not _LockType:
+                        if type(watcher) is not _LockType and not _elsewhere(watcher, self.loop):
                             _fire(watcher, obj)
                 else:  # "admitted" / "barrier": obj is an asyncio future token
                     _fire(obj, None)
@@ -213,6 +229,8 @@ class Runtime:
 
     async def wait(self, task: Task) -> None:
         """Wait on the event loop until ``task`` is final."""
+        if self.forked:
+            raise EngineClosed(FORKED)
         waiter = asyncio.get_running_loop().create_future()
         with self.lock:
             if task.state in FINAL_STATES:
@@ -234,12 +252,21 @@ class Runtime:
         """Block this thread until ``task`` is final; False on timeout.
 
         A CPU task that is still queued is run right here (this thread would
-        only wait).  Otherwise, on a worker, the pool starts a stand-in thread
-        while this one blocks, so a task waiting on another never starves it.
+        only wait) -- with a ``timeout``, only if tasks of its kind have run
+        within it (``fits``), so the timeout bounds the wait.  Otherwise, on a
+        worker, the pool starts a stand-in thread while this one blocks, so a
+        task waiting on another never starves it.
         """
+        if self.forked:
+            raise EngineClosed(FORKED)
         worker = current_worker()
         # this thread would only wait: run it here (not on Dask, where no task runs in this process)
-        if task.device == "cpu" and not self.remote and self.claim(task):
+        if (
+            task.device == "cpu"
+            and not self.remote
+            and (timeout is None or self.fits(task, timeout))
+            and self.claim(task)
+        ):
             self.execute(task, chain=False)  # just this task: its dependents go to the queue
             return True
         self.flush()
@@ -262,6 +289,19 @@ class Runtime:
             return task.state in FINAL_STATES
         return True
 
+    def after_fork(self) -> None:
+        """In a forked child (one thread, a copy of memory): no worker or loop of the engine runs here."""
+        self.forked = self.closed = True
+        self.lock = threading.Lock()  # another thread of the parent may have held it at the fork
+        self.worker_threads = set()
+        self.loop_thread = -1
+        self._to_loop = []
+
+    def on_loop_thread(self) -> bool:
+        """Is this the event loop's thread, outside a task?  (A task run inline there may block: it is its own.)"""
+        ident = get_ident()
+        return ident == self.loop_thread and ident not in self.worker_threads
+
     def claim(self, task: Task) -> bool:
         """Take a queued ready task to run on this thread (ready -> running)."""
         with self.lock:
@@ -278,6 +318,16 @@ class Runtime:
         except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
             return False
         return cost is not None and cost < self.inline_threshold_s
+
+    def fits(self, task: Task, budget: float) -> bool:
+        """Has this kind of task run within ``budget`` seconds?  (Never on the loop's thread, outside a task.)"""
+        if self.on_loop_thread():
+            return False
+        try:
+            cost = self._costs.get(_cost_key(task))
+        except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
+            return False
+        return cost is not None and cost <= budget
 
     def run_inline(self, task: Task) -> bool:
         """Run a ready task on this (the awaiting) thread if it is cheap; False if not run."""
@@ -391,6 +441,11 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _elsewhere(watcher: Any, loop: asyncio.AbstractEventLoop) -> bool:
+    """Is ``watcher`` an asyncio future of another loop (woken directly when its task finished)?"""
+    return isinstance(watcher, asyncio.Future) and watcher.get_loop() is not loop
 
 
 def _watch(task: Task, watcher: Any) -> None:

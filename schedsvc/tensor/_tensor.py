@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import FINAL_STATES, Buffer, Task
-from .._errors import InvalidTask, SchedsvcError
-from .._future import Future
+from .._errors import InvalidTask
+from .._future import Future, blocks_the_loop, stop_through_await
 from .._runtime import buffer_of
 from ._meta import Shape, broadcast
 from ._ops import OPS, Op, op_for_ufunc
@@ -389,16 +389,17 @@ class Tensor(ArrayOps, Future[Any]):
             yield from last.wait().__await__()
         value = yield from Future.__await__(self)
         if last is not None and last.state == "failed" and last.error is not None:
+            if isinstance(last.error, StopIteration):  # PEP 479 would make it a bare RuntimeError
+                raise stop_through_await(last, last.error) from last.error
             raise last.error
         return value
 
     def wait_to_read(self, timeout: float | None = None) -> Any:
         """Block this thread until the value (and every queued write to it) is there; return it."""
-        if get_ident() == self._rt.loop_thread:
-            raise SchedsvcError(
-                f"{self!r}.wait_to_read() would block the event loop that computes it; use 'await t'"
-            )
         last = self.owner._last_write
+        pending = self.state not in FINAL_STATES or (last is not None and last.state not in FINAL_STATES)
+        if pending and self._rt.on_loop_thread():
+            raise blocks_the_loop(self, "wait_to_read()")
         if last is not None:
             if last.state not in FINAL_STATES and not self._rt.wait_blocking(last, timeout):
                 raise TimeoutError(f"the last write to {self!r} did not finish within {timeout} s")

@@ -184,7 +184,7 @@ async def test_result_on_another_engines_future_runs_it_on_that_engine() -> None
     ):
         async with occupied(b_eng, 1):  # B's only worker is busy: fb stays queued
             fb = b_eng.submit_nowait(np.sum, np.ones(3))
-            fa = a_eng.submit_nowait(lambda: fb.result(TIMEOUT))
+            fa = a_eng.submit_nowait(lambda: fb.result())  # no timeout: the waiting worker may run fb itself
             assert await within(fa) == 3.0  # A's worker ran fb, on B's behalf
             assert fb.done()
         await within(b_eng.waitall())
@@ -512,7 +512,7 @@ async def test_a_claimed_task_does_not_stay_in_the_ready_queue() -> None:
         async with occupied(eng, 1):
             fut = eng.submit_nowait(Payload)
             await until(lambda: queue.count == 1)  # in the queue, not staged
-            value = await within(asyncio.to_thread(fut.result, TIMEOUT))  # a plain thread claims and runs it
+            value = await within(asyncio.to_thread(fut.result))  # a plain thread claims and runs it
             assert queue.count == 0
         await within(eng.waitall())
         ref = weakref.ref(value)
@@ -718,3 +718,276 @@ async def test_stats_percentiles_follow_new_samples_within_an_eighth_of_the_wind
         await within(eng.waitall())
         stats = eng.stats()  # 2 new of 18: at least an eighth
         assert stats.queue_wait_p50_s == 5.0 and stats.queue_wait_p99_s == 5.0
+
+
+# -- issue 15: waits, loops and odd exceptions ---------------------------------------------------------
+
+
+async def test_result_with_a_timeout_does_not_run_a_task_of_unknown_cost() -> None:
+    """i15/4: result(timeout=0.01) on a queued task claimed it and ran it on the calling thread, returning
+    only when it ended (2 s later): the timeout bounded nothing."""
+    async with started(cpu_workers=1) as eng:
+        ran_on: list[int] = []
+        async with occupied(eng, 1):
+            fut = eng.submit_nowait(lambda: ran_on.append(threading.get_ident()))
+            with pytest.raises(TimeoutError, match=r"did not finish within 0\.01 s"):
+                await within(asyncio.to_thread(fut.result, 0.01))
+            assert ran_on == [] and fut.state == "ready", "result(timeout) ran the task on the waiting thread"
+        await within(fut)
+        assert ran_on != [] and ran_on[0] != threading.get_ident()
+
+
+async def test_result_with_a_timeout_runs_a_queued_task_that_is_known_to_fit() -> None:
+    """i15/4: a task of a kind that has run well within the timeout still runs on the waiting thread."""
+    async with started(cpu_workers=1) as eng:  # the default inline threshold: costs are learned
+        ran_on: list[int] = []
+
+        def record() -> int:
+            ran_on.append(threading.get_ident())
+            return 1
+
+        gate = Gate()
+        eng.submit_nowait(gate.hold())
+        await gate.wait_started(1)
+        assert await await_while_queued(eng.submit_nowait(record), gate) == 1  # learns record's cost
+        async with occupied(eng, 1):
+            fut = eng.submit_nowait(record)
+            waiter = threading.Thread(target=fut.result, args=(TIMEOUT,))
+            waiter.start()
+            await within(asyncio.to_thread(waiter.join, TIMEOUT))
+            assert fut.done() and ran_on[-1] == waiter.ident
+
+
+async def test_result_on_the_loop_thread_refuses_to_block_the_loop() -> None:
+    """i15/20: fut.result() on the event loop's thread blocked the loop on the threads backend (timeout=0
+    for a second), while a Tensor's wait_to_read() and a Dask future refused; all refuse alike now."""
+    async with started(cpu_workers=1) as engine:
+        async with occupied(engine, 1):  # the tasks below stay queued
+            fut = engine.submit_nowait(operator.add, 1, 2)
+            t = engine.asarray(np.ones(2)) + 1
+            for call in (fut.result, lambda: fut.result(0), t.wait_to_read, t.result):
+                with pytest.raises(ss.SchedsvcError, match=r"would block the loop.*use 'await fut'"):
+                    call()
+            assert not fut.done(), "the refused result() ran the task on the loop's thread"
+        assert await within(fut) == 3
+        assert fut.result() == 3  # final: returns at once
+        np.testing.assert_array_equal(await within(t), [2.0, 2.0])
+        np.testing.assert_array_equal(t.wait_to_read(), [2.0, 2.0])
+
+
+async def test_result_inside_a_task_run_on_the_loop_thread_may_wait() -> None:
+    """i15/20: the refusal is for the loop's own code: a task that runs inline there (sync_mode) waits."""
+    async with started(sync_mode=True) as eng:
+        fut = await eng.submit(lambda: eng.submit_nowait(operator.add, 2, 2).result(TIMEOUT))
+        assert fut.result() == 4
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+@pytest.mark.parametrize("kind", [StopIteration, StopAsyncIteration])
+async def test_a_task_raising_stop_iteration_keeps_its_exception(engine: ss.Engine, kind: type) -> None:
+    """i15/15: a task raising StopIteration surfaced from 'await' as RuntimeError('generator raised
+    StopIteration') (PEP 479) and eng.map() turned StopAsyncIteration into a bare RuntimeError; the
+    exception itself comes back from result() and exception() and is the cause of what await raises."""
+    error = kind("mine")
+    fut = engine.submit_nowait(_raise, error)
+    dependent = engine.submit_nowait(operator.neg, fut)
+    await within(engine.waitall())
+    assert fut.exception() is error
+    with pytest.raises(kind) as raised:
+        fut.result()  # final: no wait, so allowed on the loop's thread
+    assert raised.value is error
+    with pytest.raises(ss.DependencyError) as dep:
+        await within(dependent)
+    assert dep.value.__cause__ is error
+    awaited: list[BaseException] = []
+    for awaiting in (lambda: fut, lambda: engine.run(_raise, error)):
+        try:
+            await within(awaiting())
+        except BaseException as exc:  # whatever await raises is what is tested
+            awaited.append(exc)
+    try:
+        async for _ in engine.map(_raise, [error]):
+            pass
+    except BaseException as exc:
+        awaited.append(exc)
+    for exc in awaited:
+        assert exc is error or (isinstance(exc, RuntimeError) and exc.__cause__ is error), repr(exc)
+        if exc is not error:
+            assert "PEP 479" in str(exc) and kind.__name__ in str(exc), repr(exc)
+
+
+async def test_a_tensor_awaited_after_a_write_that_raised_stop_iteration(engine: ss.Engine) -> None:
+    """i15/15: awaiting a Tensor whose last write raised StopIteration gave the bare PEP 479 RuntimeError."""
+    error = StopIteration("in a write")
+    t = engine.asarray(np.zeros(2))
+    write = engine.submit_nowait(_raise, error, writes=[t])
+    with pytest.raises(RuntimeError, match="PEP 479") as raised:
+        await within(t)
+    assert raised.value.__cause__ is error and write.exception() is error
+
+
+def _on_another_loop(
+    coro_fn: Callable[[], Any], started_: threading.Event, done: threading.Event
+) -> list[Any]:
+    """Run ``coro_fn()`` on a new event loop in a new thread; ``started_``/``done`` bracket it; its result list."""
+    out: list[Any] = []
+
+    async def body() -> None:
+        started_.set()
+        out.append(await asyncio.wait_for(coro_fn(), TIMEOUT))
+
+    def run() -> None:
+        try:
+            asyncio.run(body())
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="another-loop").start()
+    return out
+
+
+async def test_an_await_on_another_loop_does_not_need_the_engines_loop() -> None:
+    """i15/7: a future awaited on a second event loop was woken through the engine's loop, so the await
+    stalled for as long as the engine's loop was blocked."""
+    started_, done = threading.Event(), threading.Event()
+    async with started(cpu_workers=1) as eng, occupied(eng, 1) as (gate, _):
+        fut = eng.submit_nowait(operator.add, 3, 4)
+        out = _on_another_loop(lambda: fut, started_, done)
+        await wait_thread_event(started_)
+        await until(lambda: bool(fut.watchers))  # the other loop awaits it: its waiter is registered
+        gate.open()
+        assert done.wait(TIMEOUT), "the await on the other loop waited for the engine's (blocked) loop"
+    assert out == [7]
+
+
+async def test_a_submit_waiting_for_room_on_another_loop_does_not_need_the_engines_loop() -> None:
+    """i15/7: the same for 'await eng.submit(...)' waiting for room at max_pending on a second loop."""
+    async with started(cpu_workers=1, max_pending=1) as eng, occupied(eng, 1) as (gate, _):
+        started_, done = threading.Event(), threading.Event()
+        out = _on_another_loop(lambda: eng.submit(operator.add, 1, 1), started_, done)
+        await wait_thread_event(started_)
+        await until(lambda: eng.stats().waiting_admission == 1)
+        gate.open()
+        assert done.wait(TIMEOUT), "the admission on the other loop waited for the engine's (blocked) loop"
+        assert await within(out[0]) == 2
+
+
+async def _join_engine_threads() -> None:
+    for thread in engine_threads():
+        await asyncio.to_thread(thread.join, TIMEOUT)
+    assert engine_threads() == []
+
+
+async def test_an_engine_whose_loop_closed_refuses_work_and_stops() -> None:
+    """i15/5: an engine whose event loop ended without aclose() accepted submit_nowait from a new loop (the
+    await never completed), and eng.run raised a raw 'RuntimeError: Event loop is closed'."""
+
+    async def start_and_leave() -> tuple[ss.Engine, ss.Future[int]]:
+        eng = await ss.Engine(cpu_workers=1).start()
+        fut = eng.submit_nowait(operator.add, 1, 2)
+        await within(fut)
+        return eng, fut
+
+    eng, fut = await within(asyncio.to_thread(asyncio.run, start_and_leave()))  # that loop is closed now
+    with (
+        pytest.warns(ResourceWarning, match="still open when its event loop closed"),
+        pytest.raises(ss.EngineClosed, match="event loop this engine was started on has closed"),
+    ):
+        eng.submit_nowait(operator.add, 1, 1)
+    for call in (lambda: within(eng.run(operator.add, 1, 1)), lambda: within(eng.submit(abs, -1))):
+        with pytest.raises(ss.EngineClosed, match="create a new Engine"):
+            await call()
+    with pytest.raises(ss.EngineClosed, match="has closed"):
+        fut.add_done_callback(print)
+    assert fut.result() == 3  # what finished is still there
+    await within(eng.aclose())
+    await _join_engine_threads()
+
+
+async def test_an_engine_collected_while_open_warns_and_its_threads_end() -> None:
+    """i15/5: an engine dropped without aclose() said nothing and left its worker threads parked forever."""
+    eng = await ss.Engine(cpu_workers=2).start()
+    assert len(engine_threads()) == 2
+    with pytest.warns(ResourceWarning, match="unclosed <Engine running"):
+        del eng
+        gc.collect()
+    await _join_engine_threads()
+
+
+def _in_forked_child(eng: ss.Engine, queued: ss.Future[Any]) -> str:
+    """What the child's copy of the engine does when used (runs in the child: must never block)."""
+    seen = []
+    for call in (
+        lambda: eng.submit_nowait(operator.add, 1, 1),
+        lambda: eng.asarray(np.ones(2)) + 1,
+        lambda: queued.result(TIMEOUT),
+    ):
+        try:
+            call()
+            seen.append("accepted")
+        except ss.EngineClosed as exc:
+            seen.append(
+                "forked" if "forked" in str(exc) and "new Engine in the child" in str(exc) else repr(exc)
+            )
+        except BaseException as exc:
+            seen.append(repr(exc))
+    seen.append(f"closed={eng.closed}")
+    return ",".join(seen)
+
+
+def _read_child(fd: int, pid: int) -> str:
+    """All the child writes to ``fd`` until it exits (killed if it takes longer than TIMEOUT); reaps it."""
+    chunks = []
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore:This process .*is multi-threaded, use of fork:DeprecationWarning")
+async def test_an_engine_in_a_forked_child_refuses_work() -> None:
+    """i15/6: after os.fork() the child's copy of the engine accepted work that never ran (its worker
+    threads stay in the parent), and result() waited forever."""
+    async with started(cpu_workers=1) as eng, occupied(eng, 1):
+        queued = eng.submit_nowait(operator.add, 1, 1)  # queued behind the held worker
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe and leave, never return into the test
+            try:
+                os.close(read_fd)
+                os.write(write_fd, _in_forked_child(eng, queued).encode())
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        report = await asyncio.to_thread(_read_child, read_fd, pid)
+        assert report == "forked,forked,forked,closed=True"
+        assert not eng.closed  # the parent's engine is untouched
+    assert await within(queued) == 2
+
+
+async def test_sync_mode_submit_of_a_task_raising_stop_iteration() -> None:
+    """i15/15: in sync_mode, 'await eng.submit(...)' of a task raising StopIteration gave the bare PEP 479
+    RuntimeError ('coroutine raised StopIteration'); submit_nowait raises the exception itself."""
+    error = StopIteration("in sync mode")
+    async with started(sync_mode=True) as eng:
+        with pytest.raises(RuntimeError, match="PEP 479") as raised:
+            await eng.submit(_raise, error)
+        assert raised.value.__cause__ is error
+        with pytest.raises(StopIteration) as direct:
+            eng.submit_nowait(_raise, error)
+        assert direct.value is error

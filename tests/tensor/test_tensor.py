@@ -467,10 +467,12 @@ async def test_wait_to_read_from_a_thread_waits_for_writes(engine: ss.Engine) ->
 
 
 async def test_wait_to_read_on_the_loop_thread_says_to_await(engine: ss.Engine) -> None:
-    t = engine.asarray(np.ones(3)) + 1
-    with pytest.raises(ss.SchedsvcError, match="await"):
-        t.wait_to_read()
+    async with occupied(engine, 2):  # t is not computed yet (once it is, wait_to_read() returns it at once)
+        t = engine.asarray(np.ones(3)) + 1
+        with pytest.raises(ss.SchedsvcError, match="await"):
+            t.wait_to_read()
     np.testing.assert_array_equal(await within(t), np.full(3, 2.0))
+    np.testing.assert_array_equal(t.wait_to_read(), np.full(3, 2.0))
 
 
 @pytest.mark.parametrize(
