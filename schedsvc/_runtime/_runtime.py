@@ -183,12 +183,20 @@ class Runtime:
         self.core.publish()
 
     def _resolve_elsewhere(self, task: Task, wakes: list[Callable[[], None]]) -> None:
-        """Wake who waits for ``task`` outside this loop (threads, other loops) directly, not through it."""
+        """Wake who waits for ``task`` outside this loop (threads, other loops) directly, not through it.
+
+        A future of another loop is also taken off the task's watchers (rare), so this
+        loop's drain fires only its own, with no per-watcher loop check there.
+        """
+        elsewhere = False
         for watcher in task.watchers or ():
             if type(watcher) is _LockType:
                 wakes.append(watcher.release)
-            elif isinstance(watcher, asyncio.Future) and watcher.get_loop() is not self.loop:
+            elif _elsewhere(watcher, self.loop):
                 wakes.append(functools.partial(settle, watcher))
+                elsewhere = True
+        if elsewhere:
+            task.watchers = [w for w in task.watchers or () if not _elsewhere(w, self.loop)]
 
     # -- the loop side ---------------------------------------------------------
 
@@ -212,7 +220,7 @@ class Runtime:
                 if kind == "resolve":
                     watchers, obj.watchers = obj.watchers, None  # fired once; let them go
                     for watcher in watchers or ():
-                        if type(watcher) is not _LockType and not _elsewhere(watcher, self.loop):
+                        if type(watcher) is not _LockType:
                             _fire(watcher, obj)
                 else:  # "admitted" / "barrier": obj is an asyncio future token
                     _fire(obj, None)
