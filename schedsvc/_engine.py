@@ -78,6 +78,8 @@ class Engine:
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
         # array share their writes, and eng.submit(..., out=array) counts as a write of them
         self._owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+        # a task that writes Tensors, until admitted -> each owner and its last write before the task
+        self._unadmitted_writes: dict[Task, list[tuple[Tensor, Any]]] = {}
         self._abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
 
     # -- lifecycle -------------------------------------------------------------
@@ -267,15 +269,23 @@ class Engine:
             except StopIteration as exc:  # PEP 479 would make it a bare RuntimeError in this coroutine
                 raise stop_through_await(task, exc) from exc
         token = None
-        with rt.lock:
-            if rt.closed:
-                raise self._closed_error()
-            stage = tid == rt.loop_thread and rt.stage_next(priority)
-            if not rt.core.submit(task, task.nested, stage) and not self._use_reserved(rt, task, tid, stage):
-                token = asyncio.get_running_loop().create_future()
-                rt.core.enqueue(task, token)
-                rt.core.publish()  # we are about to wait: let staged work run
-            after = rt.collect()
+        try:
+            with rt.lock:
+                if rt.closed:
+                    raise self._closed_error()
+                stage = tid == rt.loop_thread and rt.stage_next(priority)
+                if not rt.core.submit(task, task.nested, stage) and not self._use_reserved(
+                    rt, task, tid, stage
+                ):
+                    token = asyncio.get_running_loop().create_future()
+                    rt.core.enqueue(task, token)
+                    rt.core.publish()  # we are about to wait: let staged work run
+                after = rt.collect()
+        except BaseException:  # not admitted (closed, MemoryLimitError): as if never submitted
+            self._unwrite(task)
+            raise
+        if self._unadmitted_writes:
+            self._unadmitted_writes.pop(task, None)  # admitted, or queued in order: its writes stand
         if after is not None:
             after()
         if token is not None:
@@ -313,16 +323,26 @@ class Engine:
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
         if self._sync_mode:
             return self._run_here(task)
-        with rt.lock:
-            if rt.closed and not task.nested:
-                raise self._closed_error()
-            stage = tid == rt.loop_thread and rt.stage_next(priority)
-            admitted = rt.core.submit(task, task.nested, stage) or self._use_reserved(rt, task, tid, stage)
-            if not admitted:
-                rt.core.publish()  # a caller that retries must see progress
-            after = rt.collect()
+        try:
+            with rt.lock:
+                if rt.closed and not task.nested:
+                    raise self._closed_error()
+                stage = tid == rt.loop_thread and rt.stage_next(priority)
+                admitted = rt.core.submit(task, task.nested, stage) or self._use_reserved(
+                    rt, task, tid, stage
+                )
+                if not admitted:
+                    rt.core.publish()  # a caller that retries must see progress
+                after = rt.collect()
+        except BaseException:  # not admitted (closed, MemoryLimitError): as if never submitted
+            self._unwrite(task)
+            raise
         if after is not None:
             after()
+        if self._unadmitted_writes:
+            if not admitted:
+                self._unwrite(task)
+            self._unadmitted_writes.pop(task, None)
         if not admitted:
             raise QueueFull(self._full_message(task))
         if rt.remote and task.state == "waiting":
@@ -364,6 +384,9 @@ class Engine:
         except asyncio.CancelledError:  # still queued, or let through after all: give the slot back
             rt.under_lock(_leave_queue, core, token)
             raise
+        if token.get_loop() is not rt.loop:  # a slot is held only on the engine's loop: give it back now
+            rt.under_lock(rt.core.unreserve, token)
+            return
         entry = (token, asyncio.current_task())
         self._held.append(entry)
         rt.loop.call_soon(self._unhold, rt, entry)  # runs once this caller has yielded
@@ -376,7 +399,7 @@ class Engine:
 
     def _use_reserved(self, rt: Runtime, task: Task, tid: int, stage: bool) -> bool:
         """With the lock held, ``task`` did not fit: admit it on the slot throttle() let its caller onto."""
-        if not self._held or tid != rt.loop_thread:
+        if not self._held or tid != rt.loop_thread or asyncio._get_running_loop() is not rt.loop:
             return False
         caller = asyncio.current_task()
         for entry in self._held:
@@ -747,7 +770,7 @@ class Engine:
         if waiting is None:
             core.publish()  # a caller that retries must see progress
             return False
-        token = rt.loop.create_future()
+        token = asyncio.get_running_loop().create_future()  # the caller's loop: it awaits the token
         core.enqueue(task, token)
         core.publish()  # the caller is about to wait: let staged work run
         waiting.append(token)
@@ -869,9 +892,17 @@ class Engine:
         task: Future[Any] = Future(
             self, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
         )
-        for target in written:
-            target.owner._last_write = task
+        if written:  # undone by _unwrite if the task is not admitted after all
+            self._unadmitted_writes[task] = [(t.owner, t.owner._last_write) for t in written]
+            for target in written:
+                target.owner._last_write = task
         return task
+
+    def _unwrite(self, task: Task) -> None:
+        """``task`` was not admitted (QueueFull, closed, too big): its Tensors' last writes are as before."""
+        for owner, previous in self._unadmitted_writes.pop(task, ()):
+            if owner._last_write is task:
+                owner._last_write = previous
 
     def _written_tensors(
         self, kwargs: dict[str, Any], writes: Any, buffers: tuple[Buffer, ...]

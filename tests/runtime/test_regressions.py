@@ -991,3 +991,55 @@ async def test_sync_mode_submit_of_a_task_raising_stop_iteration() -> None:
         with pytest.raises(StopIteration) as direct:
             eng.submit_nowait(_raise, error)
         assert direct.value is error
+
+
+async def test_a_throttle_on_another_loop_gives_its_slot_back_without_the_engines_loop() -> None:
+    """Review of i15/9 with i15/7: a throttle() waiter on a second loop was let through onto a reserved slot that
+    only the engine's loop could give back, so while that loop was blocked the engine stayed full (QueueFull at
+    0/1 tasks), and in debug mode the call_soon from the wrong thread raised after reserving it."""
+    async with started(cpu_workers=1, max_pending=1) as eng, occupied(eng, 1) as (gate, _):
+        started_, done = threading.Event(), threading.Event()
+        _on_another_loop(eng.throttle, started_, done)
+        await wait_thread_event(started_)
+        await until(lambda: eng.stats().waiting_admission == 1)
+        gate.open()
+        assert done.wait(TIMEOUT), "the throttle on the other loop was not let through"  # blocks this loop
+        assert eng._rt is not None and eng._rt.core.reserved == 0
+        assert await within(eng.submit_nowait(operator.neg, 5)) == -5
+
+
+async def test_a_compiled_submit_on_another_loop_waits_there() -> None:
+    """Review of i15/10 with i15/7: 'await compiled.submit(x)' on a second loop queued a token of the engine's
+    loop and failed with 'attached to a different loop', while the call itself was admitted later and ran."""
+    async with started(cpu_workers=1, max_pending=1) as eng:
+        double = eng.compile(lambda t: t * 2)
+        x = eng.asarray(np.arange(3.0))
+        await within(double(x))  # traced
+        async with occupied(eng, 1) as (gate, _):
+
+            async def call() -> Any:
+                return await (await double.submit(x))
+
+            started_, done = threading.Event(), threading.Event()
+            out = _on_another_loop(call, started_, done)
+            await wait_thread_event(started_)
+            await until(lambda: eng.stats().waiting_admission == 1)
+            gate.open()
+            await wait_thread_event(done)
+        np.testing.assert_array_equal(out[0], [0.0, 2.0, 4.0])
+
+
+async def test_a_write_refused_by_queue_full_is_not_the_tensors_last_write() -> None:
+    """Review: submit_nowait(..., out=t) that raised QueueFull had already made itself t's last write, so
+    'await t' then waited for ever for a task that was never admitted."""
+    async with started(cpu_workers=2, max_pending=2) as eng:
+        a = np.zeros(3)
+        t = eng.asarray(a)
+        async with occupied(eng, 2):
+            with pytest.raises(ss.QueueFull):
+                eng.submit_nowait(np.add, 1.0, 1.0, out=t)
+            with pytest.raises(ss.QueueFull):
+                eng.submit_nowait(a.fill, 7.0, writes=t)
+        np.testing.assert_array_equal(await within(t), [0.0, 0.0, 0.0])
+        await within(eng.run(a.fill, 1.0, writes=t))  # an admitted write still counts
+        np.testing.assert_array_equal(await within(t), [1.0, 1.0, 1.0])
