@@ -22,7 +22,7 @@ from inspect import (
     iscoroutinefunction,
 )
 from threading import get_ident
-from types import BuiltinFunctionType, FunctionType, MappingProxyType, TracebackType
+from types import BuiltinFunctionType, FunctionType, MappingProxyType, MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -973,6 +973,7 @@ class Engine:
 
 _ASYNC_CODE = CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
 _SYNC_KINDS = frozenset({BuiltinFunctionType, np.ufunc, type(np.sum)})  # type(np.sum): NumPy's dispatcher
+_ASYNC_CALLS: dict[type, bool] = {}  # a callable's type -> is calling it async (its __call__ is)
 
 
 def check_fn(fn: Any) -> None:
@@ -984,12 +985,26 @@ def check_fn(fn: Any) -> None:
 
 
 def _is_async(fn: Any) -> bool:
-    """Is ``fn`` (or what a partial or method wraps, or a callable object's ``__call__``) ``async def``?"""
-    try:
-        call = type(fn).__call__  # fn is callable, so its type has one
-        return any(iscoroutinefunction(f) or isasyncgenfunction(f) for f in (fn, call))
-    except Exception:  # user objects run code in these look-ups: a callable we cannot see into is sync
+    """Is ``fn`` (or what a method or partial wraps, or a callable object's ``__call__``) ``async def``?"""
+    kind = type(fn)
+    while kind is MethodType or kind is functools.partial:  # hot for bound methods and partials: no inspect
+        fn = fn.__func__ if kind is MethodType else fn.func
+        kind = type(fn)
+    if kind is FunctionType:
+        return bool(fn.__code__.co_flags & _ASYNC_CODE)
+    if kind in _SYNC_KINDS:
         return False
+    known = _ASYNC_CALLS.get(kind)  # other callables: their type's __call__ decides, once per type
+    if known is None:
+        try:
+            call = kind.__call__
+            known = any(iscoroutinefunction(f) or isasyncgenfunction(f) for f in (fn, call))
+        except Exception:  # user objects run code in these look-ups: a callable we cannot see into is sync
+            known = False
+        if len(_ASYNC_CALLS) >= 1024:  # classes made at run time must not grow this for ever
+            _ASYNC_CALLS.clear()
+        _ASYNC_CALLS[kind] = known
+    return known
 
 
 def _async_fn(fn: Any) -> InvalidTask:

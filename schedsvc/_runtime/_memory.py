@@ -68,14 +68,17 @@ def owner_of(obj: Any) -> Any:
 
 
 def _ctypes_base(obj: Any) -> Any:
-    """The ctypes object whose memory ``obj`` is part of (a field, an element); None if none.
+    """The ctypes object whose memory ``obj`` is part of (a field, an element), or the buffer
+    ``from_buffer`` made it over; None if none.
 
     ``_b_base_`` is also set on a pointer's ``contents``, to the pointer: that keeps the
     pointer alive, but the memory is elsewhere, so it is followed only when it holds ``obj``.
     """
     base = obj._b_base_
-    if base is None:
-        return None
+    if base is None:  # made by from_buffer(x)? then it keeps x's memoryview in _objects
+        objects = obj._objects
+        views = [v for v in objects.values() if type(v) is memoryview] if type(objects) is dict else ()
+        return views[0] if len(views) == 1 else None
     start, at = ctypes.addressof(base), ctypes.addressof(obj)
     return base if start <= at < start + ctypes.sizeof(base) else None
 
@@ -87,18 +90,24 @@ def exports_memory(obj: Any) -> bool:
         return True
     known = _exporters.get(kind)
     if known is None:
-        known = _buffer(obj) or _attribute(obj, "__array_interface__") is not None
+        exported = _buffer(obj)
+        if exported is None:  # this one could not export now (a closed mmap): no answer for its type
+            return False
+        known = exported or _attribute(obj, "__array_interface__") is not None
         if len(_exporters) >= _MAX_KINDS:  # classes made at run time must not grow this for ever
             _exporters.clear()
         _exporters[kind] = known
     return known
 
 
-def _buffer(obj: Any) -> bool:
+def _buffer(obj: Any) -> bool | None:
+    """Does ``obj``'s type export buffers?  None: it does, but this object could not export one."""
     try:
         memoryview(obj).release()
-    except Exception:  # not a buffer exporter (or one whose export fails: no memory to key)
+    except TypeError:  # not a buffer exporter
         return False
+    except Exception:  # an exporter whose export failed (closed, released): no memory to key now
+        return None
     return True
 
 

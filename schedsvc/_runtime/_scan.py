@@ -24,7 +24,10 @@ from ._memory import exports_memory, memory_of
 __all__ = ["buffer_of", "scan", "substitute", "substitute_args"]
 
 _ndarray = np.ndarray
-_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis)})
+# values with no dependency and no memory a task could write: NumPy scalars are immutable too (but
+# np.void can be a view into a structured array, so it is walked like other objects)
+_SCALARS = {kind for kind in np.sctypeDict.values() if kind not in (np.void, np.object_)}
+_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis), *_SCALARS})
 
 
 def buffer_of(array: np.ndarray) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 import schedsvc as ss
-from schedsvc._runtime._memory import memory_of
+from schedsvc._runtime._memory import exports_memory, memory_of
 from schedsvc._runtime._scan import buffer_of, scan
 
 from .helpers import Gate, probe, within
@@ -90,6 +91,32 @@ def test_ctypes_memory_is_keyed_by_its_owner_or_its_address() -> None:
     assert key(one) == key(two) == ctypes.addressof(owned)  # no owner behind a pointer: its address
 
 
+def test_ctypes_from_buffer_is_keyed_by_the_buffer_it_was_made_over() -> None:
+    """Review: ``from_buffer(x)`` keeps x only in its ``_objects``: it was keyed by its address, apart from x."""
+    x = np.zeros(8)
+    raw = bytearray(64)
+    assert key((ctypes.c_double * 8).from_buffer(x)) == key(x)
+    assert key(np.ctypeslib.as_array((ctypes.c_double * 8).from_buffer(x))) == key(x)
+    assert key((ctypes.c_double * 8).from_buffer(raw)) == id(raw)
+
+
+def test_numpy_scalars_are_values_not_memory() -> None:
+    """Review: a NumPy scalar exports a buffer, so each scalar argument became a hazard entry (and 1.5 us)."""
+    a = np.ones(3)
+    assert scan((a, np.float64(2.0), np.int32(3), np.bool_(True)), {}, (), ()) == (
+        (),
+        ((buffer_of(a)[0], a.nbytes, False),),
+    )
+
+
+def test_an_exporter_that_cannot_export_now_does_not_decide_for_its_type() -> None:
+    """Review: a closed mmap seen first made every mmap 'not memory' from then on."""
+    closed = mmap.mmap(-1, 16)
+    closed.close()
+    assert not exports_memory(closed)
+    assert exports_memory(mmap.mmap(-1, 16))
+
+
 def test_scan_reads_a_memoryview_argument_as_its_owner() -> None:
     a = np.zeros(8)
     deps, buffers = scan((memoryview(a), sliding_window_view(a, 2)), {}, (), ())
@@ -108,6 +135,7 @@ async def engine() -> AsyncIterator[ss.Engine]:
 
 DECLARED: dict[str, Callable[[np.ndarray], Any]] = {
     "memoryview": memoryview,
+    "ctypes from_buffer": lambda a: (ctypes.c_double * a.size).from_buffer(a),
     "memoryview in a list": lambda a: [memoryview(a)],
     "asarray(memoryview)": lambda a: np.asarray(memoryview(a)),
     "sliding_window_view": lambda a: sliding_window_view(a, 1),
