@@ -954,7 +954,8 @@ class Engine:
     def _full_message(self, task: Future[Any], waiting_form: str = "await eng.submit(...)") -> str:
         core = self._rt.core  # type: ignore[union-attr]
         return (
-            f"engine at its limits ({core.pending}/{core.max_pending} tasks, "
+            f"engine at its limits ({core.pending}/{core.max_pending} tasks"
+            f"{f', {core.reserved} slots held by throttle() callers' if core.reserved else ''}, "
             f"{core.pending_bytes}/{core.max_pending_bytes} bytes, {core.waiting_admission} waiting): "
             f"{task!r} was not admitted; use '{waiting_form}' to wait for room"
         )

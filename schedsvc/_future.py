@@ -158,11 +158,11 @@ class Future(Task, Generic[T]):
         return f"<Future {seq}{label} {self.state}{extra}>"
 
 
-def blocks_the_loop(what: object, call: str) -> SchedsvcError:
+def blocks_the_loop(what: object, call: str, name: str = "fut") -> SchedsvcError:
     """The one refusal of a blocking wait (``result()``, ``wait_to_read()``) on the event loop's thread."""
     return SchedsvcError(
         f"{what!r}.{call} on the event loop's thread would block the loop that drives the engine until "
-        f"the value is there; use 'await fut' there ({call} is for other threads)"
+        f"the value is there; use 'await {name}' there ({call} is for other threads)"
     )
 
 

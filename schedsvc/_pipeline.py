@@ -26,7 +26,6 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callab
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import name_of
-from ._errors import InvalidTask
 from ._future import stop_through_await
 
 if TYPE_CHECKING:
@@ -64,9 +63,7 @@ def pipeline(
     options: dict[str, Any],
 ) -> AsyncGenerator[T, None]:
     """Check the arguments now (not at the first ``__anext__``) and return the generator."""
-    rt = engine._running()
-    if not callable(fn):
-        raise InvalidTask(f"eng.map() needs a callable first, got {type(fn).__name__} {fn!r}")
+    rt = engine._running()  # fn was checked by eng.map (check_fn)
     device = engine._device(device)
     window = 2 * rt.devices[device].concurrency if max_inflight is None else _checked_window(max_inflight)
     items = _iterator(source)

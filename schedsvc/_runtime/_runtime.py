@@ -97,6 +97,7 @@ class Runtime:
         self.queue_waits: deque[float] = deque(maxlen=8192)
         self.closed = False
         self.forked = False  # this is a child process forked after the engine started: nothing runs here
+        self.other_loops = False  # has a coroutine on another event loop awaited a task of this engine?
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
         self._to_loop: list[Instruction] = []
         self._drain_scheduled = False
@@ -189,10 +190,11 @@ class Runtime:
         loop's drain fires only its own, with no per-watcher loop check there.
         """
         elsewhere = False
+        other_loops = self.other_loops
         for watcher in task.watchers or ():
             if type(watcher) is _LockType:
                 wakes.append(watcher.release)
-            elif _elsewhere(watcher, self.loop):
+            elif other_loops and _elsewhere(watcher, self.loop):
                 wakes.append(functools.partial(settle, watcher))
                 elsewhere = True
         if elsewhere:
@@ -239,10 +241,13 @@ class Runtime:
         """Wait on the event loop until ``task`` is final."""
         if self.forked:
             raise EngineClosed(FORKED)
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         with self.lock:
             if task.state in FINAL_STATES:
                 return
+            if loop is not self.loop:
+                self.other_loops = True  # from now on, collect looks for their waiters
             _watch(task, waiter)
             if self.core.staged:
                 self.core.publish()
@@ -300,6 +305,7 @@ class Runtime:
     def after_fork(self) -> None:
         """In a forked child (one thread, a copy of memory): no worker or loop of the engine runs here."""
         self.forked = self.closed = True
+        self.inline_threshold_s = 0.0  # an await runs nothing inline: it raises the fork error
         self.lock = threading.Lock()  # another thread of the parent may have held it at the fork
         self.worker_threads = set()
         self.loop_thread = -1

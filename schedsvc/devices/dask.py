@@ -39,6 +39,7 @@ import copy
 import itertools
 import multiprocessing
 import os
+import pickle
 import sys
 import threading
 import time
@@ -434,7 +435,7 @@ class DaskDevice:
                     run, task.fn, args, dkwargs, key=key, pure=False, priority=task.priority
                 )
         except BaseException as exc:  # could not even be sent (unpicklable, client closed): it failed
-            self._finish(task, None, _unsendable(task, args, dkwargs) or exc)
+            self._finish(task, None, _diagnosed(exc, task, args, dkwargs))
             return
         if traced:
             self.traced[key] = task
@@ -677,6 +678,18 @@ def _write_back(
     value, written, error, returned_out = result
     np.copyto(out, written)
     return (out if returned_out else value), error
+
+
+def _diagnosed(
+    exc: BaseException, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> BaseException:
+    """A send failure as the task's error: for a serialisation failure, which part cannot be pickled."""
+    if not isinstance(exc, TypeError | pickle.PicklingError) and "serializ" not in str(exc):
+        return exc  # a closed client, a cancelled send: nothing to pickle again (large arrays take long)
+    try:
+        return _unsendable(task, args, kwargs) or exc
+    except Exception:  # the diagnosis must not lose the task's outcome
+        return exc
 
 
 def _unsendable(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InvalidTask | None:

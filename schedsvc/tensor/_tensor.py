@@ -399,7 +399,7 @@ class Tensor(ArrayOps, Future[Any]):
         last = self.owner._last_write
         pending = self.state not in FINAL_STATES or (last is not None and last.state not in FINAL_STATES)
         if pending and self._rt.on_loop_thread():
-            raise blocks_the_loop(self, "wait_to_read()")
+            raise blocks_the_loop(self, "wait_to_read()", "t")
         if last is not None:
             if last.state not in FINAL_STATES and not self._rt.wait_blocking(last, timeout):
                 raise TimeoutError(f"the last write to {self!r} did not finish within {timeout} s")
