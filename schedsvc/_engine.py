@@ -134,8 +134,7 @@ class Engine:
             return
         rt = self._rt
         if rt is not None and rt.loop.is_closed() and self._state == "running":  # closed late, elsewhere
-            self._state, self._abandoned = "closed", _LOOP_CLOSED
-            _stop_devices(rt)
+            self._abandon(rt, _LOOP_CLOSED, warn=False)  # being closed now: nothing to warn about
         if rt is None or self._state != "running":
             self._state = "closed"
             if rt is not None and self._abandoned == _LOOP_CLOSED:  # its threads were told to stop
@@ -808,14 +807,15 @@ class Engine:
             return EngineClosed(FORKED)
         return EngineClosed("the engine is closed; submit to an engine that is running")
 
-    def _abandon(self, rt: Runtime, why: str) -> None:
+    def _abandon(self, rt: Runtime, why: str, warn: bool = True) -> None:
         """The engine's loop closed while it was open: warn, and let its threads finish what is queued and end."""
-        warnings.warn(
-            f"{self!r} was still open when its event loop closed; its worker threads stop once the "
-            "queued tasks ran. Close an engine with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
-            ResourceWarning,
-            4,
-        )
+        if warn:
+            warnings.warn(
+                f"{self!r} was still open when its event loop closed; its worker threads stop once the "
+                "queued tasks ran. Close an engine with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
+                ResourceWarning,
+                4,
+            )
         self._state, self._abandoned = "closed", why
         _stop_devices(rt)
 

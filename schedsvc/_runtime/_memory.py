@@ -11,6 +11,10 @@ Python object owns (a ctypes object made with ``from_address``, an array
 interface with a bare pointer) is keyed by its address instead, so two views
 made from the same pointer still meet.
 
+An exporter that exposes another object's memory without a link back to it
+(no ``base``, ``obj`` or ctypes link) cannot be told apart from an owner, so it
+is keyed as one: that is the documented limit (declare the owner as well).
+
 The owner stays alive while a task holds the view in its arguments, so its
 ``id`` cannot be reused as a key while the task is unfinished.  An address key
 cannot collide with an ``id``: that memory is not a live Python object.

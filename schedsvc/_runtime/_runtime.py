@@ -327,21 +327,22 @@ class Runtime:
         """Has this kind of task (function, input size) run faster than the inline threshold?"""
         if not self.inline_threshold_s:
             return False
-        try:
-            cost = self._costs.get(_cost_key(task))
-        except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
-            return False
+        cost = self._cost(task)
         return cost is not None and cost < self.inline_threshold_s
 
     def fits(self, task: Task, budget: float) -> bool:
         """Has this kind of task run within ``budget`` seconds?  (Never on the loop's thread, outside a task.)"""
         if self.on_loop_thread():
             return False
-        try:
-            cost = self._costs.get(_cost_key(task))
-        except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
-            return False
+        cost = self._cost(task)
         return cost is not None and cost <= budget
+
+    def _cost(self, task: Task) -> float | None:
+        """The learned run time of tasks like ``task``; None if none has been timed."""
+        try:
+            return self._costs.get(_cost_key(task))
+        except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
+            return None
 
     def run_inline(self, task: Task) -> bool:
         """Run a ready task on this (the awaiting) thread if it is cheap; False if not run."""
