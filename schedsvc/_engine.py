@@ -78,6 +78,7 @@ class Engine:
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray: Tensors over one
         # array share their writes, and eng.submit(..., out=array) counts as a write of them
         self._owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+        self._loop_watch: AsyncGenerator[None, None] | None = None  # see _watch_loop_end
         # a task that writes Tensors, until admitted -> each owner and its last write before the task
         self._unadmitted_writes: dict[Task, list[tuple[Tensor, Any]]] = {}
         self._abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
@@ -116,6 +117,7 @@ class Engine:
         self._rt = rt
         self._state = "running"
         _STARTED.add(self)  # for a fork: the child's copy refuses work
+        self._loop_watch = _watch_loop_end(self)
         if timeline is not None:  # the engine's whole life, written at aclose()
             self._attach(rt, timeline)
         return self
@@ -147,6 +149,7 @@ class Engine:
         finally:
             self._state = "closed"
             self._closing.set_result(None)
+            _finish(self._loop_watch)
 
     async def _close(self, rt: Runtime, cancel_pending: bool) -> None:
         with rt.lock:
@@ -819,6 +822,18 @@ class Engine:
         self._state, self._abandoned = "closed", why
         _stop_devices(rt)
 
+    def _loop_ended(self) -> None:
+        """The engine's loop is shutting down (``asyncio.run`` returned) and the engine is still open."""
+        rt = self._rt
+        if rt is not None and self._state == "running":
+            self._abandon(rt, _LOOP_CLOSED, warn=False)
+            warnings.warn(
+                f"{self!r} was still open when its event loop ended; its worker threads stop once the "
+                "queued tasks ran. Close an engine with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
+                ResourceWarning,
+                2,
+            )
+
     def _after_fork(self) -> None:
         """In a forked child: the engine's threads did not come along; it refuses work from now on."""
         if self._rt is not None and self._state != "closed":
@@ -1056,6 +1071,37 @@ def _check_remote_writes(fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
 _LOOP_CLOSED = "loop closed"
 _FORKED = "forked"
 _STARTED: weakref.WeakSet[Engine] = weakref.WeakSet()  # engines started in this process (not kept alive)
+
+
+def _watch_loop_end(engine: Engine) -> AsyncGenerator[None, None]:
+    """An async generator, started and left suspended, that the engine's loop closes when it shuts down.
+
+    asyncio has no hook for a loop's end, but ``asyncio.run`` (and every Runner) closes the async
+    generators still suspended on its loop (``shutdown_asyncgens``) before it closes the loop: the
+    generator's ``finally`` is the moment an engine that was never closed is found out.  It holds the
+    engine weakly, so a forgotten engine is still garbage-collected (and warns then, in ``__del__``).
+    """
+    ref = weakref.ref(engine)
+
+    async def watch() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            engine = ref()
+            if engine is not None:
+                engine._loop_ended()
+
+    gen = watch()
+    with contextlib.suppress(StopIteration):  # run to its yield: the loop's hooks now track it
+        gen.asend(None).send(None)
+    return gen
+
+
+def _finish(gen: AsyncGenerator[None, None] | None) -> None:
+    """Close a suspended ``_watch_loop_end`` generator now (its ``finally`` has nothing to await)."""
+    if gen is not None:
+        with contextlib.suppress(StopIteration, RuntimeError):
+            gen.aclose().send(None)
 
 
 def _after_fork_in_child() -> None:

@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -891,11 +892,9 @@ async def test_an_engine_whose_loop_closed_refuses_work_and_stops() -> None:
         await within(fut)
         return eng, fut
 
-    eng, fut = await within(asyncio.to_thread(asyncio.run, start_and_leave()))  # that loop is closed now
-    with (
-        pytest.warns(ResourceWarning, match="still open when its event loop closed"),
-        pytest.raises(ss.EngineClosed, match="event loop this engine was started on has closed"),
-    ):
+    with pytest.warns(ResourceWarning, match="still open when its event loop ended"):  # asyncio.run's end
+        eng, fut = await within(asyncio.to_thread(asyncio.run, start_and_leave()))  # that loop is closed now
+    with pytest.raises(ss.EngineClosed, match="event loop this engine was started on has closed"):
         eng.submit_nowait(operator.add, 1, 1)
     for call in (lambda: within(eng.run(operator.add, 1, 1)), lambda: within(eng.submit(abs, -1))):
         with pytest.raises(ss.EngineClosed, match="create a new Engine"):
@@ -905,6 +904,35 @@ async def test_an_engine_whose_loop_closed_refuses_work_and_stops() -> None:
     assert fut.result() == 3  # what finished is still there
     await within(eng.aclose())
     await _join_engine_threads()
+
+
+def test_an_engine_left_open_warns_when_asyncio_run_ends_and_its_threads_end() -> None:
+    """i15/5: the warning used to wait for the engine's next use or its collection: it now comes when the loop
+    ends (asyncio.run shuts down the async generators still suspended on it, the engine's watch among them)."""
+    kept: list[ss.Engine] = []
+
+    async def start_and_leave() -> None:
+        kept.append(await ss.Engine(cpu_workers=2).start())
+
+    with pytest.warns(ResourceWarning, match="still open when its event loop ended"):
+        asyncio.run(start_and_leave())
+    for thread in engine_threads():
+        thread.join(TIMEOUT)
+    assert engine_threads() == []
+    assert kept[0].closed
+
+
+def test_a_closed_engine_says_nothing_when_its_loop_ends() -> None:
+    """The watch is closed with the engine: a later loop end is not taken for a forgotten engine."""
+
+    async def start_and_close() -> None:
+        async with ss.Engine(cpu_workers=1) as eng:
+            await within(eng.run(operator.add, 1, 1))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(start_and_close())
+    assert [str(w.message) for w in caught] == []
 
 
 async def test_an_engine_collected_while_open_warns_and_its_threads_end() -> None:
