@@ -861,6 +861,9 @@ async def test_await_waits_for_writes_through_another_tensor_of_the_same_array(e
     gate = Gate()
     engine.submit_nowait(held(gate, np.copy), a)
     t2 += 1  # queued behind the held reader; sequentially t1 (the same array) now holds ones
+    # the gate opens once this coroutine waits on t1 (it used to open only after the await, which then
+    # ended only when the held reader gave up after TIMEOUT: a race of two 10 s timeouts)
+    asyncio.get_running_loop().call_soon(gate.open)
     try:
         value = (await within(t1)).copy()
     finally:
