@@ -261,15 +261,21 @@ def _output(record: _Trace, value: Any) -> int:
     )
 
 
+def _alive(record: _Trace) -> list[Symbol]:
+    """The traced tensors of ``record`` still referenced.  (No walrus in a comprehension here: its name
+    would be bound in the caller's scope and keep the last symbol alive through the ``gc.collect``.)"""
+    return [s for s in (ref() for ref in record.symbols) if s is not None]
+
+
 _RETURN = Op("return", lambda: None, lambda metas, attrs: ((), np.dtype(float), False))
 
 
 def _check_leaks(record: _Trace, outputs: set[int]) -> None:
-    alive = [s for ref in record.symbols if (s := ref()) is not None]
+    alive = _alive(record)
     if alive:
         del alive
-        gc.collect()  # cycles (a closure referring to itself) are not leaks
-        alive = [s for ref in record.symbols if (s := ref()) is not None]
+        gc.collect()  # cycles (a closure referring to itself, a caught exception's frames) are not leaks
+        alive = _alive(record)
     if alive:
         raise TraceError(
             f"traced tensor {alive[0]!r} outlived the trace: the compiled function stored it outside "
