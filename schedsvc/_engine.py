@@ -321,7 +321,7 @@ class Engine:
         rt = self._rt
         tid = get_ident()
         if rt is None or (self._state != "running" and tid not in rt.worker_threads) or rt.loop.is_closed():
-            raise self._closed_error()
+            raise self._refusal()
         task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
         if self._sync_mode:
             return self._run_here(task)
@@ -674,7 +674,7 @@ class Engine:
         rt = self._rt
         tid = get_ident()
         if rt is None or (self._state != "running" and tid not in rt.worker_threads) or rt.loop.is_closed():
-            raise self._closed_error()
+            raise self._refusal()
         args = tuple(args)
         deps: list[Task] = []
         plain = True  # are the deps exactly the operands, in order? (then they share one tuple)
@@ -791,14 +791,18 @@ class Engine:
     def _running(self) -> Runtime:
         rt = self._rt
         if rt is None or self._state != "running" or rt.loop.is_closed():
-            raise self._closed_error()
+            raise self._refusal()
         return rt
 
-    def _closed_error(self) -> EngineClosed:
-        """Why the engine takes no work; an engine whose loop has closed is stopped first (with a warning)."""
+    def _refusal(self) -> EngineClosed:
+        """Why the engine takes no work, found without its lock: one whose loop has closed is stopped first."""
         rt = self._rt
         if rt is not None and self._state == "running" and rt.loop.is_closed():
-            self._abandon(rt, _LOOP_CLOSED)
+            self._abandon(rt, _LOOP_CLOSED)  # takes the lock: never call this with it held
+        return self._closed_error()
+
+    def _closed_error(self) -> EngineClosed:
+        """Why the engine takes no work (no side effect: safe with the lock held)."""
         if self._state == "new":
             return EngineClosed("the engine has not started; use 'async with Engine(...) as eng'")
         if self._abandoned == _LOOP_CLOSED:
@@ -813,12 +817,7 @@ class Engine:
     def _abandon(self, rt: Runtime, why: str, warn: bool = True) -> None:
         """The engine's loop closed while it was open: warn, and let its threads finish what is queued and end."""
         if warn:
-            warnings.warn(
-                f"{self!r} was still open when its event loop closed; its worker threads stop once the "
-                "queued tasks ran. Close an engine with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
-                ResourceWarning,
-                4,
-            )
+            _warn_unclosed(f"{self!r} was still open when its event loop closed", 5)
         self._state, self._abandoned = "closed", why
         _stop_devices(rt)
 
@@ -827,12 +826,7 @@ class Engine:
         rt = self._rt
         if rt is not None and self._state == "running":
             self._abandon(rt, _LOOP_CLOSED, warn=False)
-            warnings.warn(
-                f"{self!r} was still open when its event loop ended; its worker threads stop once the "
-                "queued tasks ran. Close an engine with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
-                ResourceWarning,
-                2,
-            )
+            _warn_unclosed(f"{self!r} was still open when its event loop ended", 3)
 
     def _after_fork(self) -> None:
         """In a forked child: the engine's threads did not come along; it refuses work from now on."""
@@ -849,13 +843,7 @@ class Engine:
         # in a thread of its own: the last reference may go while this thread holds the engine's lock
         with contextlib.suppress(RuntimeError):  # at interpreter exit no thread starts: they die anyway
             threading.Thread(target=_stop_devices, args=(rt,), name="schedsvc-stop", daemon=True).start()
-        warnings.warn(
-            f"{text}: its worker threads stop once the queued tasks ran. Close an engine "
-            "with 'async with ss.Engine() as eng' or 'await eng.aclose()'",
-            ResourceWarning,
-            stacklevel=2,
-            source=self,
-        )
+        _warn_unclosed(text, 3, self)
 
     def _task(
         self,
@@ -1115,14 +1103,25 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 def _stop_devices(rt: Runtime) -> None:
     """Stop an engine that was never closed: staged work is handed over, then the threads end when idle."""
-    with rt.lock:
-        rt.closed = True
-        rt.core.publish()
-        after = rt.collect()
-    if after is not None:
-        after()
+    rt.under_lock(_close_and_publish, rt)
     for device in rt.devices.values():
         device.stop()
+
+
+def _close_and_publish(rt: Runtime) -> None:
+    rt.closed = True
+    rt.core.publish()
+
+
+def _warn_unclosed(what: str, stacklevel: int, source: Any = None) -> None:
+    """The one ResourceWarning of an engine left open (its loop ended or closed, or it was collected)."""
+    warnings.warn(
+        f"{what}; its worker threads stop once the queued tasks ran. Close an engine with "
+        "'async with ss.Engine() as eng' or 'await eng.aclose()'",
+        ResourceWarning,
+        stacklevel,
+        source=source,
+    )
 
 
 async def _aclose_devices(rt: Runtime) -> None:

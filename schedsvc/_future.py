@@ -132,7 +132,7 @@ class Future(Task, Generic[T]):
         """Call ``fn(future)`` on the engine's event loop once the task is final."""
         rt = self._rt
         if rt.loop.is_closed():  # it could never be called
-            raise self._engine._closed_error()
+            raise self._engine._refusal()
         with rt.lock:
             if self.state not in FINAL_STATES:
                 _watch(self, fn)
