@@ -276,8 +276,8 @@ def _warn_unknown_variables() -> None:
     for variable in os.environ:
         name = variable.upper().removeprefix(_PREFIX).lower()
         if variable.upper().startswith(_PREFIX) and name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean {_PREFIX}{close[0].upper()}? " if close else ""
+            close = _closest(name)
+            hint = f"did you mean {_PREFIX}{close.upper()}? " if close else ""
             warnings.warn(
                 f"environment variable {variable} names no schedsvc setting and is ignored; {hint}"
                 f"the settings are {', '.join(_PREFIX + n.upper() for n in names)}",
@@ -328,7 +328,12 @@ def _describe(exc: ValidationError) -> str:
 
 def _unknown(field: str) -> str:
     """An unknown setting: say so, and name the closest real one (a typo, most often)."""
-    names = list(Config.model_fields)
-    close = difflib.get_close_matches(field, names, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{field}: there is no such setting; {hint}the settings are {', '.join(names)}"
+    close = _closest(field)
+    hint = f"did you mean {close!r}? " if close else ""
+    return f"{field}: there is no such setting; {hint}the settings are {', '.join(Config.model_fields)}"
+
+
+def _closest(name: str) -> str | None:
+    """The setting ``name`` most likely meant (keyword, TOML key or environment variable); None if none is close."""
+    close = difflib.get_close_matches(name, list(Config.model_fields), n=1)
+    return close[0] if close else None
