@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ._core import FINAL_STATES, Task
 from ._errors import SchedsvcError
 from ._runtime._remote import Remote
-from ._runtime._runtime import _fire, _watch
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._port import Port
     from ._runtime import Runtime
 
 __all__ = ["Future"]
@@ -31,11 +30,11 @@ class Future(Task, Generic[T]):
     ``asyncio.Future``; wrap it in ``asyncio.shield`` to keep it running.
     """
 
-    __slots__ = ("_engine", "_rt")
+    __slots__ = ("_port", "_rt")
 
     def __init__(
         self,
-        engine: Engine,
+        port: Port,
         fn: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
@@ -49,8 +48,8 @@ class Future(Task, Generic[T]):
     ) -> None:
         # positional all the way: this runs once per submission
         Task.__init__(self, fn, args, kwargs, device, priority, nbytes, buffers, deps, name, nested)
-        self._engine = engine
-        self._rt: Runtime = engine._rt  # type: ignore[assignment]
+        self._port = port  # the engine it belongs to, as the frontend sees it
+        self._rt: Runtime = port.rt  # type: ignore[assignment]
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""
@@ -126,18 +125,14 @@ class Future(Task, Generic[T]):
 
     def cancel(self) -> bool:
         """Cancel the task and the tasks that take its value, if it has not started."""
-        return self._engine._cancel(self)
+        return self._rt is not None and self._rt.cancel(self)
 
     def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
         """Call ``fn(future)`` on the engine's event loop once the task is final."""
         rt = self._rt
-        if rt.loop.is_closed():  # it could never be called
-            raise self._engine._refusal()
-        with rt.lock:
-            if self.state not in FINAL_STATES:
-                _watch(self, fn)
-                return
-        rt.loop.call_soon_threadsafe(_fire, fn, self)
+        if rt.bridge.closed():  # it could never be called
+            raise self._port.refusal()
+        rt.add_done_callback(self, fn)
 
     def _outcome(self, cancelled: type[BaseException]) -> T:
         state = self.state

@@ -31,6 +31,7 @@ from ._future import stop_through_await
 if TYPE_CHECKING:
     from ._engine import Engine
     from ._future import Future
+    from ._port import Port
 
 __all__ = ["pipeline"]
 
@@ -55,6 +56,7 @@ class _Failure:
 
 def pipeline(
     engine: Engine,
+    port: Port,
     fn: Callable[..., T],
     source: Iterable[Any] | AsyncIterable[Any],
     max_inflight: int | None,
@@ -63,9 +65,9 @@ def pipeline(
     options: dict[str, Any],
 ) -> AsyncGenerator[T, None]:
     """Check the arguments now (not at the first ``__anext__``) and return the generator."""
-    rt = engine._running()  # fn was checked by eng.map (check_fn)
-    device = engine._device(device)
-    window = 2 * rt.devices[device].concurrency if max_inflight is None else _checked_window(max_inflight)
+    rt = port.running()  # fn was checked by eng.map (check_fn)
+    device = port.device(device)
+    window = rt.devices[device].window if max_inflight is None else _checked_window(max_inflight)
     items = _iterator(source)
     return _Pipeline(engine, fn, items, window, ordered, {"device": device, **options}).results()
 

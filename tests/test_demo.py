@@ -135,11 +135,11 @@ def test_gpu_found_but_engine_without_cuda_workers_is_skipped(monkeypatch: pytes
     """CuPy and a GPU present, but the engine cannot run cuda tasks: skipped with the engine's reason."""
     from schedsvc.devices import cuda
 
-    def not_built(name: str, rt: Any, config: Any) -> Any:
+    async def not_built(cls: Any, rt: Any, name: str, config: Any) -> Any:
         raise ss.DeviceError(f"{name} is present, but this engine cannot run cuda tasks")
 
     monkeypatch.setattr(cuda, "check", lambda index: None)
-    monkeypatch.setattr(cuda, "make", not_built)
+    monkeypatch.setattr(cuda.CudaExecutor, "open", classmethod(not_built))
     assert demo._skips() == {
         "cpu_gpu": "cuda:0 is present, but this engine cannot run cuda tasks",
         "copy_overlap": "cuda:0 is present, but this engine cannot run cuda tasks",

@@ -1,22 +1,25 @@
-"""The runtime: one lock around the core, the workers, and the thread -> loop bridge.
+"""The runtime: the one door to the scheduling core and its lock.
+
+Frontend calls (submit, cancel, throttle, waitall, stats) and executor reports
+(take, finish) arrive here as methods; each takes the lock, applies core
+events, and routes what they produced (``collect``): wake a parked worker,
+resolve a future, admit a waiter.  Nothing outside ``_runtime/`` and ``_core/``
+touches the core or the lock.
 
 Hand-off to workers: a submission from any thread but the event loop's goes
 to the ready queue and wakes parked workers at once.  On the loop thread, the
-first ``size`` submissions of each loop iteration do the same (so the first
+first ``eager`` submissions of each loop iteration do the same (so the first
 tasks of a burst start immediately); later ones are *staged* -- admitted and
 ordered, but held from the workers -- and handed over in one flush when the
 coroutine next yields, which is when ``asyncio.create_task`` work starts too.
 A submitting coroutine thus does not fight its own workers for the GIL on
 every call.  Every wait flushes first, so staged work never stalls.
 
-Worker threads never touch asyncio objects.  What the loop must learn (a
-future somebody awaits is final, a queued submission got in, a ``waitall``
-is satisfied) is appended to ``_to_loop`` under the lock, and the first such
-item of a burst schedules one ``call_soon_threadsafe(_drain_to_loop)``; the
-rest ride along.  Threads blocked in ``result()`` wait on a plain lock that
-the finishing worker releases directly, and a coroutine awaiting on another
-event loop is woken on its own loop directly (``settle``), so neither needs
-the engine's loop.
+What the event loop must learn goes through the bridge (``_bridge``).
+Threads blocked in ``result()`` wait on a plain lock that the finishing
+worker releases directly, and a coroutine awaiting on another event loop is
+woken on its own loop directly (``settle``), so neither needs the engine's
+loop.
 """
 
 from __future__ import annotations
@@ -30,16 +33,20 @@ import types
 from collections import deque
 from collections.abc import Callable
 from threading import get_ident
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core import FINAL_STATES, Instruction, Scheduler, Task
-from .._errors import EngineClosed
+from .._core import FINAL_STATES, Scheduler, Task
+from .._errors import EngineClosed, SchedsvcError
 from .._timeline import Timeline
-from ._scan import substitute, substitute_args
+from ._bridge import AsyncioBridge, fire, settle
+from ._scan import register_buffer_types, substitute, substitute_args
 
-__all__ = ["FORKED", "Device", "Runtime", "current_worker"]
+if TYPE_CHECKING:
+    from ..devices import Executor
+
+__all__ = ["FORKED", "Runtime", "current_worker", "watch"]
 
 #: what an engine says in a process forked from the one that started it
 FORKED = (
@@ -58,39 +65,30 @@ def current_worker() -> Any:
     return getattr(_local, "worker", None)
 
 
-class Device(Protocol):
-    """What the runtime needs of an executor kind (see ``schedsvc.devices``)."""
-
-    name: str
-
-    def start(self) -> None: ...
-
-    size: int  # submissions handed to it at once per loop iteration before staging starts
-    idle: list[Any]
-
-    @property
-    def concurrency(self) -> int:
-        """Tasks it runs at once; ``eng.map``'s default window is twice this."""
-
-    def wake(self, ready: int) -> Callable[[], None] | None: ...
-    def stop(self) -> None: ...
-    def join(self, timeout: float | None) -> list[threading.Thread]: ...
-    def busy_seconds(self) -> dict[str, float]: ...
-
-
 class Runtime:
-    """Scheduler + lock + devices + loop bridge; shared by the frontend and the workers."""
+    """Scheduler + lock + executors + loop bridge: the one door to the core, for the frontend and the
+    executors alike.  Each method takes the lock, applies core events, and acts on what they produced
+    (``collect``) once the lock is released."""
 
     def __init__(
-        self, core: Scheduler, loop: asyncio.AbstractEventLoop, inline_threshold_s: float = 0.0
+        self,
+        core: Scheduler,
+        loop: asyncio.AbstractEventLoop,
+        inline_threshold_s: float = 0.0,
+        refusal: Callable[[], BaseException] | None = None,
     ) -> None:
         self.core = core
         self.inline_threshold_s = inline_threshold_s
         self._costs: dict[Any, float] = {}  # (code, log2 input bytes) -> seconds, smoothed
         self.lock = threading.Lock()
         self.loop = loop
-        self.devices: dict[str, Device] = {}
-        self._pools: list[tuple[Device, Any]] = []  # (device, its ready queue), for collect()
+        self.bridge = AsyncioBridge(self, loop)
+        #: why a closed engine takes no work (the frontend's message), raised by the submit methods
+        self.refusal: Callable[[], BaseException] = refusal or (lambda: EngineClosed("the engine is closed"))
+        self.devices: dict[str, Executor] = {}
+        self._pools: list[tuple[Executor, Any]] = []  # (executor, its ready queue), for collect()
+        self.anywhere: set[str] = set()  # devices whose queued task any thread may run itself
+        self.forwarding: dict[str, Executor] = {}  # executors told of tasks admitted waiting (admitted)
         self.timeline: Timeline | None = None  # set while a trace is recorded (eng.trace)
         self.worker_threads: set[int] = set()  # idents of threads that run tasks
         self.loop_thread = threading.get_ident()
@@ -99,15 +97,24 @@ class Runtime:
         self.forked = False  # this is a child process forked after the engine started: nothing runs here
         self.other_loops = False  # has a coroutine on another event loop awaited a task of this engine?
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
-        self._to_loop: list[Instruction] = []
-        self._drain_scheduled = False
+        # throttle() callers let through onto a reserved slot that have not yielded since: (token,
+        # their asyncio task); the caller's next submission takes the slot, ahead of the queue
+        self.held: list[tuple[Any, Any]] = []
         self._flush_scheduled = False
         self._eager_left = 0
 
-    def add_device(self, name: str, device: Device) -> None:
-        self.devices[name] = device
-        self._pools.append((device, self.core.queues[name]))
-        self._eager_left += device.size
+    def add_device(self, name: str, executor: Executor) -> None:
+        self.devices[name] = executor
+        self._pools.append((executor, self.core.queues[name]))
+        self._eager_left += executor.eager
+        register_buffer_types(executor.buffer_types)
+        if executor.runs_anywhere:
+            self.anywhere.add(name)
+        if executor.forwards:
+            self.forwarding[name] = executor
+        if not executor.local:
+            self.remote = True
+            self.inline_threshold_s = 0.0  # no task runs in this process: none runs inline
 
     # -- called with the lock held -------------------------------------------
 
@@ -125,7 +132,7 @@ class Runtime:
             self._eager_left -= 1
             if self._eager_left == 0 and not self._flush_scheduled:
                 self._flush_scheduled = True  # the flush re-arms the budget
-                self.loop.call_soon(self._flush)
+                self.bridge.call_soon(self._flush)
             return False
         return True
 
@@ -138,20 +145,18 @@ class Runtime:
         wakes: list[Callable[[], None]] | None = None  # hot path: most calls route nothing
         if core.out:
             wakes = []
+            bridge = self.bridge
             for item in core.drain():
                 if item[0] == "resolve":
                     self._resolve_elsewhere(item[1], wakes)
-                elif item[1].get_loop() is not self.loop:  # a token awaited on another loop
+                elif bridge.foreign(item[1]):  # a token awaited on another loop
                     wakes.append(functools.partial(settle, item[1]))
                     continue
-                self._to_loop.append(item)
-            if self._to_loop and not self._drain_scheduled:
-                self._drain_scheduled = True
-                wakes.append(self._schedule_drain)
-        for device, queue in self._pools:
-            if not device.idle or not queue.count:
+                bridge.post(item, wakes)
+        for executor, queue in self._pools:
+            if not executor.hungry or not queue.count:
                 continue
-            wake = device.wake(queue.count)
+            wake = executor.notify(queue.count)
             if wake is not None:
                 if wakes is None:
                     wakes = []
@@ -180,7 +185,7 @@ class Runtime:
 
     def _rearm_and_publish(self) -> None:
         self._flush_scheduled = False
-        self._eager_left = sum(d.size for d in self.devices.values())
+        self._eager_left = sum(d.eager for d in self.devices.values())
         self.core.publish()
 
     def _resolve_elsewhere(self, task: Task, wakes: list[Callable[[], None]]) -> None:
@@ -194,46 +199,348 @@ class Runtime:
         for watcher in task.watchers or ():
             if type(watcher) is _LockType:
                 wakes.append(watcher.release)
-            elif other_loops and _elsewhere(watcher, self.loop):
+            elif other_loops and self.bridge.foreign(watcher):
                 wakes.append(functools.partial(settle, watcher))
                 elsewhere = True
         if elsewhere:
-            task.watchers = [w for w in task.watchers or () if not _elsewhere(w, self.loop)]
+            foreign = self.bridge.foreign
+            task.watchers = [w for w in task.watchers or () if not foreign(w)]
 
-    # -- the loop side ---------------------------------------------------------
+    # -- submitting (the frontend's door) ----------------------------------------
 
-    def _schedule_drain(self) -> None:
-        try:
-            if _on_loop(self.loop):
-                self.loop.call_soon(self._drain_to_loop)
-            else:
-                self.loop.call_soon_threadsafe(self._drain_to_loop)
-        except RuntimeError:  # loop closed: nobody can await anything any more
-            with self.lock:
-                self._to_loop.clear()
-                self._drain_scheduled = False
-
-    def _drain_to_loop(self) -> None:
+    def submit(self, task: Task, tid: int, priority: int) -> bool:
+        """Admit ``task`` now if it fits; False at the limits (staged work is handed over, so a caller
+        that retries sees progress).  A nested task (submitted by a running task) is admitted over the
+        limits, and while the engine closes."""
         with self.lock:
-            items, self._to_loop = self._to_loop, []
-            self._drain_scheduled = False
-        for i, (kind, obj) in enumerate(items):
-            try:
-                if kind == "resolve":
-                    watchers, obj.watchers = obj.watchers, None  # fired once; let them go
-                    for watcher in watchers or ():
-                        if type(watcher) is not _LockType:
-                            _fire(watcher, obj)
-                else:  # "admitted" / "barrier": obj is an asyncio future token
-                    _fire(obj, None)
-            except BaseException:  # KeyboardInterrupt in a callback: deliver the rest later
-                with self.lock:
-                    self._to_loop[:0] = items[i + 1 :]
-                    rearm = not self._drain_scheduled and bool(self._to_loop)
-                    self._drain_scheduled = self._drain_scheduled or rearm
-                if rearm:
-                    self._schedule_drain()
-                raise
+            if self.closed and not task.nested:
+                raise self.refusal()
+            stage = tid == self.loop_thread and self.stage_next(priority)
+            admitted = self.core.submit(task, task.nested, stage) or self._use_reserved(task, tid, stage)
+            if not admitted:
+                self.core.publish()
+            after = self.collect()
+        if after is not None:
+            after()
+        return admitted
+
+    def submit_or_queue(self, task: Task, tid: int, priority: int) -> Any:
+        """Admit ``task`` now, or queue it for admission (FIFO); return the token to await, or None."""
+        token = None
+        with self.lock:
+            if self.closed:
+                raise self.refusal()
+            stage = tid == self.loop_thread and self.stage_next(priority)
+            if not self.core.submit(task, task.nested, stage) and not self._use_reserved(task, tid, stage):
+                token = self.bridge.token()
+                self.core.enqueue(task, token)
+                self.core.publish()  # we are about to wait: let staged work run
+            after = self.collect()
+        if after is not None:
+            after()
+        return token
+
+    def submit_op(
+        self,
+        task: Task,
+        tid: int,
+        limits: bool,
+        waiting: list[Any] | None,
+        counted: Callable[[], None] | None,
+    ) -> bool:
+        """Admit an operator's task (a Tensor op, a compiled replay): over the limits, as operators
+        cannot wait -- or with ``limits``, as ``submit`` does, or (given ``waiting``) queued with its
+        token appended there.  ``counted`` runs under the lock once it is admitted or queued."""
+        with self.lock:
+            if self.closed and not task.nested:
+                raise self.refusal()
+            stage = tid == self.loop_thread and self.stage_next(0)
+            core = self.core
+            if not limits:
+                admitted = core.submit(task, True, stage)
+            elif core.submit(task, task.nested, stage) or self._use_reserved(task, tid, stage):
+                admitted = True
+            elif waiting is None:
+                core.publish()  # a caller that retries must see progress
+                admitted = False
+            else:
+                token = self.bridge.token()  # the caller's loop: it awaits the token
+                core.enqueue(task, token)
+                core.publish()  # the caller is about to wait: let staged work run
+                waiting.append(token)
+                admitted = True  # queued: counted as a call now
+            if counted is not None and admitted:  # under the lock already held, not a second one
+                counted()
+            after = self.collect()
+        if after is not None:
+            after()
+        return admitted
+
+    def admitted(self, task: Task) -> None:
+        """``task`` was admitted waiting for parents: an executor that sends work ahead may send it."""
+        executor = self.forwarding.get(task.device)
+        if executor is not None and task.state == "waiting":
+            executor.admitted(task)
+
+    def run_here(self, task: Task) -> None:
+        """sync_mode: admit ``task`` and run it on this thread now."""
+        with self.lock:
+            self.core.submit(task, force=True)
+            claimed = self.core.claim(task)
+            after = self.collect()
+        if after is not None:
+            after()
+        if claimed:
+            self.execute(task, chain=False)
+        elif task.state not in FINAL_STATES:
+            self.wait_blocking(task, None)  # sync_mode blocks the caller, the loop's thread too
+
+    def _use_reserved(self, task: Task, tid: int, stage: bool) -> bool:
+        """With the lock held, ``task`` did not fit: admit it on the slot throttle() let its caller onto."""
+        if not self.held or tid != self.loop_thread:
+            return False
+        caller = self.bridge.current()
+        if caller is None:
+            return False
+        for entry in self.held:
+            if entry[1] is caller:
+                self.held.remove(entry)
+                return self.core.submit_reserved(task, entry[0], stage)
+        return False
+
+    async def throttle(self) -> None:
+        """Wait until the engine is under its limits (``Engine.throttle``)."""
+        core = self.core
+        with self.lock:
+            if core.has_room(1):  # under both limits, nobody queued: what lets a waiter through
+                return
+            token = self.bridge.token()
+            core.enqueue(None, token)
+            core.publish()  # we are about to wait: let staged work run
+            after = self.collect()
+        if after is not None:
+            after()
+        try:
+            await token
+        except self.bridge.Cancelled:  # still queued, or let through after all: give the slot back
+            self.under_lock(_leave_queue, core, token)
+            raise
+        caller = self.bridge.current()
+        if caller is None or self.bridge.foreign(token):  # a slot is held only on the engine's loop
+            self.under_lock(core.unreserve, token)
+            return
+        entry = (token, caller)
+        self.held.append(entry)
+        self.bridge.call_soon(self._unhold, entry)  # runs once this caller has yielded
+
+    def _unhold(self, entry: tuple[Any, Any]) -> None:
+        """A throttle caller yielded without submitting: its reserved slot goes to the next in line."""
+        if entry in self.held:
+            self.held.remove(entry)
+            self.under_lock(self.core.unreserve, entry[0])
+
+    async def barrier(self) -> None:
+        """Wait until every task admitted so far is final."""
+        with self.lock:
+            if self.core.pending == 0:
+                return
+            token = self.bridge.token()
+            self.core.barrier(token)
+            self.core.publish()
+            after = self.collect()
+        if after is not None:
+            after()
+        await token
+
+    def cancel(self, task: Task) -> bool:
+        """Cancel ``task`` (and what takes its value) if it has not started; True if it is cancelled,
+        or its executor cancelled it where it was sent."""
+        self.under_lock(self.core.cancel, task)
+        executor = self.devices.get(task.device)
+        sent = executor is not None and executor.cancel(task)  # (sent ahead while waiting, say)
+        return task.state == "cancelled" or sent
+
+    def add_done_callback(self, task: Task, fn: Callable[[Any], Any]) -> None:
+        """Call ``fn(task)`` on the loop once ``task`` is final."""
+        with self.lock:
+            if task.state not in FINAL_STATES:
+                watch(task, fn)
+                return
+        self.bridge.call_soon_threadsafe(fire, fn, task)
+
+    # -- state, for the frontend -------------------------------------------------
+
+    def counts(self) -> tuple[int, int, int, int, int, int, int, int, int]:
+        """(submitted, completed, failed, cancelled, pending, running, waiting admission, pending bytes,
+        peak pending bytes), read together."""
+        core = self.core
+        with self.lock:
+            return (
+                core.submitted,
+                core.completed,
+                core.failed,
+                core.cancelled,
+                core.pending,
+                core.running,
+                core.waiting_admission,
+                core.pending_bytes,
+                core.peak_pending_bytes,
+            )
+
+    @property
+    def pending(self) -> int:
+        """Tasks admitted and not final (read without the lock: one int)."""
+        return self.core.pending
+
+    def describe(self) -> str:
+        """The load, for a repr (read without the lock: a snapshot that may be a moment old)."""
+        core = self.core
+        return (
+            f"pending={core.pending}/{core.max_pending} running={core.running} "
+            f"bytes={core.pending_bytes}/{core.max_pending_bytes}"
+        )
+
+    def has_room(self, nbytes: int) -> bool:
+        with self.lock:
+            return self.core.has_room(nbytes)
+
+    def limits_text(self) -> str:
+        """The limits and what holds them, for a QueueFull message."""
+        core = self.core
+        held = f", {core.reserved} slots held by throttle() callers" if core.reserved else ""
+        return (
+            f"{core.pending}/{core.max_pending} tasks{held}, "
+            f"{core.pending_bytes}/{core.max_pending_bytes} bytes, {core.waiting_admission} waiting"
+        )
+
+    def attach(self, timeline: Timeline) -> None:
+        """Record into ``timeline`` from now on (one at a time)."""
+        with self.lock:
+            if self.timeline is not None:
+                raise SchedsvcError(
+                    f"a trace is already being recorded to {self.timeline.path!r}; one trace at a time "
+                    "(Config(trace_path=...) records the whole life of the engine)"
+                )
+            self.timeline, self.core.edges = timeline, timeline.edges
+            timeline.on_full = self._stop_edges  # past the cap: memory stays bounded
+            timeline.loop_thread = self.loop_thread
+            timeline.sample(self.core)
+
+    def detach(self) -> Timeline:
+        """Stop recording; return the timeline."""
+        with self.lock:
+            timeline = self.timeline
+            assert timeline is not None
+            timeline.sample(self.core)
+            self.timeline, self.core.edges = None, None
+        return timeline
+
+    def _stop_edges(self) -> None:
+        """A trace reached its cap: the scheduler stops listing dependency edges (called without the lock)."""
+        with self.lock:
+            self.core.edges = None
+
+    # -- closing -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Take no more work (nested work of running tasks still gets in)."""
+        with self.lock:
+            self.closed = True
+
+    def settled(self) -> bool:
+        """Is nothing pending or waiting for admission?"""
+        with self.lock:
+            return not self.core.pending and not self.core.waiting_admission
+
+    def running(self) -> int:
+        with self.lock:
+            return self.core.running
+
+    def cancel_pending(self, error: BaseException) -> None:
+        """Cancel every task not started; submitters still queued get ``error``."""
+        for token in self.under_lock(self.core.cancel_pending):
+            settle(token, error)
+        for executor in self.devices.values():
+            executor.cancel_all()
+
+    def stop(self) -> None:
+        """Tell the executors no more work comes; their threads end once idle."""
+        for executor in self.devices.values():
+            executor.stop()
+
+    def stop_when_idle(self) -> None:
+        """Stop an engine that was never closed: staged work is handed over, then the threads end."""
+        self.under_lock(self._close_and_publish)
+        self.stop()
+
+    def _close_and_publish(self) -> None:
+        self.closed = True
+        self.core.publish()
+
+    async def aclose_executors(self) -> None:
+        for executor in self.devices.values():
+            await executor.aclose()
+
+    def alive_threads(self) -> list[threading.Thread]:
+        return [t for executor in self.devices.values() for t in executor.join(0)]
+
+    # -- the executors' door -------------------------------------------------------
+
+    def worker_started(self) -> None:
+        with self.lock:
+            self.worker_threads.add(get_ident())
+
+    def next_task(self, executor: Executor, worker: Any) -> Task | bool | None:
+        """A worker of ``executor`` asks for work: a task (running now), None (it is parked: wait for
+        its wake-up), or False (it leaves: ``executor.leaving`` said so)."""
+        with self.lock:
+            if executor.leaving(worker, self.core.queues[executor.name].count):
+                self.worker_threads.discard(get_ident())
+                return False
+            task = self.core.take(executor.name)
+            if task is None:
+                executor.park(worker)
+        return task
+
+    def take_all(self, executor: Executor) -> list[Task]:
+        """Every ready task of ``executor``'s device, taken (running now); the executor is ``hungry``
+        again, under the same lock hold, so no task made ready later goes unnoticed."""
+        tasks = []
+        with self.lock:
+            take = self.core.take
+            while (task := take(executor.name)) is not None:
+                tasks.append(task)
+            executor.hungry = True
+        return tasks
+
+    def finish(self, task: Task, value: Any, error: BaseException | None, cancelled: bool = False) -> str:
+        """Record the outcome of a task that ran elsewhere; returns the state it was in.
+
+        Only a ``running`` task is finished (``cancelled``: the executor dropped it unrun, and it ends
+        as an unstarted task cancelled here would).  A final one (failed through a parent, cancelled)
+        is left alone; a task not yet running (sent ahead) is the executor's to keep until it is.
+        """
+        with self.lock:
+            state = task.state
+            if state != "running":
+                return state
+            if cancelled:
+                self.core.finish_cancelled(task)
+            else:
+                self.core.finish(task, value, error, False)
+            after = self.collect()
+        if after is not None:
+            after()
+        return state
+
+    def data_parents(self, task: Task) -> list[Task] | None:
+        """The unfinished data parents of a waiting ``task``, if they are all it waits for (no hazard
+        edge holds it); None otherwise."""
+        with self.lock:
+            if task.state != "waiting":
+                return None
+            parents = [d for d in task.deps if d.state not in FINAL_STATES]
+            return parents if len(parents) == task.n_waiting else None
 
     # -- waiting -----------------------------------------------------------------
 
@@ -241,14 +548,13 @@ class Runtime:
         """Wait on the event loop until ``task`` is final."""
         if self.forked:
             raise EngineClosed(FORKED)
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
+        waiter = self.bridge.token()
         with self.lock:
             if task.state in FINAL_STATES:
                 return
-            if loop is not self.loop:
+            if self.bridge.foreign(waiter):
                 self.other_loops = True  # from now on, collect looks for their waiters
-            _watch(task, waiter)
+            watch(task, waiter)
             if self.core.staged:
                 self.core.publish()
             after = self.collect()
@@ -256,7 +562,7 @@ class Runtime:
             after()
         try:
             await waiter
-        except asyncio.CancelledError:
+        except self.bridge.Cancelled:
             with self.lock:
                 _unwatch(task, waiter)
             raise
@@ -273,10 +579,9 @@ class Runtime:
         if self.forked:
             raise EngineClosed(FORKED)
         worker = current_worker()
-        # this thread would only wait: run it here (not on Dask, where no task runs in this process)
+        # this thread would only wait: run it here (on a device whose tasks any thread may run)
         if (
-            task.device == "cpu"
-            and not self.remote
+            task.device in self.anywhere
             and (timeout is None or self.fits(task, timeout))
             and self.claim(task)
         ):
@@ -288,14 +593,14 @@ class Runtime:
         with self.lock:
             if task.state in FINAL_STATES:
                 return True
-            _watch(task, gate)
+            watch(task, gate)
         try:
             if worker is not None:
-                worker.pool.blocking(+1)
+                worker.blocking(+1)
             got = gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
         finally:
             if worker is not None:
-                worker.pool.blocking(-1)
+                worker.blocking(-1)
         if not got:
             with self.lock:
                 _unwatch(task, gate)
@@ -309,7 +614,7 @@ class Runtime:
         self.lock = threading.Lock()  # another thread of the parent may have held it at the fork
         self.worker_threads = set()
         self.loop_thread = -1
-        self._to_loop = []
+        self.bridge.forget()
 
     def on_loop_thread(self) -> bool:
         """Is this the event loop's thread, outside a task?  (A task run inline there may block: it is its own.)"""
@@ -346,7 +651,12 @@ class Runtime:
 
     def run_inline(self, task: Task) -> bool:
         """Run a ready task on this (the awaiting) thread if it is cheap; False if not run."""
-        if task.state == "ready" and task.device == "cpu" and self.is_cheap(task) and self.claim(task):
+        if (
+            task.state == "ready"
+            and task.device in self.anywhere
+            and self.is_cheap(task)
+            and self.claim(task)
+        ):
             self.execute(task, chain=False)
             return True
         return False
@@ -451,19 +761,8 @@ def _call_all(calls: list[Callable[[], None]]) -> None:
         call()
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
-def _elsewhere(watcher: Any, loop: asyncio.AbstractEventLoop) -> bool:
-    """Is ``watcher`` an asyncio future of another loop (woken directly when its task finished)?"""
-    return isinstance(watcher, asyncio.Future) and watcher.get_loop() is not loop
-
-
-def _watch(task: Task, watcher: Any) -> None:
+def watch(task: Task, watcher: Any) -> None:
+    """Add ``watcher`` (a token, a callback, a thread's gate) to those woken when ``task`` is final."""
     if task.watchers is None:
         task.watchers = [watcher]
     else:
@@ -476,36 +775,10 @@ def _unwatch(task: Task, watcher: Any) -> None:
             task.watchers.remove(watcher)
 
 
-def _fire(watcher: Any, task: Task | None) -> None:
-    """Wake an asyncio future (on its own loop) or call a done-callback."""
-    if isinstance(watcher, asyncio.Future):
-        settle(watcher)
-        return
-    try:
-        watcher(task)
-    except Exception as exc:  # a callback's error must not stop the others
-        asyncio.get_running_loop().call_exception_handler(
-            {"message": f"exception in done callback {watcher!r} of {task!r}", "exception": exc}
-        )
-
-
-def settle(token: asyncio.Future[None], error: BaseException | None = None) -> None:
-    """Complete an asyncio future (with ``error``, if given) from any thread, on its own loop."""
-
-    def complete() -> None:
-        if token.done():
-            return
-        if error is None:
-            token.set_result(None)
-        else:
-            token.set_exception(error)
-
-    loop = token.get_loop()
-    if _on_loop(loop):
-        complete()
-    else:
-        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
-            loop.call_soon_threadsafe(complete)
+def _leave_queue(core: Scheduler, token: Any) -> None:
+    """A cancelled throttle() leaves the admission queue, or gives back the slot it was let through onto."""
+    if not core.withdraw(token):
+        core.unreserve(token)
 
 
 def _acquire_contended(lock: threading.Lock) -> None:

@@ -13,6 +13,7 @@ refused.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,13 +22,23 @@ from .._core import Buffer, Task, safe_repr
 from .._errors import InvalidTask
 from ._memory import exports_memory, memory_of
 
-__all__ = ["buffer_of", "scan", "substitute", "substitute_args"]
+__all__ = ["buffer_of", "register_buffer_types", "scan", "substitute", "substitute_args"]
 
 _ndarray = np.ndarray
 # values with no dependency and no memory a task could write: NumPy scalars are immutable too (but
 # np.void can be a view into a structured array, so it is walked like other objects)
 _SCALARS = {kind for kind in np.sctypeDict.values() if kind not in (np.void, np.object_)}
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis), *_SCALARS})
+
+
+#: argument types executors understand as memory (a CuPy array, say), beyond NumPy arrays and the
+#: buffer protocol, with how to key them: type -> (obj -> (key, nbytes)), the same key for every view
+_KEYERS: dict[type, Callable[[Any], tuple[int, int]]] = {}
+
+
+def register_buffer_types(keyers: Mapping[type, Callable[[Any], tuple[int, int]]]) -> None:
+    """Scan arguments of these types as memory from now on (an executor's ``buffer_types``)."""
+    _KEYERS.update(keyers)
 
 
 def buffer_of(array: np.ndarray) -> tuple[int, int]:
@@ -82,6 +93,8 @@ class _Found:
             hook = getattr(kind, "__schedsvc_visit__", None)
             if hook is not None:
                 hook(obj, self, write)
+            elif kind in _KEYERS:  # a device array an executor keys (a view keys to its base)
+                self.memory(_KEYERS[kind](obj), write)
             elif exports_memory(obj):  # a memoryview, bytearray, array-interface wrapper, ...
                 self.memory(memory_of(obj), write)
             elif declared is not None:

@@ -1,6 +1,26 @@
-"""``eng.compile``: trace a function once on symbolic tensors, replay it as one fused task."""
+"""``eng.compile``: trace a function once on symbolic tensors, replay it as one fused task.
 
-from ._compiled import Compiled, load
-from ._graph import Graph
+The names are imported on first use, so ``schedsvc.tensor`` can read
+``compile._state`` (is this thread tracing?) without importing the compiler,
+which is built on the Tensor.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._compiled import Compiled, load
+    from ._graph import Graph
 
 __all__ = ["Compiled", "Graph", "load"]
+
+_WHERE = {"Compiled": "._compiled", "load": "._compiled", "Graph": "._graph"}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(where, __name__), name)

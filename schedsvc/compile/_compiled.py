@@ -29,14 +29,18 @@ import numpy as np
 
 from .._core import name_of
 from .._errors import LoadError, SchedsvcError, TraceError
+from .._port import port_of
 from .._runtime import buffer_of
 from ..tensor import Op, Tensor
-from ..tensor._tensor import ACTIVE, check_out, tracing
+from ..tensor._tensor import check_out
+from ..tensor._tracking import queue_op
 from ._graph import Constants, Graph, Node, Ref, emit
+from ._state import ACTIVE, tracing
 from ._trace import trace
 
 if TYPE_CHECKING:
     from .._engine import Engine
+    from .._port import Port
 
 __all__ = ["Compiled", "load"]
 
@@ -74,11 +78,11 @@ class _Entry:
         )
         self.tensors = tuple(p[2:] for p in parts) if positional and parts else None
 
-    def launch(self, engine: Engine, arrays: Sequence[Any], compiled: Compiled) -> Any:
+    def launch(self, engine: Port, arrays: Sequence[Any], compiled: Compiled) -> Any:
         """Queue one replay of ``compiled`` on ``arrays`` now, or raise QueueFull; its Tensor (or tuple/list)."""
         return self._outputs(engine, arrays, self._replay(engine, arrays, compiled, None))
 
-    async def launch_waiting(self, engine: Engine, arrays: Sequence[Any], compiled: Compiled) -> Any:
+    async def launch_waiting(self, engine: Port, arrays: Sequence[Any], compiled: Compiled) -> Any:
         """Queue one replay, waiting for room (FIFO) while the engine is at its limits."""
         waiting: list[asyncio.Future[None]] = []
         whole = self._replay(engine, arrays, compiled, waiting)
@@ -92,7 +96,7 @@ class _Entry:
 
     def _replay(
         self,
-        engine: Engine,
+        engine: Port,
         arrays: Sequence[Any],
         compiled: Compiled,
         waiting: list[asyncio.Future[None]] | None,
@@ -103,7 +107,8 @@ class _Entry:
             root, memory = (None, None) if source is None else _alias(arrays, source)
         else:
             shape, dtype, root, memory = (), _OBJECT, None, None
-        return engine._tensor_task(
+        return queue_op(
+            engine,
             self.op,
             arrays,
             None,
@@ -119,7 +124,7 @@ class _Entry:
             waiting,
         )
 
-    def _outputs(self, engine: Engine, arrays: Sequence[Any], whole: Tensor) -> Any:
+    def _outputs(self, engine: Port, arrays: Sequence[Any], whole: Tensor) -> Any:
         """The call's result: the replay's Tensor, or a Tensor per output picked from it (admitted with it)."""
         if self.graph.out_kind == "single":
             return whole
@@ -130,7 +135,7 @@ class _Entry:
             base = self.graph.nodes[self.graph.outputs[i]].base
             if root is None and memory is None and base in owners:
                 root = owners[base]  # outputs sharing memory order their writes together
-            part = engine._tensor_task(_PICK, [whole], {"index": i}, shape, dtype, root, None, memory)
+            part = queue_op(engine, _PICK, [whole], {"index": i}, shape, dtype, root, None, memory)
             owners.setdefault(base, part.owner)
             parts.append(part)
         return tuple(parts) if self.graph.out_kind == "tuple" else parts
@@ -173,7 +178,7 @@ class Compiled:
 
     def __init__(
         self,
-        engine: Engine,
+        port: Port,
         fn: Callable[..., Any] | None,
         *,
         max_signatures: int = MAX_SIGNATURES,
@@ -188,7 +193,7 @@ class Compiled:
             )
         if type(max_signatures) is not int or max_signatures < 1:
             raise ValueError(f"max_signatures must be a positive int, got {max_signatures!r}")
-        self._engine = engine
+        self._port = port  # the engine, as its frontend parts see it
         self._fn = fn
         self.name = re.sub(r"\W", "_", name or name_of(fn) or "compiled").strip("_") or "compiled"
         self.max_signatures = max_signatures
@@ -216,7 +221,7 @@ class Compiled:
                 raise TraceError(f"{self!r} was loaded without its source and cannot be traced into another")
             return self._fn(*args, **kwargs)
         entry, arrays = self._lookup(args, kwargs)
-        return entry.launch(self._engine, arrays, self)  # counts the replay
+        return entry.launch(self._port, arrays, self)  # counts the replay
 
     def submit(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
         """Queue one call, waiting (first come first served) while the engine is at its limits.
@@ -229,7 +234,7 @@ class Compiled:
                 f"{self!r}.submit() inside a compiled function: call it ({self.name}(...)) to trace it in"
             )
         entry, arrays = self._lookup(args, kwargs)
-        return entry.launch_waiting(self._engine, arrays, self)
+        return entry.launch_waiting(self._port, arrays, self)
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
         """The entry for this call's signature (traced now if new) and its array arguments."""
@@ -267,7 +272,7 @@ class Compiled:
             self.traces += 1
             thrashing = self._retraced(signature)
             self._store(signature, entry)
-        self._engine._compile_counts[0] += 1
+        self._port.compile_counts[0] += 1
         if thrashing:
             warnings.warn(self._thrash_message(), RuntimeWarning, stacklevel=4)  # user -> call -> _lookup
         return entry
@@ -340,6 +345,11 @@ class Compiled:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
 
+    def count_replay(self) -> None:
+        """One replay admitted (called under the runtime's lock, so the counts stay exact)."""
+        self.replays += 1
+        self._port.compile_counts[1] += 1
+
     def __repr__(self) -> str:
         source = "" if self._fn is not None else " (loaded)"
         return f"<Compiled {self.name}{source} signatures={len(self._cache)} traces={self.traces} replays={self.replays}>"
@@ -359,7 +369,9 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
     if doc.get("version") != _VERSION:
         raise LoadError(f"{where!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}")
     try:
-        compiled = Compiled(engine, None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"])))
+        compiled = Compiled(
+            port_of(engine), None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"]))
+        )
         for item in doc["entries"]:
             signature = _dec(item["signature"])
             graph = _dec_graph(item["graph"])

@@ -1,7 +1,7 @@
 """Tracing: run a function once on symbolic tensors and record every array operation.
 
 While a trace runs on a thread, every Tensor operation there is recorded
-instead of queued (``schedsvc.tensor._tensor.tracing``).  Arrays the function
+instead of queued (``schedsvc.compile._state.tracing``).  Arrays the function
 captures become constants (copied -- a constant cannot change under a compiled
 graph -- once per compiled function, see ``Constants``), and so do computed Tensors; anything a replay could not repeat --
 needing a value (``if t > 0``), printing, submitting tasks, writing an
@@ -23,8 +23,9 @@ from .._core import FINAL_STATES
 from .._errors import TraceError
 from .._future import Future
 from ..tensor import ArrayOps, Op, Tensor
-from ..tensor._tensor import ACTIVE, check_out, tracing
+from ..tensor._tensor import check_out
 from ._graph import Constants, Graph, Node, Ref, optimize
+from ._state import ACTIVE, tracing
 
 __all__ = ["Symbol", "trace"]
 

@@ -1,17 +1,32 @@
-"""Executor kinds, one module each, imported only when a device of that kind is used."""
+"""Executors, one module per kind, found by name and imported only when an engine uses them.
+
+``KINDS`` maps an executor kind to its module and class; ``executor_for``
+picks the kind that serves a device under a config, and ``open_executor``
+builds it.  The engine, the runtime and the core never test which kind a
+device is: what differs is in the executor (``_executor.Executor``).
+"""
 
 from __future__ import annotations
 
+import importlib
 import re
 from typing import TYPE_CHECKING
 
 from .._errors import DeviceError
+from ._executor import Executor, Keyer
 
 if TYPE_CHECKING:
     from .._config import Config
-    from .._runtime import Device, Runtime
+    from .._runtime import Runtime
 
-__all__ = ["check_device", "make_device"]
+__all__ = ["KINDS", "Executor", "Keyer", "check_config", "check_device", "executor_for", "open_executor"]
+
+#: executor kind -> (module in this package, class): imported on first use
+KINDS: dict[str, tuple[str, str]] = {
+    "cpu": ("cpu", "CpuPool"),
+    "dask": ("dask", "DaskExecutor"),
+    "cuda": ("cuda", "CudaExecutor"),
+}
 
 _CUDA = re.compile(r"^cuda:(\d+)$")
 
@@ -28,13 +43,26 @@ def check_device(name: str) -> None:
     cuda.check(int(match.group(1)))
 
 
-def make_device(name: str, rt: Runtime, config: Config) -> Device:
-    """The executor for device ``name``."""
+def executor_for(name: str, config: Config) -> type[Executor]:
+    """The executor class that runs device ``name``'s tasks under ``config`` (imported now)."""
     check_device(name)
-    if name == "cpu":
-        from .cpu import CpuPool
+    kind = name.partition(":")[0]  # "cpu", "cuda"
+    if kind == "cpu" and config.backend == "dask":
+        kind = "dask"  # the cluster runs the "cpu" device's tasks
+    module, cls = KINDS[kind]
+    found: type[Executor] = getattr(importlib.import_module(f".{module}", __package__), cls)
+    return found
 
-        return CpuPool(rt, config.cpu_workers)
-    from . import cuda
 
-    return cuda.make(name, rt, config)
+def check_config(config: Config) -> None:
+    """Raise if ``config`` asks for what its executors cannot do, naming the field: the backend's
+    settings first, then each device (unknown, unavailable)."""
+    if config.backend != "threads":
+        executor_for("cpu", config).check_config(config)
+    for name in config.devices:
+        executor_for(name, config).check_config(config)
+
+
+async def open_executor(name: str, rt: Runtime, config: Config) -> Executor:
+    """Build the executor of device ``name``."""
+    return await executor_for(name, config).open(rt, name, config)

@@ -14,9 +14,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .._runtime import Runtime, Task
 from .._runtime._runtime import _local
+from ._executor import Executor
+
+if TYPE_CHECKING:
+    from .._config import Config
 
 __all__ = ["CpuPool", "CpuWorker"]
 
@@ -36,28 +41,20 @@ class CpuWorker:
     def _main(self) -> None:
         _local.worker = self
         pool = self.pool
-        lock = pool.rt.lock
-        core = pool.rt.core
-        idle = pool.idle
-        ident = threading.get_ident()
-        with lock:
-            pool.rt.worker_threads.add(ident)
+        next_task = pool.rt.next_task
+        pool.rt.worker_started()
         while True:
-            with lock:
-                if pool.live - pool.blocked > pool.size or (pool.stopping and not core.queues["cpu"].count):
-                    pool.retire(self)  # a stand-in no longer needed, or the engine is closing
-                    pool.rt.worker_threads.discard(ident)
-                    return
-                task = core.take("cpu")
-                if task is None:
-                    idle.append(self)
-            if task is None:
-                self.park.acquire()
-            else:
+            found = next_task(pool, self)
+            if isinstance(found, Task):
                 # hand the task over without keeping a reference here: a finished task's
                 # value (a Tensor's array) must be freed when its last user lets go of it
-                self.first, task = task, None
+                self.first = found
+                del found
                 self.run_chain(None)
+            elif found is None:
+                self.park.acquire()
+            else:  # retired: a stand-in no longer needed, or the engine is closing
+                return
 
     def run_chain(self, task: Task | None) -> None:
         """Run ``task`` (or the one handed over in ``first``), then what each finish hands on."""
@@ -71,14 +68,26 @@ class CpuWorker:
         finally:
             self.busy += time.perf_counter() - t0
 
+    def blocking(self, delta: int) -> None:
+        """This worker starts (+1) or stops (-1) blocking on another task's result."""
+        self.pool.blocking(delta)
 
-class CpuPool:
-    """``size`` worker threads, plus stand-ins while workers block."""
 
-    name = "cpu"
+class CpuPool(Executor):
+    """``size`` worker threads, plus stand-ins while workers block.
 
-    def __init__(self, rt: Runtime, size: int) -> None:
-        self.rt = rt
+    Its bookkeeping (parked and live workers) is read by ``notify`` and
+    ``leaving`` with the runtime's lock held, so it changes only under that
+    lock too: in those calls, or through ``rt.under_lock``.
+    """
+
+    kind = "cpu"
+    runs_anywhere = True
+
+    def __init__(self, rt: Runtime, size: int, name: str = "cpu") -> None:
+        super().__init__(rt, name)
+        self.eager = size  # the first tasks of a burst start at once, one per worker
+        self.hungry = False  # no worker is parked until the threads have started
         self.size = size
         self.idle: list[CpuWorker] = []
         self.workers: list[CpuWorker] = []  # live ones
@@ -89,16 +98,29 @@ class CpuPool:
         self.blocked = 0
         self.stopping = False
 
+    @classmethod
+    async def open(cls, rt: Runtime, name: str, config: Config) -> CpuPool:
+        return cls(rt, config.cpu_workers, name)
+
     @property
-    def concurrency(self) -> int:
+    def concurrency(self) -> int:  # type: ignore[override]
         """Tasks it runs at once: its worker threads."""
         return self.size
 
     def start(self) -> None:
         for _ in range(self.size):
-            with self.rt.lock:
-                worker = self._reserve()
-            self._launch(worker)
+            self._launch(self.rt.under_lock(self._reserve))
+
+    def leaving(self, worker: CpuWorker, ready: int) -> bool:
+        """A stand-in no longer needed leaves, and every worker once the engine is closing and idle."""
+        if self.live - self.blocked > self.size or (self.stopping and not ready):
+            self.retire(worker)
+            return True
+        return False
+
+    def park(self, worker: CpuWorker) -> None:
+        self.idle.append(worker)
+        self.hungry = True
 
     def _reserve(self) -> CpuWorker:
         """With the lock held: count a new worker in; ``_launch`` it after releasing the lock."""
@@ -113,11 +135,13 @@ class CpuPool:
         try:
             worker.thread.start()
         except RuntimeError:  # cannot start a thread: carry on with fewer
-            with self.rt.lock:
-                self.live -= 1
-                self.workers.remove(worker)
+            self.rt.under_lock(self._unreserve, worker)
             if not self.workers:
                 raise
+
+    def _unreserve(self, worker: CpuWorker) -> None:
+        self.live -= 1
+        self.workers.remove(worker)
 
     def retire(self, worker: CpuWorker) -> None:
         """With the lock held: ``worker`` is leaving; keep its busy time, forget the worker.
@@ -133,47 +157,57 @@ class CpuPool:
         self.retired = [t for t in self.retired if t.is_alive()]
         self.retired.append(worker.thread)
 
-    def wake(self, ready: int) -> Callable[[], None] | None:
+    def notify(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: take parked workers for ``ready`` tasks; return their wake-up."""
         idle = self.idle
-        if not idle:
-            return None
         if ready == 1 or len(idle) == 1:
-            return idle.pop().park.release
-        woken = [idle.pop() for _ in range(min(ready, len(idle)))]
-        return lambda: _release_all(woken)
+            woken = idle.pop()
+            self.hungry = bool(idle)
+            return woken.park.release
+        woken_all = [idle.pop() for _ in range(min(ready, len(idle)))]
+        self.hungry = bool(idle)
+        return lambda: _release_all(woken_all)
 
     def blocking(self, delta: int) -> None:
         """A worker starts (+1) or stops (-1) blocking on another task's result."""
-        release = None
-        stand_in = None
-        with self.rt.lock:
-            self.blocked += delta
-            if delta > 0 and not self.stopping and self.live - self.blocked < self.size:
-                stand_in = self._reserve()
-            elif delta < 0 and self.live - self.blocked > self.size and self.idle:
-                release = self.idle.pop().park.release  # let a parked stand-in retire
+        stand_in, release = self.rt.under_lock(self._count_blocked, delta)
         if stand_in is not None:
             with contextlib.suppress(RuntimeError):  # the blocked worker is not lost, only helped
                 self._launch(stand_in)
         if release is not None:
             release()
 
+    def _count_blocked(self, delta: int) -> tuple[CpuWorker | None, Callable[[], None] | None]:
+        """With the lock held: count a blocked worker; a stand-in to launch, or a parked one to let go."""
+        self.blocked += delta
+        if delta > 0 and not self.stopping and self.live - self.blocked < self.size:
+            return self._reserve(), None
+        if delta < 0 and self.live - self.blocked > self.size and self.idle:
+            woken = self.idle.pop()  # let a parked stand-in retire
+            self.hungry = bool(self.idle)
+            return None, woken.park.release
+        return None, None
+
     def stop(self) -> None:
-        with self.rt.lock:
-            self.stopping = True
-            parked, self.idle[:] = self.idle[:], []
-        _release_all(parked)
+        _release_all(self.rt.under_lock(self._stopping))
+
+    def _stopping(self) -> list[CpuWorker]:
+        self.stopping = True
+        self.hungry = False
+        parked, self.idle[:] = self.idle[:], []
+        return parked
 
     def join(self, timeout: float | None) -> list[threading.Thread]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self.rt.lock:
-            threads = [w.thread for w in self.workers] + self.retired
+        threads = self.rt.under_lock(self._threads)
         for thread in threads:
             if thread.is_alive():  # (a stand-in being launched right now is not started yet)
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 thread.join(left)
         return [t for t in threads if t.is_alive()]
+
+    def _threads(self) -> list[threading.Thread]:
+        return [w.thread for w in self.workers] + self.retired
 
     def busy_seconds(self) -> dict[str, float]:
         busy = dict(self.retired_busy)

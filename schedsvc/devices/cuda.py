@@ -6,15 +6,16 @@ This release checks availability and says how to get it; the stream workers
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from .._errors import DeviceError
+from ._executor import Executor
 
 if TYPE_CHECKING:
     from .._config import Config
-    from .._runtime import Device, Runtime
+    from .._runtime import Runtime
 
-__all__ = ["check", "make"]
+__all__ = ["CudaExecutor", "check"]
 
 
 def check(index: int) -> None:
@@ -34,11 +35,14 @@ def check(index: int) -> None:
         raise DeviceError(f"cuda:{index} does not exist: this machine has {count} CUDA device(s)")
 
 
-def make(name: str, rt: Runtime, config: Config) -> Device:
-    _not_built(name)
+class CudaExecutor(Executor):
+    """CUDA streams of one device (not built yet: opening one says so)."""
 
+    kind = "cuda"
 
-def _not_built(name: str) -> NoReturn:
-    raise DeviceError(
-        f"{name} is present, but this schedsvc release has no CUDA stream workers yet; run on 'cpu' for now"
-    )
+    @classmethod
+    async def open(cls, rt: Runtime, name: str, config: Config) -> Executor:
+        raise DeviceError(
+            f"{name} is present, but this schedsvc release has no CUDA stream workers yet; "
+            "run on 'cpu' for now"
+        )

@@ -50,16 +50,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core import FINAL_STATES, Task
+from .._core import FINAL_STATES, Task, name_of
 from .._errors import DeviceError, InvalidTask, SchedsvcError
 from .._runtime._remote import Remote
 from .._timeline import describe
+from ._executor import Executor
 
 if TYPE_CHECKING:
     from .._config import Config
     from .._runtime import Runtime
 
-__all__ = ["DaskDevice", "DaskValue", "Fetcher", "connect"]
+__all__ = ["DaskExecutor", "DaskValue", "Fetcher"]
 
 # Dask's objects, as this module sees them (distributed is untyped, and optional)
 Client = Any
@@ -81,31 +82,6 @@ def _import_distributed() -> Any:
             "backend='dask' needs Dask distributed, which is not installed; pip install 'schedsvc[dask]'"
         ) from exc
     return distributed
-
-
-async def connect(rt: Runtime, config: Config) -> DaskDevice:
-    """Start an async Client on the running loop (and a LocalCluster if no address is given)."""
-    distributed = _import_distributed()
-    cluster = None
-    if config.dask_address is None:
-        cluster = await _start_local_cluster(distributed, config)
-        address = cluster.scheduler_address
-    else:
-        address = config.dask_address
-    try:
-        client = await distributed.Client(
-            address, asynchronous=True, set_as_default=False, timeout=config.dask_timeout_s
-        )
-    except BaseException as exc:
-        if cluster is not None:
-            await cluster.close()
-        if isinstance(exc, OSError | TimeoutError):
-            raise SchedsvcError(
-                f"backend='dask': could not reach the Dask scheduler at {address!r} ({exc}); "
-                "start one (dask scheduler), fix dask_address, or leave it unset for a local cluster"
-            ) from exc
-        raise
-    return DaskDevice(rt, client, cluster, await _threads(client, config))
 
 
 async def _start_local_cluster(distributed: Any, config: Config) -> LocalCluster:
@@ -297,22 +273,24 @@ def _closing(batch: list[tuple[DaskFuture, asyncio.Future[Any]]]) -> bool:
     return True
 
 
-class DaskDevice:
-    """Sends the core's ready "cpu" tasks to a Dask cluster; reports their completion back."""
+class DaskExecutor(Executor):
+    """Sends the core's ready tasks of its device ("cpu") to a Dask cluster; reports their end back."""
 
-    name = "cpu"
-    # never staged (Runtime.stage_next): a submission is sent at once, so its dependents,
-    # submitted next, can go to the cluster right behind it (see forward); a staged parent
-    # is not visible to take(), so its children would wait for it to finish here instead
-    size = 1 << 30
+    kind = "dask"
+    local = False  # values stay on the cluster (Remote) until asked for
+    vets_tasks = True  # writes that could not come back are refused at submission (check_task)
+    forwards = True  # a task waiting only for tasks on the cluster is sent right behind them
 
     def __init__(self, rt: Runtime, client: Client, cluster: LocalCluster | None, threads: int) -> None:
-        self.rt = rt
+        super().__init__(rt, "cpu")
+        # never staged (Runtime.stage_next): a submission is sent at once, so its dependents,
+        # submitted next, can go to the cluster right behind it (see forward); a staged parent
+        # is not visible to take(), so its children would wait for it to finish here instead
+        self.eager = 1 << 30
         self.client = client
         self.cluster = cluster
         self.concurrency = threads  # the cluster's worker threads at start: eng.map's window is twice this
-        # non-empty while no pump is scheduled: the runtime calls wake() when tasks become ready
-        self.idle: list[Any] = [self]
+        # hungry (true) while no pump is scheduled: the runtime calls notify() when tasks become ready
         self.sent: dict[Task, DaskFuture] = {}  # tasks on the cluster, until the core records their end
         # ended before the core ran them: (value, error, cancelled on the cluster)
         self.early: dict[Task, tuple[Any, BaseException | None, bool]] = {}
@@ -329,21 +307,69 @@ class DaskDevice:
         self.fetcher = Fetcher(client, rt.loop)
         client.subscribe_topic(self.topic, self._on_span)
 
-    # -- the Device protocol ----------------------------------------------------
+    @classmethod
+    async def open(cls, rt: Runtime, name: str, config: Config) -> DaskExecutor:
+        """Start an async Client on the running loop (and a LocalCluster if no address is given)."""
+        distributed = _import_distributed()
+        cluster = None
+        if config.dask_address is None:
+            cluster = await _start_local_cluster(distributed, config)
+            address = cluster.scheduler_address
+        else:
+            address = config.dask_address
+        try:
+            client = await distributed.Client(
+                address, asynchronous=True, set_as_default=False, timeout=config.dask_timeout_s
+            )
+        except BaseException as exc:
+            if cluster is not None:
+                await cluster.close()
+            if isinstance(exc, OSError | TimeoutError):
+                raise SchedsvcError(
+                    f"backend='dask': could not reach the Dask scheduler at {address!r} ({exc}); "
+                    "start one (dask scheduler), fix dask_address, or leave it unset for a local cluster"
+                ) from exc
+            raise
+        return cls(rt, client, cluster, await _threads(client, config))
 
-    def start(self) -> None:
-        return None
+    @classmethod
+    def check_config(cls, config: Config) -> None:
+        """Settings that have no meaning on a Dask cluster fail at start, naming the field."""
+        if config.sync_mode:
+            raise SchedsvcError(
+                "sync_mode=True runs every task in the caller, so it cannot run on Dask; "
+                "use backend='threads' with sync_mode, or sync_mode=False with backend='dask'"
+            )
+        if tuple(config.devices) != ("cpu",):
+            raise DeviceError(
+                f"devices={tuple(config.devices)}: backend='dask' runs CPU tasks only; use devices=('cpu',)"
+            )
 
-    def wake(self, ready: int) -> Callable[[], None] | None:
+    def check_task(self, fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
+        """A task writes into its own copy of a buffer on the cluster: refuse writes that cannot come back."""
+        label = name_of(fn) or "task"
+        if not (type(writes) is tuple and not writes):
+            raise InvalidTask(
+                f"{label}: writes= declares memory the task changes through a closure; on backend='dask' "
+                "the task runs in another process on a copy, so the change could never reach this array. "
+                "Return the new array instead, or pass the array as out= (it is written back)"
+            )
+        out = kwargs.get("out")
+        if out is not None and not isinstance(out, np.ndarray):
+            raise InvalidTask(
+                f"{label}: out= must be a NumPy array of this process on backend='dask' (it is written "
+                f"back after the task), got {type(out).__name__}; return the new value instead"
+            )
+
+    # -- the Executor interface -------------------------------------------------
+
+    def notify(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: schedule one pump on the loop for the ready tasks."""
-        self.idle.clear()
+        self.hungry = False
         return self._schedule_pump
 
-    def stop(self) -> None:
-        return None
-
-    def join(self, timeout: float | None) -> list[threading.Thread]:
-        return []
+    def admitted(self, task: Task) -> None:
+        self.forward(task)
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds spent in the tasks traced so far, per Dask worker (threads are not timed otherwise)."""
@@ -363,15 +389,7 @@ class DaskDevice:
 
     def _pump(self) -> None:
         """On the loop: take every ready task and send it to the cluster."""
-        rt = self.rt
-        tasks = []
-        with rt.lock:
-            take = rt.core.take
-            while (task := take("cpu")) is not None:
-                tasks.append(task)
-            if not self.idle:  # re-armed under the lock: later ready tasks wake us again
-                self.idle.append(self)
-        for task in tasks:
+        for task in self.rt.take_all(self):  # hungry again: later ready tasks wake us again
             if task not in self.sent:
                 self._send(task)
             elif task in self.early:  # forwarded, and its outcome is already here
@@ -391,15 +409,12 @@ class DaskDevice:
             return
         if task in self.sent or isinstance((task.kwargs or {}).get("out"), np.ndarray):
             return
-        with self.rt.lock:
-            if task.state != "waiting":
-                return
-            parents = [d for d in task.deps if d.state not in FINAL_STATES]
-            if len(parents) != task.n_waiting:  # some edge is a buffer hazard
-                return
-            if any(p in self.writers for p in parents):  # its value exists only once written back
-                return
-            unsent = any(p not in self.sent for p in parents)
+        parents = self.rt.data_parents(task)
+        if parents is None:  # not waiting any more, or some edge is a buffer hazard
+            return
+        if any(p in self.writers for p in parents):  # its value exists only once written back
+            return
+        unsent = any(p not in self.sent for p in parents)
         if unsent:
             self._pump()  # parents that are ready but not sent yet go first
             if any(p not in self.sent for p in parents):
@@ -514,26 +529,12 @@ class DaskDevice:
         ``cancelled``: the cluster dropped the task unrun; it ends ``cancelled``,
         as a task cancelled before it started does, and so do its dependents.
         """
-        rt = self.rt
-        with rt.lock:
-            state = task.state
-            if state == "running":
-                self.sent.pop(task, None)
-                self.writers.discard(task)
-                if cancelled:
-                    rt.core.finish_cancelled(task)
-                else:
-                    rt.core.finish(task, value, error, False)
-                after = rt.collect()
-            elif state in FINAL_STATES:  # failed through a parent, or cancelled, meanwhile
-                self.sent.pop(task, None)
-                self.writers.discard(task)
-                return
-            else:  # forwarded, and done before the core made it ready: kept for the pump
-                self.early[task] = (value, error, cancelled)
-                return
-        if after is not None:
-            after()
+        state = self.rt.finish(task, value, error, cancelled)
+        if state == "running" or state in FINAL_STATES:  # (final: failed through a parent, cancelled)
+            self.sent.pop(task, None)
+            self.writers.discard(task)
+        else:  # forwarded, and done before the core made it ready: kept for the pump
+            self.early[task] = (value, error, cancelled)
 
     # -- cancelling and closing ------------------------------------------------
 

@@ -16,7 +16,6 @@ sequential NumPy would hold at that point of the program.
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
@@ -27,28 +26,17 @@ from .._core import FINAL_STATES, Buffer, Task
 from .._errors import InvalidTask
 from .._future import Future, blocks_the_loop, stop_through_await
 from .._runtime import buffer_of
+from ..compile._state import ACTIVE, tracing
 from ._meta import Shape, broadcast
 from ._ops import OPS, Op, op_for_ufunc
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from .._port import Port
 
-__all__ = ["ACTIVE", "ArrayOps", "Tensor", "apply", "check_out", "concrete", "tracing"]
+__all__ = ["ArrayOps", "Tensor", "apply", "check_out", "concrete"]
 
 _SCALARS = (int, float, complex, bool, np.generic)
 _OPERANDS: tuple[type, ...] = ()  # set below, once ArrayOps exists
-
-
-class _Tracing(threading.local):
-    """The trace recording on this thread (``schedsvc.compile``), if any."""
-
-    depth = 0
-    trace: Any = None
-
-
-tracing = _Tracing()
-#: traces running on any thread: checked first, so that no trace costs one list read
-ACTIVE = [0]
 
 
 class ArrayOps:
@@ -347,7 +335,7 @@ class Tensor(ArrayOps, Future[Any]):
 
     @classmethod
     def _run_op(cls, op: Op, operands: tuple[Any, ...], attrs: dict[str, Any], target: Any) -> Any:
-        engine: Engine | None = None
+        engine: Port | None = None
         metas: list[Any] = []
         args: list[Any] = []
         for operand in operands:
@@ -364,22 +352,22 @@ class Tensor(ArrayOps, Future[Any]):
         if target is not None and not isinstance(target, Tensor):
             raise TypeError(f"out= must be a Tensor of the same engine, got {type(target).__name__}")
         if target is not None and engine is None:  # np.add(2, 1, out=t): t is the only Tensor
-            engine = target._engine
-        if target is not None and target._engine is not engine:
+            engine = target._port
+        if target is not None and target._port is not engine:
             raise InvalidTask(f"{op.name}(): out= belongs to another engine")
         assert engine is not None
         shape, dtype, view = op.infer(metas, attrs)
         if target is not None:
             check_out(op, shape, dtype, target)
             kwargs = attrs if op.name == "setitem" else {**attrs, "out": target}
-            task = engine._tensor_task(op, args, kwargs, target.shape, target.dtype, target.owner, target)
+            task = queue_op(engine, op, args, kwargs, target.shape, target.dtype, target.owner, target)
             root = target.owner
             root._last_write = task
             return target
         base = args[0].owner if view and isinstance(args[0], Tensor) else None
         if view and base is None:  # a view of a plain ndarray operand: that array's memory
-            return engine._tensor_task(op, args, attrs, shape, dtype, None, None, buffer_of(args[0]))
-        return engine._tensor_task(op, args, attrs, shape, dtype, base, None)
+            return queue_op(engine, op, args, attrs, shape, dtype, None, None, buffer_of(args[0]))
+        return queue_op(engine, op, args, attrs, shape, dtype, base, None)
 
     # -- sync points -------------------------------------------------------------
 
@@ -463,17 +451,17 @@ class Tensor(ArrayOps, Future[Any]):
     __str__ = __repr__
 
 
-def _operand(obj: Any, op: Op) -> tuple[Any, Any, Engine | None]:
-    """(argument, meta, engine) of one operand of a Tensor operation."""
+def _operand(obj: Any, op: Op) -> tuple[Any, Any, Port | None]:
+    """(argument, meta, engine's port) of one operand of a Tensor operation."""
     if isinstance(obj, Tensor):
-        return obj, (obj.shape, obj.dtype), obj._engine
+        return obj, (obj.shape, obj.dtype), obj._port
     if isinstance(obj, np.ndarray):
         return obj, (obj.shape, obj.dtype), None
     if obj is None or isinstance(obj, _SCALARS):
         return obj, obj, None
     if isinstance(obj, Future):
         if obj.state == "done" and isinstance(obj.value, np.ndarray):
-            return obj.value, (obj.value.shape, obj.value.dtype), obj._engine
+            return obj.value, (obj.value.shape, obj.value.dtype), obj._port
         raise TypeError(
             f"{op.name}(): {obj!r} is a Future whose shape is not known yet; "
             "await it first, or wrap it with eng.asarray(fut, shape=..., dtype=...)"
@@ -484,9 +472,9 @@ def _operand(obj: Any, op: Op) -> tuple[Any, Any, Engine | None]:
     return array, (array.shape, array.dtype), None
 
 
-def concrete(engine: Engine, array: np.ndarray, device: str) -> Tensor:
+def concrete(port: Port, array: np.ndarray, device: str) -> Tensor:
     """A Tensor that is already computed: ``array`` itself (no copy)."""
-    t = Tensor(engine, None, (), None, device, 0, array.nbytes, (), (), "asarray", False)
+    t = Tensor(port, None, (), None, device, 0, array.nbytes, (), (), "asarray", False)
     t.state = "done"
     t.value = array
     t.shape, t.dtype = array.shape, array.dtype
@@ -604,3 +592,7 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     np.copy: lambda a, order="K", subok=False: apply(OPS["copy"], (a,), {}),
 }
 _FUNCTION_NAMES = frozenset(f.__name__ for f in _FUNCTIONS)
+
+
+# queue_op builds a Tensor's task; it needs the Tensor class above, so it is imported last
+from ._tracking import queue_op  # noqa: E402

@@ -1,0 +1,67 @@
+"""Noticing an engine left open: its event loop ended, the process forked, or it was collected."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
+from ._port import LOOP_CLOSED, warn_unclosed
+
+if TYPE_CHECKING:
+    from ._port import Port
+
+__all__ = ["STARTED", "finish", "watch_loop_end"]
+
+STARTED: weakref.WeakSet[Port] = (
+    weakref.WeakSet()
+)  # ports of engines started in this process (not kept alive)
+
+
+def watch_loop_end(port: Port) -> AsyncGenerator[None, None]:
+    """An async generator, started and left suspended, that the engine's loop closes when it shuts down.
+
+    asyncio has no hook for a loop's end, but ``asyncio.run`` (and every Runner) closes the async
+    generators still suspended on its loop (``shutdown_asyncgens``) before it closes the loop: the
+    generator's ``finally`` is the moment an engine that was never closed is found out.  It holds the
+    engine weakly, so a forgotten engine is still garbage-collected (and warns then, in ``__del__``).
+    """
+    ref = weakref.ref(port)
+
+    async def watch() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            alive = ref()
+            if alive is not None:
+                _loop_ended(alive)
+
+    gen = watch()
+    with contextlib.suppress(StopIteration):  # run to its yield: the loop's hooks now track it
+        gen.asend(None).send(None)
+    return gen
+
+
+def _loop_ended(port: Port) -> None:
+    """The engine's loop is shutting down (``asyncio.run`` returned) and the engine is still open."""
+    if port.rt is not None and port.state == "running":
+        port.abandon(LOOP_CLOSED, warn=False)
+        warn_unclosed(f"{port.engine_repr()} was still open when its event loop ended", 4)
+
+
+def finish(gen: AsyncGenerator[None, None] | None) -> None:
+    """Close a suspended ``watch_loop_end`` generator now (its ``finally`` has nothing to await)."""
+    if gen is not None:
+        with contextlib.suppress(StopIteration, RuntimeError):
+            gen.aclose().send(None)
+
+
+def _after_fork_in_child() -> None:
+    for port in list(STARTED):
+        port.after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,167 @@
+"""``Port``: the declared interface between an Engine and the frontend parts built on it.
+
+Futures, Tensors, compiled functions and ``eng.map`` pipelines hold an
+engine's Port, not the Engine: everything they may ask of it is a method or
+attribute here -- the runtime while the engine runs (or why it does not),
+its devices, the Tensor memory tracking, the compile counters.  The Engine
+owns the Port and drives its life (``started``, ``closed``, ``abandon``).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ._errors import DeviceError, EngineClosed, InvalidTask
+from ._runtime._runtime import FORKED
+from .devices import check_device
+
+if TYPE_CHECKING:
+    from ._config import Config
+    from ._engine import Engine
+    from ._runtime import Runtime
+    from .tensor._tracking import TensorMemory
+
+__all__ = ["LOOP_CLOSED", "Port", "port_of", "warn_unclosed"]
+
+LOOP_CLOSED = "loop closed"
+_FORKED = "forked"
+
+
+class Port:
+    """An engine's state as its Futures, Tensors, compiled functions and pipelines see it."""
+
+    __slots__ = (
+        "__weakref__",
+        "_engine",
+        "abandoned",
+        "compile_counts",
+        "config",
+        "default_device",
+        "rt",
+        "state",
+        "tensors",
+    )
+
+    def __init__(self, engine: Engine, config: Config, tensors: TensorMemory) -> None:
+        self._engine = weakref.ref(engine)  # for messages; Futures keep the port, not the engine, alive
+        self.config = config
+        self.rt: Runtime | None = None
+        self.state = "new"  # new -> running -> closing -> closed
+        self.abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
+        self.default_device = "cpu" if "cpu" in config.devices else config.devices[0]
+        self.tensors = tensors
+        self.compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
+
+    # -- asked by the frontend ---------------------------------------------------------
+
+    def running(self) -> Runtime:
+        """The runtime of a running engine; EngineClosed (saying why) otherwise."""
+        rt = self.rt
+        if rt is None or self.state != "running" or rt.bridge.closed():
+            raise self.refusal()
+        return rt
+
+    def accepting(self, tid: int) -> Runtime:
+        """The runtime, if thread ``tid`` may submit now: the engine runs, or ``tid`` runs one of its
+        tasks (nested work gets in while the engine closes)."""
+        rt = self.rt
+        if rt is None or (self.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
+            raise self.refusal()
+        return rt
+
+    def device(self, device: str | None) -> str:
+        """The device a task or Tensor asked for (None: the default), checked against the engine's."""
+        if device is None:
+            return self.default_device
+        if device not in self.config.devices:
+            check_device(device)  # an unknown or unavailable device says so first
+            raise DeviceError(
+                f"device {device!r} is not one of this engine's devices {self.config.devices}; "
+                f"add it with Config(devices=(..., {device!r}))"
+            )
+        return device
+
+    def local(self, what: str) -> None:
+        """Raise unless tasks run in this process (Tensors and compiled functions need that)."""
+        rt = self.rt
+        if (rt is not None and rt.remote) or (rt is None and self.config.backend == "dask"):
+            raise InvalidTask(
+                f"{what}: Tensors and compiled functions run on this process's devices and are not "
+                "available with backend='dask'; submit functions that take and return arrays "
+                "(eng.submit(np.matmul, a, b)), or use backend='threads'"
+            )
+
+    def run_here(self, task: Any) -> Any:
+        """sync_mode: run the task in the caller now; its error is raised here."""
+        self.running().run_here(task)
+        if task.state == "failed" and task.error is not None:
+            raise task.error
+        return task
+
+    def full_message(self, task: Any, waiting_form: str = "await eng.submit(...)") -> str:
+        rt = self.rt
+        assert rt is not None
+        return (
+            f"engine at its limits ({rt.limits_text()}): "
+            f"{task!r} was not admitted; use '{waiting_form}' to wait for room"
+        )
+
+    def engine_repr(self) -> str:
+        engine = self._engine()
+        return "<Engine>" if engine is None else repr(engine)
+
+    # -- why it takes no work ------------------------------------------------------------
+
+    def refusal(self) -> EngineClosed:
+        """Why the engine takes no work, found without its lock: one whose loop has closed is stopped first."""
+        rt = self.rt
+        if rt is not None and self.state == "running" and rt.bridge.closed():
+            self.abandon(LOOP_CLOSED)  # takes the lock: never call this with it held
+        return self.closed_error()
+
+    def closed_error(self) -> EngineClosed:
+        """Why the engine takes no work (no side effect: safe with the lock held)."""
+        if self.state == "new":
+            return EngineClosed("the engine has not started; use 'async with Engine(...) as eng'")
+        if self.abandoned == LOOP_CLOSED:
+            return EngineClosed(
+                "the event loop this engine was started on has closed (the engine was never closed with "
+                "'await eng.aclose()'); create a new Engine on the running loop: 'async with ss.Engine() as eng'"
+            )
+        if self.abandoned == _FORKED:
+            return EngineClosed(FORKED)
+        return EngineClosed("the engine is closed; submit to an engine that is running")
+
+    # -- its life, driven by the Engine ----------------------------------------------------
+
+    def abandon(self, why: str, warn: bool = True) -> None:
+        """The engine's loop closed while it was open: warn, and let its threads finish what is queued and end."""
+        if warn:
+            warn_unclosed(f"{self.engine_repr()} was still open when its event loop closed", 6)
+        self.state, self.abandoned = "closed", why
+        if self.rt is not None:
+            self.rt.stop_when_idle()
+
+    def after_fork(self) -> None:
+        """In a forked child: the engine's threads did not come along; it refuses work from now on."""
+        if self.rt is not None and self.state != "closed":
+            self.state, self.abandoned = "closed", _FORKED
+            self.rt.after_fork()
+
+
+def warn_unclosed(what: str, stacklevel: int, source: Any = None) -> None:
+    """The one ResourceWarning of an engine left open (its loop ended or closed, or it was collected)."""
+    warnings.warn(
+        f"{what}; its worker threads stop once the queued tasks ran. Close an engine with "
+        "'async with ss.Engine() as eng' or 'await eng.aclose()'",
+        ResourceWarning,
+        stacklevel,
+        source=source,
+    )
+
+
+def port_of(engine: Engine) -> Port:
+    """The Port of ``engine`` (for ``ss.load(path, eng)``, which is given the Engine itself)."""
+    return engine._port

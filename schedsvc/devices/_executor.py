@@ -1,0 +1,146 @@
+"""The executor interface: what every kind of device (CPU threads, Dask, CUDA streams) implements.
+
+An executor serves one device name (``"cpu"``, ``"cuda:0"``).  It never
+touches the scheduling core or its lock: it calls the runtime (``rt``), which
+is the one door to both.  Its life, as the runtime drives it:
+
+1. ``await Kind.open(rt, name, config)`` builds it (a remote kind connects
+   here); ``start()`` starts its threads.
+2. Whenever tasks of its device are ready and it is ``hungry``, the runtime
+   calls ``notify(ready)`` with its lock held; the executor returns what to do
+   once the lock is released (release a parked thread), or None.
+3. It takes ready tasks from the runtime (``rt.next_task``, ``rt.take_all``),
+   runs or launches them, and reports each outcome through the runtime:
+   ``rt.execute`` for a task run on the calling thread (the CPU path: a task
+   is launched and complete at once), ``rt.finish`` for one that ended
+   elsewhere, ``rt.launched``/``rt.complete`` for a device that queues work
+   asynchronously (CUDA streams).
+4. ``cancel(task)`` cancels one task it was sent and has not started, and
+   ``cancel_all()`` every such task (a close that cancels pending work);
+   ``stop()`` says no more work will come; ``join(timeout)`` and ``aclose()``
+   wait for its threads and release what ``open`` acquired.
+
+Its class says what the engine may assume of it: ``local`` (tasks run in this
+process, so a task's value is a real object, a thread that would only wait
+may run a queued task itself, and Tensors may live on it), and
+``buffer_types`` (argument types it understands as memory, with how to key
+them: a view keys to the object that owns its memory, so tasks touching the
+same memory through different views are ordered).
+
+A new kind is one module in this package with one ``Executor`` subclass,
+named in ``KINDS`` (``schedsvc.devices``); it is imported only when an engine
+uses it, so its libraries (CuPy, Dask) are imported by that module alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .._config import Config
+    from .._core import Task
+    from .._runtime import Runtime
+
+__all__ = ["Executor", "Keyer"]
+
+#: How an executor keys a buffer argument: ``(key, nbytes)`` of the memory it
+#: lives in -- the same key for every view of that memory.
+Keyer = Callable[[Any], tuple[int, int]]
+
+
+class Executor:
+    """Base of every executor kind; the methods below are the whole interface."""
+
+    #: the kind's name in ``Config`` (``backend=``) and in messages
+    kind: ClassVar[str] = ""
+    #: tasks run in this process (values are real objects; a waiting thread may run one itself)
+    local: ClassVar[bool] = True
+    #: argument types it understands as memory, beyond NumPy arrays and the buffer protocol
+    #: (which every engine scans), with how to key them
+    buffer_types: ClassVar[Mapping[type, Keyer]] = {}
+
+    def __init__(self, rt: Runtime, name: str) -> None:
+        self.rt = rt
+        self.name = name  # the device it serves
+        #: does it want to be told of ready work (``notify``)?  The runtime reads this with its lock
+        #: held at every scheduling event, so it is a plain attribute the executor keeps true
+        self.hungry = True
+        #: submissions of one event-loop iteration handed to it at once, before the rest are staged
+        #: (held, then handed over together when the submitting coroutine yields)
+        self.eager = 1
+
+    @classmethod
+    async def open(cls, rt: Runtime, name: str, config: Config) -> Executor:
+        """Build the executor for device ``name`` (a remote kind connects here)."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_config(cls, config: Config) -> None:
+        """Raise if ``config`` asks for something this kind cannot do (at engine start)."""
+
+    def check_task(self, fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
+        """Raise ``InvalidTask`` if this kind cannot run such a task (called at submission when
+        ``vets_tasks`` is true)."""
+
+    #: does ``check_task`` check anything?  (Otherwise the engine does not call it per submission.)
+    vets_tasks: ClassVar[bool] = False
+
+    #: may any thread run one of its queued tasks by calling it (a thread that would only wait for
+    #: it, an awaiting loop thread for a cheap one)?  True for host threads, not for streams or remote
+    runs_anywhere: ClassVar[bool] = False
+
+    def start(self) -> None:
+        """Start the threads it runs on (after ``open``, before the first ``notify``)."""
+
+    def leaving(self, worker: Any, ready: int) -> bool:
+        """With the runtime's lock held (``rt.next_task``): should ``worker`` end now, with ``ready``
+        tasks queued?"""
+        return False
+
+    def park(self, worker: Any) -> None:
+        """With the runtime's lock held (``rt.next_task``): ``worker`` found no task and waits for a
+        wake-up from ``notify``."""
+
+    def notify(self, ready: int) -> Callable[[], None] | None:
+        """With the runtime's lock held: ``ready`` tasks of its device wait; return the wake-up to call
+        once the lock is released, or None."""
+        raise NotImplementedError
+
+    def admitted(self, task: Task) -> None:
+        """A task of its device was admitted waiting for parents (called when ``forwards`` is true):
+        a remote kind may send it ahead, behind its parents' remote work."""
+
+    #: does ``admitted`` do anything?  (Otherwise the engine does not call it per submission.)
+    forwards: ClassVar[bool] = False
+
+    #: tasks it runs at once (threads, streams, a cluster's threads when the engine started)
+    concurrency: int = 1
+
+    @property
+    def window(self) -> int:
+        """Tasks worth keeping in flight on it (``eng.map``'s default ``max_inflight``): twice what it
+        runs at once, so each runner has its next task ready when it finishes one."""
+        return 2 * self.concurrency
+
+    def cancel(self, task: Task) -> bool:
+        """Cancel ``task`` if it was sent and has not started (from any thread); False otherwise."""
+        return False
+
+    def cancel_all(self) -> None:
+        """Cancel every task it was sent and has not started (``aclose(cancel_pending=True)``)."""
+
+    def stop(self) -> None:
+        """No more work will come: let its threads end once the work queued for them ran."""
+
+    def join(self, timeout: float | None) -> list[threading.Thread]:
+        """Wait up to ``timeout`` for its threads to end; return those still alive."""
+        return []
+
+    async def aclose(self) -> None:
+        """Release what ``open`` acquired (a client, a cluster), after ``stop``."""
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds spent running tasks, per worker track (thread, stream, remote worker)."""
+        return {}

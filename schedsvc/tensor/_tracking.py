@@ -1,0 +1,272 @@
+"""Tensor memory tracking: which Tensor owns which memory, and the last queued write to it.
+
+``await t`` must return what sequential NumPy would hold at that point, so a
+Tensor's owner remembers its last queued write (``_last_write``), and every
+task reading or writing that memory also depends on it.  ``TensorMemory``
+(one per engine) maps memory to the Tensor that owns it, for arrays wrapped
+by ``eng.asarray``: Tensors over one array share their writes, and
+``eng.submit(..., out=array)`` counts as a write of them.  ``queue_op``
+builds and queues one Tensor operation's task; the creation functions
+(``asarray``, ``create``) are what ``eng.asarray``/``eng.zeros``... call.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import weakref
+from collections.abc import Sequence
+from threading import get_ident
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._core import Buffer, Task
+from .._errors import QueueFull
+from .._future import Future
+from .._runtime import buffer_of
+from ..compile._state import ACTIVE, tracing
+from ._ops import OPS, Op
+from ._tensor import Tensor, concrete
+
+if TYPE_CHECKING:
+    from .._port import Port
+
+__all__ = ["TensorMemory", "asarray", "create", "queue_op", "shape_arg"]
+
+
+class TensorMemory:
+    """An engine's Tensors by the memory they own, and the writes of tasks not admitted yet."""
+
+    def __init__(self) -> None:
+        # memory key -> the Tensor that owns it, for arrays wrapped by asarray
+        self.owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+        # a task that writes Tensors, until admitted -> each owner and its last write before the task
+        self.unadmitted: dict[Task, list[tuple[Tensor, Any]]] = {}
+
+    def adopt(self, tensor: Tensor) -> None:
+        """``tensor`` wraps an array: it owns that memory, or shares the owner already there."""
+        owner = self.owners.get(tensor.memory[0])
+        if owner is None:
+            self.owners[tensor.memory[0]] = tensor
+        else:  # another Tensor over the same memory: they share one owner, so writes are seen by both
+            tensor._root = owner
+
+    def ordered(
+        self, deps: tuple[Task, ...], buffers: tuple[Buffer, ...], kwargs: dict[str, Any], writes: Any
+    ) -> tuple[tuple[Task, ...], list[Tensor]]:
+        """A submitted task's dependencies, plus the pending writes of the Tensors it reads or
+        writes; and the Tensors it writes (``claim`` them once the task exists)."""
+        for dep in deps:
+            if type(dep) is Tensor and dep.owner._last_write is not None:
+                deps = with_pending_writes(deps, deps)
+                break
+        for buffer in buffers:
+            if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
+                written = _tensors_in((kwargs.get("out"), writes))
+                written += [o for b in buffers if b[2] and (o := self.owners.get(b[0])) is not None]
+                return with_pending_writes(deps, written), written
+        return deps, []
+
+    def claim(self, task: Future[Any], written: list[Tensor]) -> None:
+        """``task`` is now the last write of ``written`` (undone by ``unwrite`` if it is not admitted)."""
+        self.unadmitted[task] = [(t.owner, t.owner._last_write) for t in written]
+        for target in written:
+            target.owner._last_write = task
+
+    def unwrite(self, task: Task) -> None:
+        """``task`` was not admitted (QueueFull, closed, too big): its Tensors' last writes are as before."""
+        for owner, previous in self.unadmitted.pop(task, ()):
+            if owner._last_write is task:
+                owner._last_write = previous
+
+
+def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) -> Tensor:
+    """``eng.asarray``: an ndarray is used as it is, not copied; a Future needs ``shape``/``dtype``
+    unless it is done."""
+    device = port.device(device)
+    port.local("eng.asarray")
+    if isinstance(obj, Tensor):
+        return obj if dtype is None or np.dtype(dtype) == obj.dtype else obj.astype(dtype)
+    if isinstance(obj, Future):
+        return _future_tensor(port, obj, dtype, shape, device)
+    array = np.asarray(obj, dtype=dtype)
+    port.running()
+    if shape is not None and tuple(shape) != array.shape:
+        raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
+    tensor = concrete(port, array, device)
+    port.tensors.adopt(tensor)
+    return tensor
+
+
+def create(port: Port, name: str, device: str | None, **attrs: Any) -> Tensor:
+    """``eng.zeros`` and friends: a Tensor made by a task (or, inside a compiled function, a node)."""
+    op = OPS[name]
+    if ACTIVE[0] and tracing.depth:  # inside a compiled function: a node of its graph
+        return tracing.trace.record(op, (), attrs, None)  # type: ignore[no-any-return]
+    port.local(f"eng.{name}")
+    shape, dtype, _ = op.infer((), attrs)
+    return queue_op(port, op, [], attrs, shape, dtype, None, None, device=port.device(device))
+
+
+def _future_tensor(port: Port, fut: Future[Any], dtype: Any, shape: Any, device: str) -> Tensor:
+    if fut.state == "done" and shape is None:
+        return asarray(port, fut.value, dtype, device, None)
+    if shape is None or dtype is None:
+        raise TypeError(
+            f"{fut!r} has not finished, so its shape and dtype are not known yet; "
+            "await it first, or pass shape= and dtype= to eng.asarray"
+        )
+    attrs = {"shape": shape_arg(shape), "dtype": np.dtype(dtype)}
+    return queue_op(port, _CHECKED, [fut], attrs, attrs["shape"], attrs["dtype"], None, None, device=device)
+
+
+def queue_op(
+    port: Port,
+    op: Op,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    root: Tensor | None,
+    target: Tensor | None,
+    memory: tuple[int, int] | None = None,
+    device: str | None = None,
+    out_bytes: int | None = None,
+    replay: Any = None,
+    limits: bool = False,
+    waiting: list[Any] | None = None,
+) -> Tensor:
+    """Queue one Tensor operation; it is admitted over the limits (operators cannot wait).
+
+    ``root``: the Tensor whose memory the result lives in (a view); ``target``:
+    the Tensor it writes (in place, ``out=``); ``memory``: the (key, nbytes)
+    of an array the result is a view of.  ``replay``: the ``Compiled`` this
+    task replays, counted under the lock.  ``limits``: admit it only within
+    the limits (not nested), else raise QueueFull -- or, given ``waiting``,
+    queue it for admission (FIFO) and append the token to await there.
+    """
+    tid = get_ident()
+    rt = port.accepting(tid)
+    args = tuple(args)
+    deps: list[Task] = []
+    plain = True  # are the deps exactly the operands, in order? (then they share one tuple)
+    buffers: list[Buffer] = []
+    for arg in args:  # hot path: one pass, no helper calls for the common operand
+        if type(arg) is Tensor:
+            deps.append(arg)
+            if device is None:
+                device = arg.device
+            buffers.append(arg.memory)  # (key, nbytes, False): a read of its memory
+            owner = arg._root
+            last = (arg if owner is None else owner)._last_write
+            if last is not None and last is not arg and last.state != "done":
+                deps.append(last)  # reading after a write that fails fails, as NumPy stops
+                plain = False
+            continue
+        plain = False
+        if isinstance(arg, Task):
+            deps.append(arg)
+            if device is None:
+                device = arg.device
+            held = arg.memory
+            if held is not None:
+                buffers.append(held)
+                pending = pending_write(arg)
+                if pending is not None:
+                    deps.append(pending)
+        elif isinstance(arg, np.ndarray):
+            key, nb = buffer_of(arg)
+            buffers.append((key, nb, False))
+    if target is not None:
+        plain = False
+        deps.append(target)
+        buffers.append((target.memory[0], target.memory[1], True))
+        previous = pending_write(target)
+        if previous is not None:
+            deps.append(previous)  # a failed write fails the writes after it, as NumPy would stop
+    if len(buffers) > 1:
+        buffers = _merge(buffers)
+    if out_bytes is None:
+        fresh = root is None and target is None and memory is None
+        out_bytes = math.prod(shape) * dtype.itemsize if fresh else 0
+    task = Tensor(
+        port,
+        op.fn,
+        args,
+        kwargs or None,
+        device or port.default_device,
+        0,
+        out_bytes,
+        tuple(buffers),
+        args if plain else tuple(deps),
+        op.name,
+        tid in rt.worker_threads,
+    )
+    task.shape, task.dtype, task._last_write = shape, dtype, None
+    if target is not None:  # a write: the owner points at it (_last_write), not back
+        task.memory, task._root = target.memory, None
+    elif root is not None:
+        task.memory, task._root = root.memory, root
+    else:
+        task.memory = (id(task), out_bytes, False) if memory is None else (memory[0], memory[1], False)
+        task._root = None
+    counted = None if replay is None else replay.count_replay
+    if port.config.sync_mode:
+        if counted is not None:
+            counted()
+        port.run_here(task)
+        return task
+    if not rt.submit_op(task, tid, limits, waiting, counted):
+        raise QueueFull(port.full_message(task, "await compiled.submit(...)"))
+    return task
+
+
+def pending_write(tensor: Any) -> Task | None:
+    """The last queued write to a Tensor's memory, unless it finished (a failed one counts)."""
+    last = tensor.owner._last_write if type(tensor) is Tensor else None
+    return last if last is not None and last.state != "done" and last is not tensor else None
+
+
+def with_pending_writes(deps: tuple[Task, ...], tensors: Sequence[Any]) -> tuple[Task, ...]:
+    """``deps`` plus the pending last write of each of ``tensors``."""
+    extra = [w for t in tensors if (w := pending_write(t)) is not None]
+    return (*deps, *extra)
+
+
+def _merge(buffers: list[Buffer]) -> list[Buffer]:
+    """One entry per buffer, a write if any use writes (a read and a write of one buffer is a write)."""
+    merged: dict[int, Buffer] = {}
+    for buffer in buffers:
+        seen = merged.get(buffer[0])
+        if seen is None or (buffer[2] and not seen[2]):
+            merged[buffer[0]] = buffer
+    return list(merged.values())
+
+
+def _tensors_in(obj: Any) -> list[Tensor]:
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        return [t for item in obj for t in _tensors_in(item)]
+    return []
+
+
+def shape_arg(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, int | np.integer):
+        return (operator.index(shape),)
+    return tuple(operator.index(d) for d in shape)
+
+
+def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+    """The value of a Future made a Tensor: it must have the shape and dtype declared for it."""
+    array = np.asarray(value)
+    if array.shape != shape or array.dtype != dtype:
+        raise TypeError(
+            f"eng.asarray(future, shape={shape}, dtype={dtype}): the future's value has "
+            f"shape {array.shape} and dtype {array.dtype}"
+        )
+    return array
+
+
+_CHECKED = Op("asarray", _checked, lambda metas, attrs: (attrs["shape"], attrs["dtype"], False))
