@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schedsvc._cli import main
+from schedsvc.cli import main
 
 
 def test_bench_writes_json_with_the_cases_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,7 +54,7 @@ def test_bench_dask_reports_each_workload_against_plain_dask(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("distributed")
-    from schedsvc._bench import dask
+    from schedsvc.cli.bench import dask
 
     # the same cases, small: this checks the report, not the figures
     for name, value in {"N_W2": 20, "N_W3": 10, "N_W5": 2, "W5_SIZE": 50, "N_G": 20}.items():

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import schedsvc as ss
-from schedsvc import _demo
-from schedsvc._bench import demo
-from schedsvc._cli import main
+from schedsvc.cli import demo as _demo
+from schedsvc.cli import main
+from schedsvc.cli.bench import demo
 from tests.runtime.helpers import within
 
 ALL_ROWS = [(title, row) for title, rows in _demo.SECTIONS for row in rows]

@@ -141,7 +141,7 @@ _setting_state: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Cont
 
 def _mlp_for(eng: ss.Engine) -> Any:
     """The compiled MLP: the warm-up traces it, the timed run replays it."""
-    from ._bench.tensor import make_mlp, mlp_weights
+    from .bench.tensor import make_mlp, mlp_weights
 
     state = _setting_state.get()
     net = None if state is None else state.get("mlp")
@@ -268,7 +268,7 @@ class _Recorder:
         self._settled: asyncio.Event | None = None
 
     def add(self, item: Any, t0: float) -> None:
-        from ._future import Future
+        from .._future import Future
 
         if type(item) is float:  # an item that just finished, and the perf_counter() it started at
             self.latencies.append(time.perf_counter() - item)
@@ -439,7 +439,7 @@ def _load_average() -> float | None:
 
 
 def _row(s: _Setting) -> dict[str, Any]:
-    from ._telemetry import percentile
+    from .._telemetry import percentile
 
     def median(f: Callable[[_Run], float]) -> float:
         return statistics.median(f(r) for r in s.runs)
@@ -738,7 +738,7 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan:
     import schedsvc as ss
 
-    from ._cli import output_problem
+    from . import output_problem
 
     if args.reps < 1:
         raise TuneError("--reps must be at least 1")

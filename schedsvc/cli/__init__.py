@@ -20,15 +20,15 @@ __all__ = ["emit", "main", "output_problem", "progress"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import _demo, _info, _tune
-    from ._errors import ConfigError
+    from .._errors import ConfigError
+    from . import demo, info, tune
 
     parser = argparse.ArgumentParser(prog="schedsvc", description="schedsvc: async array compute engine")
     sub = parser.add_subparsers(dest="command", required=True)
-    _demo.register(sub)
+    demo.register(sub)
     _register_bench(sub)
-    _tune.register(sub)
-    _info.register(sub)
+    tune.register(sub)
+    info.register(sub)
     args = parser.parse_args(argv)
     try:
         status: int = args.run(args)
@@ -48,7 +48,7 @@ def _register_bench(sub: Any) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ._bench import core
+    from .bench import core
 
     if args.reps < 1:
         print("schedsvc bench: --reps must be at least 1", file=sys.stderr)
@@ -75,7 +75,7 @@ def _bench_suite(args: argparse.Namespace) -> int:
         print(f"schedsvc bench {args.suite}: --cases applies to the core suite only", file=sys.stderr)
         return 2
     try:
-        suite = importlib.import_module(f"._bench.{args.suite}", __package__)
+        suite = importlib.import_module(f".bench.{args.suite}", __package__)
     except ImportError:  # only the dask suite needs an extra
         print(f"schedsvc bench {args.suite} needs Dask: pip install 'schedsvc[dask]'", file=sys.stderr)
         return 2
@@ -119,7 +119,3 @@ def output_problem(flag: str, path: str | None) -> str | None:
 def progress(line: str) -> None:
     """A progress line on stderr (stdout stays the report)."""
     print(f"  ... {line}", file=sys.stderr, flush=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ The "Computational Performance" chapter of *Dive into Deep Learning* makes a
 handful of claims about an asynchronous engine: asynchronous computation,
 automatic parallelism, memory under a flooded queue, hybridize, profiling,
 and CPU/GPU overlap.  Each row here measures one of them with schedsvc as the
-engine (the experiments are in ``_bench/demo.py``).  GPU rows run only where
+engine (the experiments are in ``bench/demo.py``).  GPU rows run only where
 the engine can run cuda tasks, and otherwise say why they were skipped.
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ._bench.demo import Sizes
+    from .bench.demo import Sizes
 
 __all__ = ["SECTIONS", "main", "register"]
 
@@ -311,7 +311,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``demo`` subcommand."""
-    from ._cli import output_problem
+    from . import output_problem
 
     if args.reps < 1:
         print("schedsvc demo: --reps must be at least 1", file=sys.stderr)
@@ -324,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(reps: int = 3, quick: bool = False, json_path: str | None = None) -> int:
     """Run the experiments, print the table (or JSON), and write the JSON report if asked."""
-    from ._bench import demo
+    from .bench import demo
 
     sizes = demo.QUICK if quick else demo.FULL
     with _progress() as progress:
@@ -367,7 +367,7 @@ def _progress() -> Iterator[Callable[[str], None]]:
     (stdout, which may be the JSON report, stays the report)."""
     from rich.console import Console
 
-    from ._cli import progress
+    from . import progress
 
     console = Console(stderr=True)
     if not console.is_terminal:

@@ -27,7 +27,7 @@ import numpy as np
 
 import schedsvc as ss
 
-from ..devices import check_device
+from ...devices import check_device
 from .core import _workers
 from .tensor import fancy_func, make_mlp, mlp_weights
 
