@@ -311,7 +311,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``demo`` subcommand."""
-    from . import output_problem
+    from ._common import output_problem
 
     if args.reps < 1:
         print("schedsvc demo: --reps must be at least 1", file=sys.stderr)
@@ -367,7 +367,7 @@ def _progress() -> Iterator[Callable[[str], None]]:
     (stdout, which may be the JSON report, stays the report)."""
     from rich.console import Console
 
-    from . import progress
+    from ._common import progress
 
     console = Console(stderr=True)
     if not console.is_terminal:

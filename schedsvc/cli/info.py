@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
+
+from ._common import emit, fail, output_problem
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -54,15 +55,13 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import ConfigError
-    from . import emit, output_problem
 
     try:
         if problem := output_problem("--json", args.json):
             raise InfoError(problem)
         config = _config(args.config, args.overrides)
     except (InfoError, ConfigError) as exc:
-        print(f"schedsvc info: {exc}", file=sys.stderr)
-        return 2
+        return fail("info", str(exc))
     emit(collect(config, args.config), args.json, format_report)
     return 0
 

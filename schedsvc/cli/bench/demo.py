@@ -28,8 +28,7 @@ import numpy as np
 import schedsvc as ss
 
 from ...devices import check_device
-from .core import _workers
-from .tensor import fancy_func, make_mlp, mlp_weights
+from .._common import bench_workers, fancy_func, make_mlp, mlp_weights
 
 __all__ = ["EXPERIMENTS", "FULL", "GPU_EXPERIMENTS", "QUICK", "Sizes", "gpu_unavailable", "run"]
 
@@ -196,7 +195,7 @@ async def parallel(s: Sizes) -> Result:
     rng = np.random.default_rng(0)
     # scaled so that a chain of products stays near 1 instead of overflowing
     mats = [rng.random((s.dot_side, s.dot_side)) * (2 / s.dot_side) for _ in range(s.dots)]
-    n = _workers()
+    n = bench_workers()
     figures: Figures = {}
     for kind, chain in (("independent", False), ("chain", True)):
         one, many = await _dots(1, mats, chain), await _dots(n, mats, chain)
@@ -502,7 +501,7 @@ def run(reps: int = 3, sizes: Sizes = FULL, progress: Callable[[str], None] | No
     return {
         "reps": reps,
         "sizes": dataclasses.asdict(sizes),
-        "cpu_workers": _workers(),
+        "cpu_workers": bench_workers(),
         "blas_threads": 1,
         "experiments": experiments,
         "wall_s": time.perf_counter() - t0,
