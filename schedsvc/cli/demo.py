@@ -3,32 +3,561 @@
 The "Computational Performance" chapter of *Dive into Deep Learning* makes a
 handful of claims about an asynchronous engine: asynchronous computation,
 automatic parallelism, memory under a flooded queue, hybridize, profiling,
-and CPU/GPU overlap.  Each row here measures one of them with schedsvc as the
-engine (the experiments are in ``bench/demo.py``).  GPU rows run only where
-the engine can run cuda tasks, and otherwise say why they were skipped.
+and CPU/GPU overlap.  Each row of the table measures one of them with
+schedsvc as the engine.  This module holds all of it, in three parts:
+
+- the experiments: each a coroutine ``fn(sizes) -> (figures, checks)``;
+  ``figures`` are measured quantities (times, ratios, sizes, counts; all
+  positive), and ``checks`` are facts the run established (a result equal to
+  NumPy's, how many ops the compiler folded).  ``measure`` repeats them,
+  interleaved, and keeps the median of every figure.  The GPU experiments run
+  only where the engine can run ``cuda`` tasks; elsewhere they are reported as
+  skipped, with the reason the engine gives.  Nothing there prints.
+- the table: a ``Row`` per claim, saying how to show its experiment's figures.
+- the command: ``register`` and ``run``, and ``main``, which measures, prints
+  the table (or the JSON) and writes the JSON report.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
-import sys
-from collections.abc import Callable, Iterator
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import schedsvc as ss
+
+from ..devices import check_device
+from ._common import (
+    Figures,
+    MiB,
+    bench_workers,
+    fail,
+    fancy_func,
+    make_mlp,
+    median_figures,
+    mlp_weights,
+    one_blas_thread,
+    output_problem,
+    print_json,
+    progress,
+    runs_phrase,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .bench.demo import Sizes
+__all__ = [
+    "EXPERIMENTS",
+    "FULL",
+    "GPU_EXPERIMENTS",
+    "QUICK",
+    "SECTIONS",
+    "Sizes",
+    "gpu_unavailable",
+    "main",
+    "measure",
+    "register",
+    "run",
+]
 
-__all__ = ["SECTIONS", "main", "register"]
+Checks = dict[str, Any]
+Result = tuple[Figures, Checks]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sizes:
+    """Problem sizes; ``FULL`` follows the sources, ``QUICK`` takes a second or two in all."""
+
+    queued_side: int = 2000  # c = a * b + 2 on side x side arrays
+    loop_ops: int = 1000  # y = x + 1, N times
+    dots: int = 8  # independent np.dot (and the length of the dependent chain)
+    dot_side: int = 1000
+    batches: int = 100  # the sources' data_iter: 100 batches of 1024 x 512
+    batch_rows: int = 1024
+    features: int = 512
+    bound_batches: int = 8  # max_pending_bytes, in batches (16 MiB at full size)
+    calls: int = 1000  # MLP and fancy_func calls
+    fancy_len: int = 100
+    trace_dots: int = 8
+    trace_side: int = 200
+    trace_chain: int = 16
+    gpu_side: int = 4096
+    gpu_ops: int = 16
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    queued_side=300,
+    loop_ops=100,
+    dots=4,
+    dot_side=200,
+    batches=12,
+    batch_rows=128,
+    features=256,
+    bound_batches=4,
+    calls=50,
+    fancy_len=10,
+    trace_dots=4,
+    trace_side=50,
+    trace_chain=4,
+    gpu_side=256,
+    gpu_ops=4,
+)
+
+
+# -- asynchronous computation -------------------------------------------------------------
+
+
+async def queued(s: Sizes) -> Result:
+    """c = a * b + 2: submitting returns at once; the result comes when the work is done."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((s.queued_side, s.queued_side)), rng.random((s.queued_side, s.queued_side))
+    async with ss.Engine() as eng:
+        t0 = time.perf_counter()
+        prod = eng.submit_nowait(np.multiply, a, b)
+        c = eng.submit_nowait(np.add, prod, 2)
+        t1 = time.perf_counter()
+        value = await c
+        t2 = time.perf_counter()
+    figures = {"submit_us": (t1 - t0) * 1e6, "result_ms": (t2 - t0) * 1e3}
+    figures["result_over_submit"] = figures["result_ms"] * 1e3 / figures["submit_us"]
+    return figures, {"equals_numpy": bool(np.array_equal(value, a * b + 2))}
+
+
+def _add_one_stamped(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """y = x + 1, and when it finished (so the awaiting side can split the round trip)."""
+    return x + 1, time.perf_counter()
+
+
+async def loop(s: Sizes) -> Result:
+    """The sources' ``for _ in range(1000): y = x + 1``: awaited op by op, and queued then waited once.
+
+    Both loops are split into the sources' three phases: t1 the frontend
+    queues the op, t2 the backend takes and runs it, t3 the result reaches
+    the frontend.  Tiny ops are run by an awaiting coroutine itself unless
+    ``inline_threshold_us=0``; the phases use the worker path.
+    """
+    n, x = s.loop_ops, np.ones(1)
+    figures: Figures = {}
+    async with ss.Engine(inline_threshold_us=0, max_pending=4 * n) as eng:
+        await eng.run(_add_one_stamped, x)  # warm
+        figures.update(await _awaited_phases(eng, x, n))
+        figures.update(await _queued_loop(eng, x, n))
+    async with ss.Engine(max_pending=4 * n) as eng:
+        await eng.run(np.add, x, 1)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await eng.run(np.add, x, 1)
+        figures["awaited_inline_us"] = (time.perf_counter() - t0) / n * 1e6
+    figures["awaited_over_queued"] = figures["awaited_us"] / figures["queued_us"]
+    return figures, {"ops": n}
+
+
+async def _awaited_phases(eng: ss.Engine, x: np.ndarray, n: int) -> Figures:
+    t1 = t2 = t3 = 0.0
+    start = time.perf_counter()
+    for _ in range(n):
+        a = time.perf_counter()
+        fut = eng.submit_nowait(_add_one_stamped, x)
+        b = time.perf_counter()
+        _, end = await fut
+        c = time.perf_counter()
+        t1, t2, t3 = t1 + b - a, t2 + end - b, t3 + c - end
+    total = time.perf_counter() - start
+    return {
+        "awaited_us": total / n * 1e6,
+        "awaited_ms": total * 1e3,
+        "t1_us": t1 / n * 1e6,
+        "t2_us": t2 / n * 1e6,
+        "t3_us": t3 / n * 1e6,
+    }
+
+
+async def _queued_loop(eng: ss.Engine, x: np.ndarray, n: int) -> Figures:
+    """Queued then waited once, split the sources' way: t1 + N*t2 + t3.
+
+    t1: one submission; N*t2: from the first submission's return to the last
+    op's end (the backend's work, overlapping later submissions); t3: from the
+    last op's end until ``waitall`` returns.
+    """
+    t0 = time.perf_counter()
+    futs = [eng.submit_nowait(_add_one_stamped, x) for _ in range(n)]
+    t1 = time.perf_counter()
+    await eng.waitall()
+    t2 = time.perf_counter()
+    last_end = max([(await f)[1] for f in futs])
+    submit = (t1 - t0) / n
+    return {
+        "queued_us": (t2 - t0) / n * 1e6,
+        "queued_ms": (t2 - t0) * 1e3,
+        "queued_frontend_ms": (t1 - t0) * 1e3,
+        "queued_t1_us": submit * 1e6,
+        "queued_t2_us": (last_end - t0 - submit) / n * 1e6,
+        "queued_t3_us": (t2 - last_end) * 1e6,
+    }
+
+
+# -- automatic parallelism ----------------------------------------------------------------
+
+
+async def _dots(workers: int, mats: list[np.ndarray], chain: bool) -> float:
+    """Seconds for the dots on ``workers`` threads: each on its own matrix, or each on the previous result."""
+    async with ss.Engine(cpu_workers=workers) as eng:
+        await eng.run(np.dot, mats[0], mats[0])  # warm
+        t0 = time.perf_counter()
+        if chain:
+            prev: Any = mats[0]
+            for m in mats:
+                prev = eng.submit_nowait(np.dot, prev, m)
+        else:
+            for m in mats:
+                eng.submit_nowait(np.dot, m, m)
+        await eng.waitall()
+        return time.perf_counter() - t0
+
+
+async def parallel(s: Sizes) -> Result:
+    """Independent dots on 1 worker and on all of them; then a dependent chain of as many dots."""
+    rng = np.random.default_rng(0)
+    # scaled so that a chain of products stays near 1 instead of overflowing
+    mats = [rng.random((s.dot_side, s.dot_side)) * (2 / s.dot_side) for _ in range(s.dots)]
+    n = bench_workers()
+    figures: Figures = {}
+    for kind, chain in (("independent", False), ("chain", True)):
+        one, many = await _dots(1, mats, chain), await _dots(n, mats, chain)
+        figures |= {f"{kind}_1worker_s": one, f"{kind}_nworkers_s": many, f"{kind}_speedup": one / many}
+    return figures, {"workers": n, "dots": s.dots}
+
+
+# -- memory and backpressure --------------------------------------------------------------
+
+
+async def _flood(s: Sizes, mode: str) -> tuple[float, float]:
+    """Peak traced bytes and seconds for a producer of batches: 'unbounded', 'bounded' or 'synced'."""
+    rng = np.random.default_rng(0)
+    w = rng.random((s.features, s.features), dtype=np.float32)
+    batch_bytes = s.batch_rows * s.features * 4
+
+    def step(batch: np.ndarray) -> float:
+        return float((batch @ w).sum())
+
+    limits: dict[str, Any] = {"max_pending_bytes": s.bound_batches * batch_bytes} if mode == "bounded" else {}
+    async with ss.Engine(max_pending=4 * s.batches, **limits) as eng:
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        for _ in range(s.batches):
+            batch = rng.random((s.batch_rows, s.features), dtype=np.float32)
+            fut = await eng.submit(step, batch, reads=w, nbytes=batch_bytes)
+            del batch
+            if mode == "synced":  # the sources' advice: one sync point per minibatch
+                await fut
+        await eng.waitall()
+        elapsed = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+    return peak, elapsed
+
+
+async def memory(s: Sizes) -> Result:
+    """A fast producer of batches, without a limit, with ``max_pending_bytes``, and synced per batch."""
+    figures: Figures = {}
+    for mode in ("unbounded", "bounded", "synced"):
+        peak, seconds = await _flood(s, mode)
+        figures |= {f"{mode}_peak_mib": peak / MiB, f"{mode}_s": seconds}
+    figures["bound_mib"] = s.bound_batches * s.batch_rows * s.features * 4 / MiB
+    figures["batch_mib"] = s.batch_rows * s.features * 4 / MiB
+    figures["bounded_time_ratio"] = figures["bounded_s"] / figures["unbounded_s"]
+    figures["unbounded_over_bounded_peak"] = figures["unbounded_peak_mib"] / figures["bounded_peak_mib"]
+    return figures, {"batches": s.batches}
+
+
+# -- hybridize --------------------------------------------------------------------------------
+
+
+async def _per_call_us(eng: ss.Engine, fn: Callable[..., Any], args: list[Any], calls: int) -> float:
+    """Microseconds per call, ``calls`` calls queued and then waited for once."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    await eng.waitall()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+async def mlp(s: Sizes) -> Result:
+    """The sources' MLP (Dense 512-256-128-2, batch 1): NumPy, engine Tensors, compiled."""
+    net = make_mlp(mlp_weights())
+    x = np.random.default_rng(1).standard_normal((1, 512))
+    t0 = time.perf_counter()
+    for _ in range(s.calls):
+        net(x)
+    figures = {"numpy_us": (time.perf_counter() - t0) / s.calls * 1e6}
+    async with ss.Engine(cpu_workers=2, max_pending=16 * s.calls) as eng:
+        xt = eng.asarray(x)
+        compiled = eng.compile(net)
+        expected = await net(xt)  # warms the eager path
+        same = np.array_equal(await compiled(xt), expected)  # the first call traces; not timed
+        figures["eager_us"] = await _per_call_us(eng, net, [xt], s.calls)
+        figures["compiled_us"] = await _per_call_us(eng, compiled, [xt], s.calls)
+        traces = compiled.stats()["traces"]
+    figures["eager_over_compiled"] = figures["eager_us"] / figures["compiled_us"]
+    figures["compiled_over_numpy"] = figures["compiled_us"] / figures["numpy_us"]
+    return figures, {"compiled_equals_eager": bool(same), "traces": traces}
+
+
+async def fancy(s: Sizes) -> Result:
+    """fancy_func: tasks and time per call eager vs compiled; on constants the compiler folds it to 10."""
+    arrays = [np.full(s.fancy_len, float(v)) for v in (1, 2, 3, 4)]
+    async with ss.Engine(cpu_workers=2, max_pending=16 * s.calls) as eng:
+        tensors = [eng.asarray(a) for a in arrays]
+        compiled = eng.compile(fancy_func)
+        await compiled(*tensors)
+        figures: Figures = {}
+        for kind, fn in (("eager", fancy_func), ("compiled", compiled)):
+            before = eng.stats().submitted
+            figures[f"{kind}_us"] = await _per_call_us(eng, fn, tensors, s.calls)
+            figures[f"{kind}_tasks_per_call"] = (eng.stats().submitted - before) / s.calls
+        folded = eng.compile(lambda: fancy_func(*(eng.full((), float(v)) for v in (1, 2, 3, 4))))
+        value = await folded()
+        figures["folded_us"] = await _per_call_us(eng, folded, [], s.calls)
+    report = folded.graph.report
+    figures["eager_over_compiled"] = figures["eager_us"] / figures["compiled_us"]
+    checks = {"folded_value": float(value), "folded_traced_ops": report["traced"]}
+    checks |= {"folded_ops": report["folded"], "folded_kept_ops": report["kept"]}
+    return figures, checks
+
+
+async def serialise(s: Sizes) -> Result:
+    """Save the compiled MLP's graph to JSON, load it without the Python source, and run it."""
+    x = np.random.default_rng(1).standard_normal((1, 512))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "mlp.json")
+        async with ss.Engine(cpu_workers=2) as eng:
+            xt = eng.asarray(x)
+            compiled = eng.compile(make_mlp(mlp_weights()))
+            expected = await compiled(xt)
+            t0 = time.perf_counter()
+            compiled.save(path)
+            t1 = time.perf_counter()
+            loaded = ss.load(path, eng)
+            t2 = time.perf_counter()
+            got = await loaded(xt)
+            t3 = time.perf_counter()
+            size = os.path.getsize(path)
+    figures = {"file_kib": size / 1024, "save_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3}
+    figures["loaded_call_ms"] = (t3 - t2) * 1e3
+    checks = {"loaded_equals_compiled": bool(np.array_equal(got, expected))}
+    return figures, checks | {"loaded_traces": loaded.stats()["traces"]}
+
+
+# -- profiling ----------------------------------------------------------------------------------
+
+
+async def profile(s: Sizes) -> Result:
+    """A small DAG inside ``eng.trace(path)``: independent dots, a join, a chain; count what the file holds."""
+    rng = np.random.default_rng(0)
+    mats = [rng.random((s.trace_side, s.trace_side)) for _ in range(s.trace_dots)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        async with ss.Engine() as eng:
+            with eng.trace(path) as timeline:
+                dots = [eng.submit_nowait(np.dot, m, m, name="dot") for m in mats]
+                link: Any = eng.submit_nowait(sum, dots, name="join")
+                for _ in range(s.trace_chain):
+                    link = eng.submit_nowait(np.add, link, 1, name="chain")
+                await eng.waitall()
+            recorded = timeline.recorded
+        size = os.path.getsize(path)
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh)["traceEvents"]
+    figures = _trace_counts(events) | {"file_kib": size / 1024}
+    return figures, {"tasks": s.trace_dots + 1 + s.trace_chain, "spans_recorded": recorded}
+
+
+def _trace_counts(events: list[dict[str, Any]]) -> Figures:
+    def count(ph: str, name: str | None = None) -> float:
+        return float(sum(1 for e in events if e["ph"] == ph and (name is None or e["name"] == name)))
+
+    return {
+        "spans": count("X"),
+        "tracks": count("M", "thread_name"),
+        "flow_arrows": count("s"),
+        "counter_samples": count("C", "pending tasks"),
+    }
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+
+
+def gpu_unavailable(device: str = "cuda:0") -> str | None:
+    """Why the engine cannot run tasks on ``device`` here (None when it can)."""
+    try:
+        check_device(device)
+        asyncio.run(_probe(device))
+    except ss.SchedsvcError as exc:  # DeviceError, or an engine that cannot run cuda tasks yet
+        return str(exc)
+    except Exception as exc:  # the device is there but a first task on it failed: say so, measure nothing
+        return f"{device} failed a first task: {type(exc).__name__}: {exc}"
+    return None
+
+
+async def _probe(device: str) -> None:
+    async with ss.Engine(devices=_devices(device)) as eng:
+        ones: Any = eng.ones(2, device=device)
+        await (ones + 1)
+
+
+def _devices(*names: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(("cpu", *names)))
+
+
+async def _matmuls_s(eng: ss.Engine, xs: list[Any], count: int) -> float:
+    """Seconds for ``count`` products x @ x, spread round robin over ``xs``, queued then waited for."""
+    t0 = time.perf_counter()
+    for i in range(count):
+        x = xs[i % len(xs)]
+        x @ x  # queued: waitall waits for it
+    await eng.waitall()
+    return time.perf_counter() - t0
+
+
+async def cpu_gpu(s: Sizes, gpu: str = "cuda:0") -> Result:
+    """Products on the CPU alone, on the GPU alone, and both queued together."""
+    a = np.random.default_rng(0).random((s.gpu_side, s.gpu_side), dtype=np.float32)
+    host_side = max(64, s.gpu_side // 4)  # the CPU is far slower: give it a smaller share
+    async with ss.Engine(devices=_devices(gpu)) as eng:
+        on_cpu: Any
+        on_gpu: Any
+        on_cpu, on_gpu = eng.asarray(a[:host_side, :host_side]), eng.asarray(a, device=gpu)
+        await (on_cpu @ on_cpu)
+        await (on_gpu @ on_gpu)
+        cpu_s = await _matmuls_s(eng, [on_cpu], s.gpu_ops)
+        gpu_s = await _matmuls_s(eng, [on_gpu], s.gpu_ops)
+        both_s = await _matmuls_s(eng, [on_cpu, on_gpu], 2 * s.gpu_ops)
+    figures = {"cpu_s": cpu_s, "gpu_s": gpu_s, "both_s": both_s}
+    return figures | {"sum_over_both": (cpu_s + gpu_s) / both_s}, {"device": gpu}
+
+
+async def copy_overlap(s: Sizes, gpu: str = "cuda:0") -> Result:
+    """Products on the GPU, each copied to the host: one at a time, then all queued (copies overlap compute)."""
+    a = np.random.default_rng(0).random((s.gpu_side, s.gpu_side), dtype=np.float32)
+    async with ss.Engine(devices=_devices(gpu)) as eng:
+        x: Any = eng.asarray(a, device=gpu)
+        await eng.run(np.asarray, x @ x, device="cpu")  # warm both directions
+        t0 = time.perf_counter()
+        for _ in range(s.gpu_ops):
+            await eng.run(np.asarray, x @ x, device="cpu")  # the task's device pulls its input to the host
+        t1 = time.perf_counter()
+        for _ in range(s.gpu_ops):
+            eng.submit_nowait(np.asarray, x @ x, device="cpu")
+        await eng.waitall()
+        t2 = time.perf_counter()
+    figures = {"serial_s": t1 - t0, "overlapped_s": t2 - t1, "serial_over_overlapped": (t1 - t0) / (t2 - t1)}
+    return figures, {"device": gpu}
+
+
+async def multi_gpu(s: Sizes, gpus: tuple[str, ...] = ("cuda:0", "cuda:1")) -> Result:
+    """The same products on the first GPU alone and spread over all of them."""
+    a = np.random.default_rng(0).random((s.gpu_side, s.gpu_side), dtype=np.float32)
+    async with ss.Engine(devices=_devices(*gpus)) as eng:
+        xs: list[Any] = [eng.asarray(a, device=g) for g in gpus]
+        for x in xs:
+            await (x @ x)
+        one_s = await _matmuls_s(eng, xs[:1], s.gpu_ops)
+        all_s = await _matmuls_s(eng, xs, s.gpu_ops)
+    return {"one_s": one_s, "all_s": all_s, "speedup": one_s / all_s}, {"devices": list(gpus)}
+
+
+# -- the runs --------------------------------------------------------------------------------------
+
+Experiment = Callable[[Sizes], Coroutine[Any, Any, Result]]
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "queued": queued,
+    "loop": loop,
+    "parallel": parallel,
+    "memory": memory,
+    "mlp": mlp,
+    "fancy": fancy,
+    "serialise": serialise,
+    "profile": profile,
+}
+
+#: GPU experiments and the devices each needs.
+GPU_EXPERIMENTS: dict[str, tuple[Experiment, tuple[str, ...]]] = {
+    "cpu_gpu": (cpu_gpu, ("cuda:0",)),
+    "copy_overlap": (copy_overlap, ("cuda:0",)),
+    "multi_gpu": (multi_gpu, ("cuda:0", "cuda:1")),
+}
+
+
+def _skips() -> dict[str, str]:
+    """GPU experiment -> why it cannot run here (absent when it can)."""
+    reasons: dict[str, str | None] = {}
+    skips = {}
+    for key, (_, devices) in GPU_EXPERIMENTS.items():
+        for device in devices:
+            if device not in reasons:
+                reasons[device] = gpu_unavailable(device)
+            reason = reasons[device]
+            if reason is not None:
+                skips[key] = reason
+                break
+    return skips
+
+
+def measure(
+    reps: int = 3, sizes: Sizes = FULL, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Every experiment ``reps`` times, interleaved; medians of the figures, checks of the last run."""
+    t0 = time.perf_counter()
+    skips = _skips()
+    todo = dict(EXPERIMENTS) | {k: fn for k, (fn, _) in GPU_EXPERIMENTS.items() if k not in skips}
+    samples: dict[str, list[Result]] = {key: [] for key in todo}
+    with one_blas_thread():  # parallel speed-up must come from the engine, not from BLAS
+        for rep in range(reps):
+            for key, fn in todo.items():
+                if progress is not None:
+                    progress(f"run {rep + 1}/{reps}: {key}")
+                samples[key].append(asyncio.run(fn(sizes)))
+                gc.collect()
+    experiments: dict[str, Any] = {key: _summary(results) for key, results in samples.items()}
+    experiments |= {key: {"status": "skipped", "reason": reason} for key, reason in skips.items()}
+    return {
+        "reps": reps,
+        "sizes": dataclasses.asdict(sizes),
+        "cpu_workers": bench_workers(),
+        "blas_threads": 1,
+        "experiments": experiments,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def _summary(results: list[Result]) -> dict[str, Any]:
+    figures = median_figures([f for f, _ in results])
+    spread = {k: [min(f[k] for f, _ in results), max(f[k] for f, _ in results)] for k in figures}
+    return {"status": "measured", "figures": figures, "range": spread, "checks": results[-1][1]}
+
+
+# -- the table: a row per claim of the sources ---------------------------------------------------------------
+
 
 _MAX_WIDTH = 120
 
-Fmt = Callable[[dict[str, float], dict[str, Any], "Sizes"], str]
+Fmt = Callable[[dict[str, float], dict[str, Any], Sizes], str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,12 +588,12 @@ def _t(seconds: float) -> str:
     return f"{_n(seconds)} s"
 
 
-def _queued(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_queued(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     same = "equal to NumPy's" if c["equals_numpy"] else "DIFFERENT from NumPy's"
     return f"submit returned in {_n(f['submit_us'])} µs; the result ({same}) came at {_n(f['result_ms'])} ms"
 
 
-def _loop(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_loop(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"awaited op by op: {_n(f['awaited_ms'])} ms ({_n(f['awaited_us'])} µs/op through a worker; "
         f"{_n(f['awaited_inline_us'])} µs/op when tiny ops run in the awaiting coroutine); "
@@ -72,7 +601,7 @@ def _loop(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     )
 
 
-def _cost(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_cost(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     per_op = f["t1_us"] + f["t2_us"] + f["t3_us"]
     return (
         f"awaited: t1 {_n(f['t1_us'])} + t2 {_n(f['t2_us'])} + t3 {_n(f['t3_us'])} = {_n(per_op)} µs, "
@@ -82,7 +611,7 @@ def _cost(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     )
 
 
-def _speedup(kind: str) -> Fmt:
+def _show_speedup(kind: str) -> Fmt:
     def fmt(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
         return (
             f"1 worker {_t(f[f'{kind}_1worker_s'])}, {c['workers']} workers "
@@ -92,7 +621,7 @@ def _speedup(kind: str) -> Fmt:
     return fmt
 
 
-def _memory(mode: str) -> Fmt:
+def _show_memory(mode: str) -> Fmt:
     def fmt(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
         text = f"peak {_n(f[f'{mode}_peak_mib'])} MiB, {_t(f[f'{mode}_s'])}"
         if mode != "unbounded":
@@ -102,7 +631,7 @@ def _memory(mode: str) -> Fmt:
     return fmt
 
 
-def _mlp(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_mlp(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"NumPy {_n(f['numpy_us'])} µs/call; engine Tensors, eager {_n(f['eager_us'])} µs; "
         f"compiled {_n(f['compiled_us'])} µs: {_n(f['eager_over_compiled'])}x faster than eager, "
@@ -110,21 +639,21 @@ def _mlp(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     )
 
 
-def _fancy(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_fancy(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"eager: {f['eager_tasks_per_call']:.0f} tasks, {_n(f['eager_us'])} µs per call; compiled: "
         f"{f['compiled_tasks_per_call']:.0f} task, {_n(f['compiled_us'])} µs ({_n(f['eager_over_compiled'])}x)"
     )
 
 
-def _folded(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_folded(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"{c['folded_traced_ops']} traced ops, {c['folded_ops']} folded, {c['folded_kept_ops']} left: "
         f"the graph returns the constant {c['folded_value']:g}; a call costs {_n(f['folded_us'])} µs"
     )
 
 
-def _serialise(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_serialise(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     same = "the same result bit for bit" if c["loaded_equals_compiled"] else "a DIFFERENT result"
     return (
         f"{_n(f['file_kib'])} KiB of JSON, saved in {_n(f['save_ms'])} ms; ss.load took {_n(f['load_ms'])} ms "
@@ -132,7 +661,7 @@ def _serialise(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     )
 
 
-def _profile(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_profile(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"{f['spans']:.0f} spans on {f['tracks']:.0f} thread tracks, {f['flow_arrows']:.0f} dependency "
         f"arrows, {f['counter_samples']:.0f} counter samples: {_n(f['file_kib'])} KiB of Chrome trace JSON "
@@ -140,21 +669,21 @@ def _profile(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     )
 
 
-def _cpu_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_cpu_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"CPU alone {_t(f['cpu_s'])}, GPU alone {_t(f['gpu_s'])}, both queued together "
         f"{_t(f['both_s'])} ({_n(f['sum_over_both'])}x less than one after the other)"
     )
 
 
-def _copy_overlap(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_copy_overlap(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"each product awaited on the host in turn {_t(f['serial_s'])}; all queued "
         f"{_t(f['overlapped_s'])} ({_n(f['serial_over_overlapped'])}x)"
     )
 
 
-def _multi_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+def _show_multi_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return f"1 GPU {_t(f['one_s'])}, {len(c['devices'])} GPUs {_t(f['all_s'])}: {_n(f['speedup'])}x"
 
 
@@ -168,21 +697,21 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "c = a * b + 2, {s.queued_side}x{s.queued_side}",
                 "The frontend only puts the work in the backend's queue and returns; it waits "
                 "when it needs the result (print c).",
-                _queued,
+                _show_queued,
             ),
             Row(
                 "loop",
                 "{s.loop_ops:,} x (y = x + 1)",
                 "Synchronous 3.56 s, asynchronous 1.05 s for 1,000 ops (TensorFlow): not waiting "
                 "for each op is faster.",
-                _loop,
+                _show_loop,
             ),
             Row(
                 "loop",
                 "the cost model, same loops",
                 "Per op, t1 to queue, t2 to compute, t3 to return: N(t1+t2+t3) synchronously, "
                 "t1 + N·t2 + t3 asynchronously (if N·t2 > (N-1)·t1).",
-                _cost,
+                _show_cost,
             ),
         ],
     ),
@@ -194,13 +723,13 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "{s.dots} independent np.dot, {s.dot_side}x{s.dot_side}",
                 "The backend sees no dependency between them and runs them in parallel "
                 "(BLAS held at 1 thread here, so the speed-up is the engine's).",
-                _speedup("independent"),
+                _show_speedup("independent"),
             ),
             Row(
                 "parallel",
                 "a chain of {s.dots} np.dot",
                 "Operations that depend on each other cannot be parallelised.",
-                _speedup("chain"),
+                _show_speedup("chain"),
             ),
         ],
     ),
@@ -212,20 +741,20 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "{s.batches} batches {s.batch_rows}x{s.features} float32, no limit",
                 "With no sync point, the frontend hands the backend many batches at once, "
                 "which can take much more memory.",
-                _memory("unbounded"),
+                _show_memory("unbounded"),
             ),
             Row(
                 "memory",
                 "the same, max_pending_bytes = {s.bound_batches} batches",
                 "Do not hand the backend too many tasks at once. (Here await submit waits for room, "
                 "with no sync point in the loop.)",
-                _memory("bounded"),
+                _show_memory("bounded"),
             ),
             Row(
                 "memory",
                 "the same, awaited once per batch",
                 "Sync once per minibatch to keep the frontend and the backend in step.",
-                _memory("synced"),
+                _show_memory("synced"),
             ),
         ],
     ),
@@ -237,26 +766,26 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "MLP 512-256-128-2, {s.calls:,} calls",
                 "Eager 1.28 s, graph mode (tf.function) 0.58 s for 1,000 calls: hybridized, "
                 "the network runs faster.",
-                _mlp,
+                _show_mlp,
             ),
             Row(
                 "fancy",
                 "fancy_func, {s.fancy_len} elements",
                 "Python runs add three times, one call after another; a compiled program runs as one.",
-                _fancy,
+                _show_fancy,
             ),
             Row(
                 "fancy",
                 "fancy_func(1, 2, 3, 4), compiled",
                 "A compiler sees the whole program: it can rewrite it as print((1 + 2) + (3 + 4)), "
                 "or even print(10).",
-                _folded,
+                _show_folded,
             ),
             Row(
                 "serialise",
                 "save and load the compiled MLP",
                 "A compiled model can be serialised (tf.saved_model) and run without the Python program.",
-                _serialise,
+                _show_serialise,
             ),
         ],
     ),
@@ -267,7 +796,7 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "profile",
                 "eng.trace(): {s.trace_dots} dots, a join, a chain of {s.trace_chain}",
                 "Vendors' profilers show precisely where the time goes.",
-                _profile,
+                _show_profile,
             ),
         ],
     ),
@@ -278,23 +807,26 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "cpu_gpu",
                 "CPU and GPU in parallel",
                 "The CPU and the GPU compute at the same time.",
-                _cpu_gpu,
+                _show_cpu_gpu,
             ),
             Row(
                 "copy_overlap",
                 "copies overlap compute",
                 "Copying results to the host while the GPU computes the next ones hides the copies.",
-                _copy_overlap,
+                _show_copy_overlap,
             ),
             Row(
                 "multi_gpu",
                 "{s.gpu_ops} products on 1 and 2 GPUs",
                 "Work spread over several GPUs runs in parallel.",
-                _multi_gpu,
+                _show_multi_gpu,
             ),
         ],
     ),
 ]
+
+
+# -- the command ---------------------------------------------------------------------------------------------
 
 
 def register(sub: Any) -> None:
@@ -311,42 +843,32 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``demo`` subcommand."""
-    from ._common import output_problem
-
     if args.reps < 1:
-        print("schedsvc demo: --reps must be at least 1", file=sys.stderr)
-        return 2
+        return fail("demo", "--reps must be at least 1")
     if problem := output_problem("--json", args.json):
-        print(f"schedsvc demo: {problem}", file=sys.stderr)
-        return 2
+        return fail("demo", problem)
     return main(reps=args.reps, quick=args.quick, json_path=args.json)
 
 
 def main(reps: int = 3, quick: bool = False, json_path: str | None = None) -> int:
     """Run the experiments, print the table (or JSON), and write the JSON report if asked."""
-    from .bench import demo
-
-    sizes = demo.QUICK if quick else demo.FULL
-    with _progress() as progress:
-        report = demo.run(reps=reps, sizes=sizes, progress=progress)
-        progress(f"all runs done in {report['wall_s']:.1f} s")
+    sizes = QUICK if quick else FULL
+    with _progress() as step:
+        report = measure(reps=reps, sizes=sizes, progress=step)
+        step(f"all runs done in {report['wall_s']:.1f} s")
     report = _with_rows(report, sizes, quick)
     if json_path == "-":
-        json.dump(report, sys.stdout, indent=2)
-        print()
+        print_json(report)
         return 0
     _render(report)
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+        write_json(report, json_path)
         print(f"wrote {json_path}")
     return 0
 
 
 def _with_rows(report: dict[str, Any], sizes: Sizes, quick: bool) -> dict[str, Any]:
     """The report, plus each row as shown: section, label, status, the figures in words, the claim."""
-    import schedsvc
-
     rows = []
     for title, section in SECTIONS:
         for row in section:
@@ -358,7 +880,7 @@ def _with_rows(report: dict[str, Any], sizes: Sizes, quick: bool) -> dict[str, A
             else:
                 entry["reason"] = result["reason"]
             rows.append(entry | {"claim": row.claim})
-    return {"schedsvc": schedsvc.__version__, "quick": quick} | report | {"rows": rows}
+    return {"schedsvc": ss.__version__, "quick": quick} | report | {"rows": rows}
 
 
 @contextlib.contextmanager
@@ -366,8 +888,6 @@ def _progress() -> Iterator[Callable[[str], None]]:
     """Progress on stderr while the experiments run: a status line on a terminal, else a line per run
     (stdout, which may be the JSON report, stays the report)."""
     from rich.console import Console
-
-    from ._common import progress
 
     console = Console(stderr=True)
     if not console.is_terminal:
@@ -393,7 +913,7 @@ def _render(report: dict[str, Any]) -> None:
 
     console = _console()
     sizes = ", quick sizes" if report["quick"] else ""
-    runs = "1 run" if report["reps"] == 1 else f"median of {report['reps']} runs"
+    runs = runs_phrase(report["reps"])
     console.print(
         Text(
             f'schedsvc demo: the experiments of the sources\' "Computational Performance" chapter on this '
