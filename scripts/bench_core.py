@@ -5,7 +5,7 @@ python scripts/bench_core.py [--reps 5] [--json bench-core.json]
 
 import sys
 
-from schedsvc._cli import main
+from schedsvc.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "core", *sys.argv[1:]]))

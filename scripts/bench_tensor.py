@@ -5,7 +5,7 @@ python scripts/bench_tensor.py [--reps 5] [--json bench-tensor.json]
 
 import sys
 
-from schedsvc._cli import main
+from schedsvc.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "tensor", *sys.argv[1:]]))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
+
+from ._common import emit, fail, output_problem
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from ._config import Config
+    from .._config import Config
 
 __all__ = ["collect", "format_report", "register", "run"]
 
@@ -53,22 +54,20 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._cli import emit, output_problem
-    from ._errors import ConfigError
+    from .._errors import ConfigError
 
     try:
         if problem := output_problem("--json", args.json):
             raise InfoError(problem)
         config = _config(args.config, args.overrides)
     except (InfoError, ConfigError) as exc:
-        print(f"schedsvc info: {exc}", file=sys.stderr)
-        return 2
+        return fail("info", str(exc))
     emit(collect(config, args.config), args.json, format_report)
     return 0
 
 
 def _config(path: str | None, overrides: list[str]) -> Config:
-    from ._config import Config
+    from .._config import Config
 
     keywords = _keywords(overrides)
     return Config.from_file(path, **keywords) if path is not None else Config(**keywords)
@@ -76,7 +75,7 @@ def _config(path: str | None, overrides: list[str]) -> Config:
 
 def _keywords(overrides: list[str]) -> dict[str, Any]:
     """``["max_pending=8", ...]`` -> ``{"max_pending": "8"}``; Config converts and validates the values."""
-    from ._config import Config
+    from .._config import Config
 
     fields = Config.model_fields
     keywords: dict[str, Any] = {}
@@ -139,8 +138,8 @@ def _cuda_devices() -> list[dict[str, Any]]:
 
 
 def _probe(name: str) -> dict[str, Any]:
-    from ._errors import DeviceError
-    from .devices import check_device
+    from .._errors import DeviceError
+    from ..devices import check_device
 
     try:
         check_device(name)

@@ -27,6 +27,8 @@ import numpy as np
 
 import schedsvc as ss
 
+from .._common import Figures, median_figures, target_line
+
 __all__ = ["CASES", "run"]
 
 N_W2 = 2_000
@@ -34,7 +36,6 @@ N_W3 = 500
 N_W5 = 8
 N_G = 1_000
 W5_SIZE = 1000
-Figures = dict[str, float]
 
 
 def _tiny() -> np.ndarray:
@@ -236,7 +237,7 @@ async def _run_all(reps: int, progress: Callable[[str], None] | None) -> dict[st
 def run(reps: int = 5, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every case ``reps`` times, interleaved, on one local cluster; medians and ratios."""
     samples = asyncio.run(_run_all(reps, progress))
-    medians = {n: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for n, runs in samples.items()}
+    medians = {n: median_figures(runs) for n, runs in samples.items()}
     # a ratio per repetition (both measured back to back), then the median of those
     ratios = {
         f"{w}_vs_dask": statistics.median(
@@ -268,7 +269,5 @@ def format_report(report: dict[str, Any]) -> str:
     for name, figures in report["cases"].items():
         shown = ", ".join(f"{k}={v:.4g}" for k, v in figures.items())
         lines.append(f"  {name:12s} {shown}")
-    for t in report["targets"]:
-        mark = "met " if t["met"] else "MISS"
-        lines.append(f"  [{mark}] {t['label']:42s} {t['value']:8.3g}  target {t['target']}")
+    lines += [target_line(t) for t in report["targets"]]
     return "\n".join(lines)

@@ -14,12 +14,10 @@ from typing import Any
 import pytest
 
 import schedsvc as ss
-from schedsvc import _demo
-from schedsvc._bench import demo
-from schedsvc._cli import main
+from schedsvc.cli import demo, main
 from tests.runtime.helpers import within
 
-ALL_ROWS = [(title, row) for title, rows in _demo.SECTIONS for row in rows]
+ALL_ROWS = [(title, row) for title, rows in demo.SECTIONS for row in rows]
 
 
 def _positive(figures: dict[str, float]) -> bool:
@@ -30,7 +28,7 @@ def _positive(figures: dict[str, float]) -> bool:
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console wide enough that no cell wraps, so every text can be found on one line."""
     monkeypatch.setenv("COLUMNS", "1000")
-    monkeypatch.setattr(_demo, "_MAX_WIDTH", 1000)
+    monkeypatch.setattr(demo, "_MAX_WIDTH", 1000)
 
 
 @pytest.mark.usefixtures("wide")
@@ -38,7 +36,7 @@ def test_demo_prints_every_section_and_row(capsys: pytest.CaptureFixture[str]) -
     assert main(["demo", "--quick", "--reps", "1"]) == 0
     out = capsys.readouterr().out
     assert "1 run, " in out and "quick sizes" in out
-    for title, _ in _demo.SECTIONS:
+    for title, _ in demo.SECTIONS:
         assert title.upper() in out
     for _, row in ALL_ROWS:
         assert row.label.format(s=demo.QUICK) in out
@@ -87,8 +85,8 @@ def test_demo_json_to_stdout_shows_progress_on_stderr(capsys: pytest.CaptureFixt
         return report
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(demo, "run", run)
-        patch.setattr(_demo, "_with_rows", lambda report, sizes, quick: report)
+        patch.setattr(demo, "measure", run)
+        patch.setattr(demo, "_with_rows", lambda report, sizes, quick: report)
         assert main(["demo", "--quick", "--reps", "1", "--json", "-"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out) == report  # stdout is still nothing but the JSON

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import statistics
 import threading
 import time
 import tracemalloc
@@ -36,6 +35,8 @@ import numpy as np
 
 import schedsvc as ss
 
+from .._common import Figures, MiB, bench_workers, median_figures, meets, one_blas_thread, target_line
+
 __all__ = ["CASES", "TARGETS", "run"]
 
 N_TINY = 10_000
@@ -44,8 +45,6 @@ N_TINY = 10_000
 W2_TRACED_ORDER = (False, True, True, False, True, False, False, True)
 W2_TRACED_PAIRS = len(W2_TRACED_ORDER) // 2
 N_W4 = 1_000
-MiB = 2**20
-Figures = dict[str, float]
 
 
 def _tiny() -> np.ndarray:
@@ -53,11 +52,7 @@ def _tiny() -> np.ndarray:
 
 
 def _engine(workers: int | None = None, **kw: Any) -> ss.Engine:
-    return ss.Engine(cpu_workers=workers or _workers(), max_pending=4 * N_TINY, **kw)
-
-
-def _workers() -> int:
-    return max(2, os.cpu_count() or 1)
+    return ss.Engine(cpu_workers=workers or bench_workers(), max_pending=4 * N_TINY, **kw)
 
 
 # -- W1 / W2: independent tiny tasks -------------------------------------------
@@ -122,7 +117,7 @@ async def w2_traced() -> Figures:
 
 def w1_w2_threadpool() -> Figures:
     x = _tiny()
-    with ThreadPoolExecutor(_workers()) as ex:
+    with ThreadPoolExecutor(bench_workers()) as ex:
         ex.submit(np.add, x, 1).result()
         t0 = time.perf_counter()
         futs = [ex.submit(np.add, x, 1) for _ in range(N_TINY)]
@@ -136,7 +131,7 @@ def w1_w2_threadpool() -> Figures:
 async def w1_w2_executor() -> Figures:
     x = _tiny()
     loop = asyncio.get_running_loop()
-    with ThreadPoolExecutor(_workers()) as ex:
+    with ThreadPoolExecutor(bench_workers()) as ex:
         await loop.run_in_executor(ex, np.add, x, 1)
         t0 = time.perf_counter()
         futs = [loop.run_in_executor(ex, np.add, x, 1) for _ in range(N_TINY)]
@@ -173,7 +168,7 @@ def w3_threadpool() -> Figures:
     parents: deque[CFuture[np.ndarray]] = deque()
     local = threading.local()
     count = [0]
-    with ThreadPoolExecutor(_workers()) as ex:
+    with ThreadPoolExecutor(bench_workers()) as ex:
         ex.submit(np.add, _tiny(), 1).result()
 
         def link(parent: CFuture[np.ndarray]) -> None:
@@ -229,7 +224,7 @@ async def w4_schedsvc() -> Figures:
 async def w4_executor() -> Figures:
     x = np.ones(1)
     loop = asyncio.get_running_loop()
-    with ThreadPoolExecutor(_workers()) as ex:
+    with ThreadPoolExecutor(bench_workers()) as ex:
         await loop.run_in_executor(ex, np.add, x, 1)
         t0 = time.perf_counter()
         for _ in range(N_W4):
@@ -247,7 +242,7 @@ async def w5_schedsvc() -> Figures:
     rng = np.random.default_rng(0)
     mats = [rng.random((1000, 1000)) for _ in range(8)]
     times = {}
-    for workers in (1, _workers()):
+    for workers in (1, bench_workers()):
         async with _engine(workers) as eng:
             await eng.run(np.dot, mats[0], mats[0])
             t0 = time.perf_counter()
@@ -257,8 +252,8 @@ async def w5_schedsvc() -> Figures:
             times[workers] = time.perf_counter() - t0
     return {
         "w5_1worker_s": times[1],
-        "w5_nworkers_s": times[_workers()],
-        "w5_speedup": times[1] / times[_workers()],
+        "w5_nworkers_s": times[bench_workers()],
+        "w5_speedup": times[1] / times[bench_workers()],
     }
 
 
@@ -366,18 +361,16 @@ def run(
     reps: int = 5, cases: list[str] | None = None, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Run the cases ``reps`` times, interleaved; return medians, ratios and target checks."""
-    from threadpoolctl import threadpool_limits
-
     names = cases or list(CASES)
     samples: dict[str, list[Figures]] = {n: [] for n in names}
-    with threadpool_limits(limits=1):
+    with one_blas_thread():
         for rep in range(reps):
             for name in names:
                 samples[name].append(_run_case(CASES[name]))
                 if progress is not None:
                     progress(f"rep {rep + 1}/{reps} {name}")
-    medians = {n: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for n, runs in samples.items()}
-    report: dict[str, Any] = {"reps": reps, "workers": _workers(), "cases": medians}
+    medians = {n: median_figures(runs) for n, runs in samples.items()}
+    report: dict[str, Any] = {"reps": reps, "workers": bench_workers(), "cases": medians}
     if set(CASES) <= set(names):
         ratios = _ratios(medians)
         report["ratios"] = ratios
@@ -387,7 +380,7 @@ def run(
                 "figure": key,
                 "value": ratios[key],
                 "target": f"{op} {target:.3g}",
-                "met": ratios[key] <= target if op == "<=" else ratios[key] >= target,
+                "met": meets(ratios[key], op, target),
             }
             for label, key, op, target in TARGETS
         ]
@@ -402,7 +395,5 @@ def format_report(report: dict[str, Any]) -> str:
     for name, figures in report["cases"].items():
         shown = ", ".join(f"{k}={v:.3g}" for k, v in figures.items())
         lines.append(f"  {name:18s} {shown}")
-    for t in report.get("targets", []):
-        mark = "met " if t["met"] else "MISS"
-        lines.append(f"  [{mark}] {t['label']:42s} {t['value']:8.3g}  target {t['target']}")
+    lines += [target_line(t) for t in report.get("targets", [])]
     return "\n".join(lines)

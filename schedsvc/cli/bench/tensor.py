@@ -12,7 +12,6 @@ FANCY  the sources' ``fancy_func``: g = (a + b) + (c + d) on 100-element arrays,
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,34 +20,20 @@ import numpy as np
 
 import schedsvc as ss
 
-__all__ = ["TARGETS", "format_report", "mlp_weights", "run"]
+from .._common import (
+    Figures,
+    fancy_func,
+    make_mlp,
+    median_figures,
+    meets,
+    mlp_weights,
+    one_blas_thread,
+    target_mark,
+)
+
+__all__ = ["TARGETS", "format_report", "run"]
 
 N_CALLS = 1_000
-Figures = dict[str, float]
-
-
-def mlp_weights(seed: int = 0) -> list[np.ndarray]:
-    """Weights and biases of the sources' MLP (Dense 512->256->128->2)."""
-    rng = np.random.default_rng(seed)
-    sizes = [(512, 256), (256, 128), (128, 2)]
-    return [a for n, m in sizes for a in (rng.standard_normal((n, m)) / np.sqrt(n), rng.standard_normal(m))]
-
-
-def make_mlp(weights: list[np.ndarray]) -> Callable[[Any], Any]:
-    w1, b1, w2, b2, w3, b3 = weights
-
-    def mlp(x: Any) -> Any:
-        h = np.maximum(x @ w1 + b1, 0)
-        h = np.maximum(h @ w2 + b2, 0)
-        return h @ w3 + b3
-
-    return mlp
-
-
-def fancy_func(a: Any, b: Any, c: Any, d: Any) -> Any:
-    e = a + b
-    f = c + d
-    return e + f
 
 
 async def _variants(fn: Callable[..., Any], args: list[np.ndarray], prefix: str, awaited: bool) -> Figures:
@@ -113,15 +98,13 @@ TARGETS: list[tuple[str, str, str, float]] = [
 
 def run(reps: int = 5, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``reps`` repetitions; medians of every figure and ratio, and the target checks."""
-    from threadpoolctl import threadpool_limits
-
     samples: list[Figures] = []
-    with threadpool_limits(limits=1):
+    with one_blas_thread():
         for rep in range(reps):
             samples.append(asyncio.run(one_run()))
             if progress is not None:
                 progress(f"rep {rep + 1}/{reps}")
-    medians = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+    medians = median_figures(samples)
     targets = [
         {
             "label": label,
@@ -129,7 +112,7 @@ def run(reps: int = 5, progress: Callable[[str], None] | None = None) -> dict[st
             "value": medians[key],
             "range": [min(s[key] for s in samples), max(s[key] for s in samples)],
             "target": f"{op} {target:.3g}",
-            "met": medians[key] <= target if op == "<=" else medians[key] >= target,
+            "met": meets(medians[key], op, target),
         }
         for label, key, op, target in TARGETS
     ]
@@ -151,9 +134,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"{eager / comp:15.2f}x {comp / m[f'{p}_numpy_us']:14.2f}x"
         )
     for t in report["targets"]:
-        mark = "met " if t["met"] else "MISS"
         lo, hi = t["range"]
         lines.append(
-            f"  [{mark}] {t['label']:46s} {t['value']:6.2f} (range {lo:.2f}-{hi:.2f}) target {t['target']}"
+            f"  [{target_mark(t['met'])}] {t['label']:46s} {t['value']:6.2f} (range {lo:.2f}-{hi:.2f}) target {t['target']}"
         )
     return "\n".join(lines)

@@ -38,7 +38,6 @@ import functools
 import gc
 import importlib
 import inspect
-import json
 import math
 import os
 import platform
@@ -50,6 +49,18 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ._common import (
+    MiB,
+    fail,
+    make_mlp,
+    mlp_weights,
+    one_blas_thread,
+    output_problem,
+    print_json,
+    runs_phrase,
+    write_json,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,7 +85,6 @@ DEFAULT_DEPTHS: tuple[int, ...] = tuple(2**k for k in range(11))
 #: A depth is at the knee when its throughput is within this fraction of the best.
 KNEE_TOLERANCE = 0.05
 WARM_ITEMS = 8
-MiB = 2**20
 PLOT_HINT = "pip install 'schedsvc[plot]'"
 
 Workload = Callable[..., Any]
@@ -141,8 +151,6 @@ _setting_state: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Cont
 
 def _mlp_for(eng: ss.Engine) -> Any:
     """The compiled MLP: the warm-up traces it, the timed run replays it."""
-    from ._bench.tensor import make_mlp, mlp_weights
-
     state = _setting_state.get()
     net = None if state is None else state.get("mlp")
     if net is None:
@@ -268,7 +276,7 @@ class _Recorder:
         self._settled: asyncio.Event | None = None
 
     def add(self, item: Any, t0: float) -> None:
-        from ._future import Future
+        from .._future import Future
 
         if type(item) is float:  # an item that just finished, and the perf_counter() it started at
             self.latencies.append(time.perf_counter() - item)
@@ -400,11 +408,9 @@ def sweep(
     step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure every (workers, depth) setting; return the report (rows, knees, recommendation)."""
-    from threadpoolctl import threadpool_limits
-
     settings = [_Setting(w, d) for w in workers for d in depths]
     load_before = _load_average()
-    with threadpool_limits(limits=1):
+    with one_blas_thread():
         for rep in range(reps):
             for s in settings:
                 s.runs.append(_run_setting(workload, items, s, traced=False))
@@ -439,7 +445,7 @@ def _load_average() -> float | None:
 
 
 def _row(s: _Setting) -> dict[str, Any]:
-    from ._telemetry import percentile
+    from .._telemetry import percentile
 
     def median(f: Callable[[_Run], float]) -> float:
         return statistics.median(f(r) for r in s.runs)
@@ -528,10 +534,6 @@ def _check_points(points: Mapping[int, float], tolerance: float, what: str) -> N
 # -- output --------------------------------------------------------------------------------------------
 
 
-def _runs(reps: int) -> str:
-    return "1 run" if reps == 1 else f"median of {reps} runs"
-
-
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -543,7 +545,7 @@ def table(report: dict[str, Any]) -> Any:
 
     rec, rows = report["recommended"], report["rows"]
     t = Table(
-        title=f"schedsvc tune {report['workload']}: {report['items']} items, {_runs(report['reps'])}",
+        title=f"schedsvc tune {report['workload']}: {report['items']} items, {runs_phrase(report['reps'])}",
         caption=(
             f"knee: the smallest max_pending within {report['knee_tolerance']:.0%} of the best items/s; "
             f"recommended: cpu_workers={rec['cpu_workers']}, max_pending={rec['max_pending']}"
@@ -593,7 +595,7 @@ def toml_text(report: dict[str, Any], path: str = "<this file>") -> str:
     best = max(r["items_per_s"] for r in report["rows"] if r["workers"] == rec["cpu_workers"])
     lines = [
         f"# schedsvc tune {report['workload']}: recommended settings "
-        f"({report['items']} items, {_runs(report['reps'])}).",
+        f"({report['items']} items, {runs_phrase(report['reps'])}).",
         f"# machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, NumPy {m['numpy']}, "
         f"schedsvc {m['schedsvc']}, BLAS at 1 thread; load average {_loads(m)} during the sweep",
         f"# knee: max_pending={rec['max_pending']} gives {row['items_per_s']:,.0f} items/s, within "
@@ -678,7 +680,7 @@ def _style(axes: Any, report: dict[str, Any]) -> None:
     axes[-1].set_xlabel("max_pending (queue depth)")
     m = report["machine"]
     axes[0].figure.suptitle(
-        f"schedsvc tune {report['workload']}: {report['items']} items, {_runs(report['reps'])}; "
+        f"schedsvc tune {report['workload']}: {report['items']} items, {runs_phrase(report['reps'])}; "
         f"{m['cpus']} CPUs, load average {_loads(m)}\n{m['platform']}, BLAS at 1 thread",
         fontsize=10,
     )
@@ -738,8 +740,6 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan:
     import schedsvc as ss
 
-    from ._cli import output_problem
-
     if args.reps < 1:
         raise TuneError("--reps must be at least 1")
     if args.items is not None and args.items < 1:
@@ -760,14 +760,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
     except TuneError as exc:
-        print(f"schedsvc tune: {exc}", file=sys.stderr)
-        return 2
+        return fail("tune", str(exc))
     can_plot = args.plot is None or _has_matplotlib()
     try:
         report = _sweep_with_progress(plan, args.reps, quiet=args.json == "-")
     except TuneError as exc:
-        print(f"schedsvc tune {plan.name}: {exc}", file=sys.stderr)
-        return 1
+        return fail(f"tune {plan.name}", str(exc), status=1)
     report["out"] = args.out or None
     report["plot"] = args.plot if args.plot and can_plot else None
     _write_outputs(report, args)
@@ -817,12 +815,11 @@ def _write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
     if report["plot"]:
         plot(report, report["plot"])
     if quiet:
-        json.dump(report, sys.stdout, indent=2)
-        print()
+        print_json(report)
     else:
         Console(width=None if sys.stdout.isatty() else 120).print(table(report))
     if args.json and not quiet:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_json(report, args.json)
     for path in (args.out, report["plot"], None if quiet else args.json):
         if path:
             notes.print(f"wrote {path}")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import schedsvc as ss
-from schedsvc._cli import main
+from schedsvc.cli import main
 
 FIELDS = list(ss.Config.model_fields)
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import schedsvc as ss
-from schedsvc._cli import main
-from schedsvc._tune import TuneError, knee, load_workload, recommend
+from schedsvc.cli import main
+from schedsvc.cli.tune import TuneError, knee, load_workload, recommend
 
 ROW_FIELDS = {
     "workers",

@@ -1,0 +1,34 @@
+"""The ``schedsvc`` command: demo, bench, tune, info.
+
+Each subcommand lives in its own module (``demo``, ``bench``, ``tune``,
+``info``), which adds its parser with ``register(subparsers)`` and sets
+``run`` (``args -> exit status``); what more than one of them needs is in
+``_common``, and they never import each other.  ``main`` imports them only
+when it is called, and they import anything heavy inside ``run``, so
+``schedsvc --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import fail
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: the command line), run the subcommand, return its exit status."""
+    from .._errors import ConfigError
+    from . import bench, demo, info, tune
+
+    parser = argparse.ArgumentParser(prog="schedsvc", description="schedsvc: async array compute engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (demo, bench, tune, info):  # the order --help lists them in
+        command.register(sub)
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.run(args)
+    except ConfigError as exc:  # e.g. a bad SCHEDSVC_* variable, met when the subcommand builds an engine
+        return fail(args.command, str(exc))
+    return status

@@ -1,0 +1,173 @@
+"""What more than one ``schedsvc`` subcommand needs: errors, output files and reports, the measuring set-up,
+and the sources' two models.
+
+Each subcommand module (``demo``, ``info``, ``tune``, and the ``bench`` suites) imports this module and the
+library, never another subcommand, so that one command can be read or changed without the others.  Only
+the standard library is imported at module level: ``schedsvc --help`` imports every subcommand module to
+build its parser, and stays fast; NumPy and threadpoolctl are imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "Figures",
+    "MiB",
+    "bench_workers",
+    "emit",
+    "fail",
+    "fancy_func",
+    "make_mlp",
+    "median_figures",
+    "meets",
+    "mlp_weights",
+    "one_blas_thread",
+    "output_problem",
+    "print_json",
+    "progress",
+    "runs_phrase",
+    "target_line",
+    "target_mark",
+    "write_json",
+]
+
+MiB = 2**20
+#: Measured quantities of one run, by name (seconds, microseconds, ratios, MiB, counts).
+Figures = dict[str, float]
+
+
+# -- errors and progress ------------------------------------------------------------------------------
+
+
+def fail(command: str, problem: str, status: int = 2) -> int:
+    """Say ``schedsvc COMMAND: PROBLEM`` on stderr; return the exit status (2: a usage error)."""
+    print(f"schedsvc {command}: {problem}", file=sys.stderr)
+    return status
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr (stdout stays the report)."""
+    print(f"  ... {line}", file=sys.stderr, flush=True)
+
+
+# -- output files and reports ---------------------------------------------------------------------------
+
+
+def output_problem(flag: str, path: str | None) -> str | None:
+    """Why ``path`` cannot take an output file, checked before a run rather than after it; None if it can."""
+    if not path or path == "-":
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path}: that is a directory; name a file in it"
+    if not target.resolve().parent.is_dir():
+        return f"{flag} {path}: the directory {str(target.parent)!r} does not exist"
+    return None
+
+
+def print_json(report: dict[str, Any]) -> None:
+    """The report as indented JSON on stdout, and nothing else there."""
+    json.dump(report, sys.stdout, indent=2)
+    print()
+
+
+def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """The report as indented JSON in the file ``path``."""
+    Path(path).write_text(json.dumps(report, indent=2), encoding="utf-8")
+
+
+def emit(report: dict[str, Any], path: str | None, fmt: Callable[[dict[str, Any]], str]) -> None:
+    """Print ``fmt(report)``, and write the report as JSON to ``path`` ('-': JSON to stdout instead)."""
+    if path == "-":
+        print_json(report)
+        return
+    print(fmt(report))
+    if path:
+        write_json(report, path)
+        print(f"wrote {path}")
+
+
+def runs_phrase(reps: int) -> str:
+    """How a figure over ``reps`` runs was taken, for a report's heading."""
+    return "1 run" if reps == 1 else f"median of {reps} runs"
+
+
+# -- measuring ---------------------------------------------------------------------------------------------
+
+
+def bench_workers() -> int:
+    """Worker threads for the parallel benchmarks and demo runs: one per core, and at least 2."""
+    return max(2, os.cpu_count() or 1)
+
+
+def one_blas_thread() -> AbstractContextManager[Any]:
+    """BLAS held at one thread while measuring, so that parallel speed-up comes from the engine."""
+    from threadpoolctl import threadpool_limits
+
+    limits: AbstractContextManager[Any] = threadpool_limits(limits=1)  # threadpoolctl has no annotations
+    return limits
+
+
+def median_figures(samples: list[Figures]) -> Figures:
+    """The median of each figure over runs (the keys of the first run, in its order)."""
+    import statistics
+
+    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+
+
+def meets(value: float, op: str, target: float) -> bool:
+    """Whether ``value`` meets a target written ``<= target`` or ``>= target``."""
+    return value <= target if op == "<=" else value >= target
+
+
+def target_mark(met: bool) -> str:
+    """The mark before a target's line in a report: ``met`` or ``MISS``, four wide."""
+    return "met " if met else "MISS"
+
+
+def target_line(t: dict[str, Any]) -> str:
+    """A target check of a report as one line: the mark, the label, the value and the target."""
+    return f"  [{target_mark(t['met'])}] {t['label']:42s} {t['value']:8.3g}  target {t['target']}"
+
+
+# -- the sources' models: the benchmarks, the demo and tune run them -------------------------------------
+
+
+def mlp_weights(seed: int = 0) -> list[np.ndarray]:
+    """Weights and biases of the sources' MLP (Dense 512->256->128->2)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sizes = [(512, 256), (256, 128), (128, 2)]
+    return [a for n, m in sizes for a in (rng.standard_normal((n, m)) / np.sqrt(n), rng.standard_normal(m))]
+
+
+def make_mlp(weights: list[np.ndarray]) -> Callable[[Any], Any]:
+    """The sources' MLP with ReLU as a function of its input (NumPy arrays or engine Tensors)."""
+    import numpy as np
+
+    w1, b1, w2, b2, w3, b3 = weights
+
+    def mlp(x: Any) -> Any:
+        h = np.maximum(x @ w1 + b1, 0)
+        h = np.maximum(h @ w2 + b2, 0)
+        return h @ w3 + b3
+
+    return mlp
+
+
+def fancy_func(a: Any, b: Any, c: Any, d: Any) -> Any:
+    """The sources' ``fancy_func``: (a + b) + (c + d), three additions."""
+    e = a + b
+    f = c + d
+    return e + f

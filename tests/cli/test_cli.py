@@ -1,0 +1,49 @@
+"""The ``schedsvc`` command: every subcommand checks its output path first, and a bad setting exits 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schedsvc.cli import main
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "core", "--reps", "1"],
+        ["bench", "tensor", "--reps", "1"],
+        ["demo", "--quick"],
+        ["info"],
+        ["tune", "chain", "--depths", "1", "--reps", "1"],
+    ],
+)
+@pytest.mark.parametrize("where", ["missing directory", "a directory"])
+def test_an_output_path_that_cannot_be_written_fails_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], where: str
+) -> None:
+    """Said at once with exit status 2, not after a run of minutes ended in a traceback."""
+    path = tmp_path / "no such dir" / "out.json" if where == "missing directory" else tmp_path
+    assert main([*command, "--json", str(path)]) == 2
+    captured = capsys.readouterr()
+    expected = "does not exist" if where == "missing directory" else "is a directory"
+    assert f"--json {path}: " in captured.err and expected in captured.err
+    assert "..." not in captured.err  # no progress line: nothing ran
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "command", [["demo", "--quick", "--reps", "1"], ["tune", "chain", "--depths", "1", "--reps", "1"]]
+)
+def test_a_bad_setting_in_the_environment_exits_2_with_the_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """It used to end the run in a ConfigError traceback."""
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING_BYTES", "1.7")
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"schedsvc {command[0]}: invalid schedsvc configuration: max_pending_bytes: 1.7 is not a whole number"
+        in err
+    )
