@@ -34,7 +34,7 @@ from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._validate import ASYNC_CODE, SYNC_KINDS, async_fn, check_fn, submit_while_tracing
 from .compile._state import ACTIVE, tracing
-from .devices import check_config, open_executor
+from .devices import Executor, check_config, open_executor
 from .tensor import Tensor
 from .tensor._tracking import TensorMemory, asarray, create, shape_arg
 
@@ -65,7 +65,7 @@ class Engine:
         self.config = config
         self._port = Port(self, config, TensorMemory())
         self._sync_mode = config.sync_mode
-        self._vet: list[Any] = []  # executors that check each task at submission (check_task)
+        self._vet: list[Executor] = []  # executors that check each task at submission (check_task)
         self._closing: asyncio.Future[None] | None = None
         self._loop_watch: AsyncGenerator[None, None] | None = None  # see watch_loop_end
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
@@ -115,45 +115,28 @@ class Engine:
         if self._closing is not None:
             await asyncio.shield(self._closing)
             if rt is not None:  # a close that was cancelled left threads finishing up
-                await _join(rt, _JOIN_TIMEOUT_S)
+                await rt.join(_JOIN_TIMEOUT_S)
             return
         if rt is not None and rt.bridge.closed() and port.state == "running":  # closed late, elsewhere
             port.abandon(LOOP_CLOSED, warn=False)  # being closed now: nothing to warn about
         if rt is None or port.state != "running":
             port.state = "closed"
             if rt is not None and port.abandoned == LOOP_CLOSED:  # its threads were told to stop
-                await _join(rt, _JOIN_TIMEOUT_S)
+                await rt.join(_JOIN_TIMEOUT_S)
             return
         port.state = "closing"
         self._closing = asyncio.get_running_loop().create_future()
         try:
-            await self._close(rt, cancel_pending)
+            try:
+                stuck = await rt.shutdown(cancel_pending, _JOIN_TIMEOUT_S)
+            finally:  # (a cancelled close writes the tasks finished so far: a later aclose adds none)
+                self._write_life_trace(rt)
+            if stuck:
+                warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
         finally:
             port.state = "closed"
             self._closing.set_result(None)
             finish(self._loop_watch)
-
-    async def _close(self, rt: Runtime, cancel_pending: bool) -> None:
-        rt.close()
-        try:
-            if cancel_pending:
-                rt.cancel_pending(EngineClosed("the engine closed with cancel_pending=True"))
-            while True:  # nested work submitted by running tasks is admitted while closing
-                await rt.barrier()
-                if rt.settled():
-                    break
-        except BaseException:  # the close was cancelled (or failed): stop now
-            rt.cancel_pending(EngineClosed("the engine closed with cancel_pending=True"))
-            rt.stop()
-            self._write_life_trace(rt)  # with the tasks finished so far: a later aclose has no more to add
-            await rt.aclose_executors()
-            raise
-        rt.stop()
-        await rt.aclose_executors()
-        stuck = await _join(rt, _JOIN_TIMEOUT_S)
-        if stuck:
-            warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
-        self._write_life_trace(rt)
 
     def _write_life_trace(self, rt: Runtime) -> None:
         """Write ``Config(trace_path=...)``'s trace of the engine's whole life (once)."""
@@ -169,28 +152,12 @@ class Engine:
         interrupted = exc_type is not None and issubclass(
             exc_type, asyncio.CancelledError | KeyboardInterrupt
         )
-        notice = asyncio.ensure_future(self._say_what_close_waits_for()) if interrupted else None
+        notice = asyncio.ensure_future(_say_what_close_waits_for(self._port)) if interrupted else None
         try:
             await self.aclose(cancel_pending=exc_type is not None)
         finally:
             if notice is not None:
                 notice.cancel()
-
-    async def _say_what_close_waits_for(self) -> None:
-        """After Ctrl-C, a close that waits for running tasks says so once, and how to stop waiting."""
-        await asyncio.sleep(_INTERRUPT_GRACE_S)  # tasks about to finish need no word
-        rt = self._port.rt
-        if rt is None or self._port.state != "closing":
-            return
-        running = rt.running()
-        if running:
-            tasks = "task" if running == 1 else "tasks"
-            print(
-                f"schedsvc: cancelled the queued tasks; waiting for {running} running {tasks} "
-                "to finish (press Ctrl-C again to exit without waiting)",
-                file=sys.stderr,
-                flush=True,
-            )
 
     @property
     def closed(self) -> bool:
@@ -232,15 +199,20 @@ class Engine:
         nbytes: int | None = None,
         **kwargs: Any,
     ) -> Future[T]:
-        rt = self._port.running()
+        port = self._port
+        rt = port.rt  # Port.running(), inlined: this runs at every submission
+        if rt is None or port.state != "running" or rt.bridge.closed():
+            raise port.refusal()
         tid = get_ident()
-        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
+        task: Future[T] = _task(
+            port, self._vet, fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid
+        )
         if self._sync_mode:
             try:
-                return self._port.run_here(task)  # type: ignore[no-any-return]
+                return port.run_here(task)  # type: ignore[no-any-return]
             except StopIteration as exc:  # PEP 479 would make it a bare RuntimeError in this coroutine
                 raise stop_through_await(task, exc) from exc
-        tensors = self._port.tensors
+        tensors = port.tensors
         try:
             token = rt.submit_or_queue(task, tid, priority)
         except BaseException:  # not admitted (closed, MemoryLimitError): as if never submitted
@@ -277,11 +249,16 @@ class Engine:
         while the engine closes), so nested work can never deadlock it.
         """
         tid = get_ident()
-        rt = self._port.accepting(tid)
-        task: Future[T] = self._task(fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid)
+        port = self._port
+        rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
+        if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
+            raise port.refusal()
+        task: Future[T] = _task(
+            port, self._vet, fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid
+        )
         if self._sync_mode:
-            return self._port.run_here(task)  # type: ignore[no-any-return]
-        tensors = self._port.tensors
+            return port.run_here(task)  # type: ignore[no-any-return]
+        tensors = port.tensors
         try:
             admitted = rt.submit(task, tid, priority)
         except BaseException:  # not admitted (closed, MemoryLimitError): as if never submitted
@@ -292,7 +269,7 @@ class Engine:
                 tensors.unwrite(task)
             tensors.unadmitted.pop(task, None)
         if not admitted:
-            raise QueueFull(self._port.full_message(task))
+            raise QueueFull(port.full_message(task))
         if rt.forwarding:
             rt.admitted(task)
         return task
@@ -474,64 +451,6 @@ class Engine:
 
     # -- internals -------------------------------------------------------------
 
-    def _task(
-        self,
-        fn: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        device: str | None,
-        priority: int,
-        name: str | None,
-        reads: Any,
-        writes: Any,
-        nbytes: int | None,
-        tid: int,
-    ) -> Future[Any]:
-        """Check a submission and build its task (not admitted yet)."""
-        if ACTIVE[0] and tracing.depth:
-            raise submit_while_tracing(fn)
-        kind = type(fn)
-        if kind is FunctionType:  # hot path: a plain function may still be an async one
-            if fn.__code__.co_flags & ASYNC_CODE:
-                raise async_fn(fn)
-        elif kind not in SYNC_KINDS:  # builtins, ufuncs and NumPy functions need no check
-            check_fn(fn)
-        port = self._port
-        device = port.default_device if device is None else port.device(device)  # hot path: no call
-        if type(priority) is not int:
-            raise InvalidTask(f"priority must be an int, got {priority!r}")
-        if nbytes is None:
-            nbytes = 0
-        elif type(nbytes) is not int or nbytes < 0:
-            raise InvalidTask(
-                f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}"
-            )
-        for executor in self._vet:
-            executor.check_task(fn, kwargs, writes)
-        deps, buffers = scan(args, kwargs, reads, writes)
-        # hot path: plain loops, no generator per submission
-        tensors = False
-        for dep in deps:
-            if getattr(dep, "_port", None) is not port:
-                raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
-            if type(dep) is Tensor:
-                tensors = True
-        written: list[Tensor] = []
-        if tensors:  # their pending writes are dependencies too
-            deps, written = port.tensors.ordered(deps, buffers, kwargs, writes)
-        else:
-            for buffer in buffers:
-                if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
-                    deps, written = port.tensors.ordered(deps, buffers, kwargs, writes)
-                    break
-        nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
-        task: Future[Any] = Future(
-            port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
-        )
-        if written:  # undone by unwrite if the task is not admitted after all
-            port.tensors.claim(task, written)
-        return task
-
     def __repr__(self) -> str:
         rt = self._port.rt
         if rt is None:
@@ -539,11 +458,75 @@ class Engine:
         return f"<Engine {self._port.state} devices={','.join(self.config.devices)} {rt.describe()}>"
 
 
-async def _join(rt: Runtime, timeout: float) -> list[Any]:
-    """Wait, without blocking the loop, for the executors' threads to end; return those still alive."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = rt.alive_threads()
-        if not alive or time.monotonic() > deadline:
-            return alive
-        await asyncio.sleep(0.001)  # they were told to stop; they exit within microseconds
+def _task(
+    port: Port,
+    vet: list[Executor],
+    fn: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: str | None,
+    priority: int,
+    name: str | None,
+    reads: Any,
+    writes: Any,
+    nbytes: int | None,
+    tid: int,
+) -> Future[Any]:
+    """Check a submission and build its task (not admitted yet)."""
+    if ACTIVE[0] and tracing.depth:
+        raise submit_while_tracing(fn)
+    kind = type(fn)
+    if kind is FunctionType:  # hot path: a plain function may still be an async one
+        if fn.__code__.co_flags & ASYNC_CODE:
+            raise async_fn(fn)
+    elif kind not in SYNC_KINDS:  # builtins, ufuncs and NumPy functions need no check
+        check_fn(fn)
+    device = port.default_device if device is None else port.device(device)  # hot path: no call
+    if type(priority) is not int:
+        raise InvalidTask(f"priority must be an int, got {priority!r}")
+    if nbytes is None:
+        nbytes = 0
+    elif type(nbytes) is not int or nbytes < 0:
+        raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
+    for executor in vet:
+        executor.check_task(fn, kwargs, writes)
+    deps, buffers = scan(args, kwargs, reads, writes)
+    # hot path: plain loops, no generator per submission
+    tensors = False
+    for dep in deps:
+        if getattr(dep, "_port", None) is not port:
+            raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
+        if type(dep) is Tensor:
+            tensors = True
+    written: list[Tensor] = []
+    if tensors:  # their pending writes are dependencies too
+        deps, written = port.tensors.ordered(deps, buffers, kwargs, writes)
+    else:
+        for buffer in buffers:
+            if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
+                deps, written = port.tensors.ordered(deps, buffers, kwargs, writes)
+                break
+    nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
+    task: Future[Any] = Future(
+        port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
+    )
+    if written:  # undone by unwrite if the task is not admitted after all
+        port.tensors.claim(task, written)
+    return task
+
+
+async def _say_what_close_waits_for(port: Port) -> None:
+    """After Ctrl-C, a close that waits for running tasks says so once, and how to stop waiting."""
+    await asyncio.sleep(_INTERRUPT_GRACE_S)  # tasks about to finish need no word
+    rt = port.rt
+    if rt is None or port.state != "closing":
+        return
+    running = rt.running()
+    if running:
+        tasks = "task" if running == 1 else "tasks"
+        print(
+            f"schedsvc: cancelled the queued tasks; waiting for {running} running {tasks} "
+            "to finish (press Ctrl-C again to exit without waiting)",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -41,6 +41,8 @@ class AsyncioBridge:
         self.loop = loop
         self.to_loop: list[tuple[str, Any]] = []  # instructions for the loop; under the runtime's lock
         self.drain_scheduled = False
+        #: has the loop closed?  (its own method, bound: asked on every submission, so no frame of ours)
+        self.closed: Callable[[], bool] = loop.is_closed
 
     # -- tokens ------------------------------------------------------------------
 
@@ -60,8 +62,8 @@ class AsyncioBridge:
 
     # -- scheduling on the loop --------------------------------------------------
 
-    def closed(self) -> bool:
-        return self.loop.is_closed()
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn`` on the loop's thread soon (from that thread)."""
@@ -71,10 +73,10 @@ class AsyncioBridge:
         """Run ``fn`` on the loop soon, from any thread (RuntimeError once the loop is closed)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
-    def post(self, item: tuple[str, Any], wakes: list[Callable[[], None]]) -> None:
-        """With the runtime's lock held: deliver ``item`` on the loop; the first of a burst adds the
+    def post(self, items: list[tuple[str, Any]], wakes: list[Callable[[], None]]) -> None:
+        """With the runtime's lock held: deliver ``items`` on the loop; the first of a burst adds the
         drain to ``wakes`` (called once the lock is released)."""
-        self.to_loop.append(item)
+        self.to_loop += items
         if not self.drain_scheduled:
             self.drain_scheduled = True
             wakes.append(self._schedule_drain)

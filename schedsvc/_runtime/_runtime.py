@@ -146,13 +146,18 @@ class Runtime:
         if core.out:
             wakes = []
             bridge = self.bridge
-            for item in core.drain():
+            items = core.drain()
+            foreign = False
+            for item in items:
                 if item[0] == "resolve":
                     self._resolve_elsewhere(item[1], wakes)
-                elif bridge.foreign(item[1]):  # a token awaited on another loop
+                elif bridge.foreign(item[1]):  # a token awaited on another loop: woken there
                     wakes.append(functools.partial(settle, item[1]))
-                    continue
-                bridge.post(item, wakes)
+                    foreign = True
+            if foreign:
+                items = [i for i in items if i[0] == "resolve" or not bridge.foreign(i[1])]
+            if items:
+                bridge.post(items, wakes)
         for executor, queue in self._pools:
             if not executor.hungry or not queue.count:
                 continue
@@ -442,6 +447,41 @@ class Runtime:
 
     # -- closing -------------------------------------------------------------------
 
+    async def shutdown(self, cancel_pending: bool, timeout: float) -> list[threading.Thread]:
+        """Take no more work; finish (or cancel) what is pending, stop the executors, and wait up to
+        ``timeout`` for their threads; return those still alive.
+
+        Nested work that running tasks submit meanwhile is admitted and waited
+        for too.  If this is cancelled, unstarted work is cancelled and the
+        executors are told to stop.
+        """
+        self.close()
+        closed = EngineClosed("the engine closed with cancel_pending=True")
+        try:
+            if cancel_pending:
+                self.cancel_pending(closed)
+            while True:  # nested work submitted by running tasks is admitted while closing
+                await self.barrier()
+                if self.settled():
+                    break
+        except BaseException:  # the close was cancelled (or failed): stop now
+            self.cancel_pending(closed)
+            self.stop()
+            await self.aclose_executors()
+            raise
+        self.stop()
+        await self.aclose_executors()
+        return await self.join(timeout)
+
+    async def join(self, timeout: float) -> list[threading.Thread]:
+        """Wait, without blocking the loop, for the executors' threads to end; return those still alive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [t for executor in self.devices.values() for t in executor.join(0)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            await self.bridge.sleep(0.001)  # they were told to stop; they exit within microseconds
+
     def close(self) -> None:
         """Take no more work (nested work of running tasks still gets in)."""
         with self.lock:
@@ -481,9 +521,6 @@ class Runtime:
         for executor in self.devices.values():
             await executor.aclose()
 
-    def alive_threads(self) -> list[threading.Thread]:
-        return [t for executor in self.devices.values() for t in executor.join(0)]
-
     # -- the executors' door -------------------------------------------------------
 
     def worker_started(self) -> None:
@@ -498,8 +535,9 @@ class Runtime:
                 self.worker_threads.discard(get_ident())
                 return False
             task = self.core.take(executor.name)
-            if task is None:
-                executor.park(worker)
+            if task is None:  # parked: notify() wakes it
+                executor.idle.append(worker)
+                executor.hungry = True
         return task
 
     def take_all(self, executor: Executor) -> list[Task]:

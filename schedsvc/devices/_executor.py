@@ -8,7 +8,9 @@ is the one door to both.  Its life, as the runtime drives it:
    here); ``start()`` starts its threads.
 2. Whenever tasks of its device are ready and it is ``hungry``, the runtime
    calls ``notify(ready)`` with its lock held; the executor returns what to do
-   once the lock is released (release a parked thread), or None.
+   once the lock is released (release a parked thread), or None.  A thread
+   executor's workers ask ``rt.next_task`` for work; one that finds none is
+   parked in ``idle`` (the executor is hungry again) until ``notify``.
 3. It takes ready tasks from the runtime (``rt.next_task``, ``rt.take_all``),
    runs or launches them, and reports each outcome through the runtime:
    ``rt.execute`` for a task run on the calling thread (the CPU path: a task
@@ -70,6 +72,9 @@ class Executor:
         #: submissions of one event-loop iteration handed to it at once, before the rest are staged
         #: (held, then handed over together when the submitting coroutine yields)
         self.eager = 1
+        #: its workers parked waiting for work (a thread executor's): ``rt.next_task`` appends a
+        #: worker that found none and makes the executor ``hungry``; ``notify`` takes them out
+        self.idle: list[Any] = []
 
     @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> Executor:
@@ -98,10 +103,6 @@ class Executor:
         """With the runtime's lock held (``rt.next_task``): should ``worker`` end now, with ``ready``
         tasks queued?"""
         return False
-
-    def park(self, worker: Any) -> None:
-        """With the runtime's lock held (``rt.next_task``): ``worker`` found no task and waits for a
-        wake-up from ``notify``."""
 
     def notify(self, ready: int) -> Callable[[], None] | None:
         """With the runtime's lock held: ``ready`` tasks of its device wait; return the wake-up to call

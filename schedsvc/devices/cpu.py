@@ -89,7 +89,6 @@ class CpuPool(Executor):
         self.eager = size  # the first tasks of a burst start at once, one per worker
         self.hungry = False  # no worker is parked until the threads have started
         self.size = size
-        self.idle: list[CpuWorker] = []
         self.workers: list[CpuWorker] = []  # live ones
         self.retired: list[threading.Thread] = []  # ended or ending; joined by join()
         self.retired_busy: dict[str, float] = {}  # busy seconds of workers that ended, by name
@@ -117,10 +116,6 @@ class CpuPool(Executor):
             self.retire(worker)
             return True
         return False
-
-    def park(self, worker: CpuWorker) -> None:
-        self.idle.append(worker)
-        self.hungry = True
 
     def _reserve(self) -> CpuWorker:
         """With the lock held: count a new worker in; ``_launch`` it after releasing the lock."""
@@ -161,7 +156,7 @@ class CpuPool(Executor):
         """With the lock held: take parked workers for ``ready`` tasks; return their wake-up."""
         idle = self.idle
         if ready == 1 or len(idle) == 1:
-            woken = idle.pop()
+            woken: CpuWorker = idle.pop()
             self.hungry = bool(idle)
             return woken.park.release
         woken_all = [idle.pop() for _ in range(min(ready, len(idle)))]
