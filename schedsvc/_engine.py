@@ -488,8 +488,9 @@ def _task(
         nbytes = 0
     elif type(nbytes) is not int or nbytes < 0:
         raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
-    for executor in vet:
-        executor.check_task(fn, kwargs, writes)
+    if vet:  # (no iterator made per submission when no executor checks tasks)
+        for executor in vet:
+            executor.check_task(fn, kwargs, writes)
     deps, buffers = scan(args, kwargs, reads, writes)
     # hot path: plain loops, no generator per submission
     tensors = False

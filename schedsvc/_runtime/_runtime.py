@@ -155,7 +155,7 @@ class Runtime:
                     wakes.append(functools.partial(settle, item[1]))
                     foreign = True
             if foreign:
-                items = [i for i in items if i[0] == "resolve" or not bridge.foreign(i[1])]
+                items = _without_foreign(items, bridge)
             if items:
                 bridge.post(items, wakes)
         for executor, queue in self._pools:
@@ -170,7 +170,7 @@ class Runtime:
             return None
         if len(wakes) == 1:
             return wakes[0]
-        return lambda: _call_all(wakes)
+        return functools.partial(_call_all, wakes)  # (a lambda would make `wakes` a cell at every call)
 
     def under_lock(self, event: Callable[..., Any], *args: Any) -> Any:
         """Apply one core event (off the hot path), then act on what it produced."""
@@ -792,6 +792,11 @@ def _cost_key(task: Task) -> tuple[Any, int]:
     for buffer in task.buffers:
         size += buffer[1]
     return code, size.bit_length()
+
+
+def _without_foreign(items: list[tuple[str, Any]], bridge: AsyncioBridge) -> list[tuple[str, Any]]:
+    """The instructions for the engine's loop: tokens of other loops are woken there directly."""
+    return [item for item in items if item[0] == "resolve" or not bridge.foreign(item[1])]
 
 
 def _call_all(calls: list[Callable[[], None]]) -> None:

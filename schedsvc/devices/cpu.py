@@ -11,6 +11,7 @@ the surplus once the worker is back, so blocking never starves the pool.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -159,9 +160,10 @@ class CpuPool(Executor):
             woken: CpuWorker = idle.pop()
             self.hungry = bool(idle)
             return woken.park.release
-        woken_all = [idle.pop() for _ in range(min(ready, len(idle)))]
+        woken_all = idle[-ready:]  # (no comprehension or lambda: no cells made at every call)
+        del idle[-ready:]
         self.hungry = bool(idle)
-        return lambda: _release_all(woken_all)
+        return functools.partial(_release_all, woken_all)
 
     def blocking(self, delta: int) -> None:
         """A worker starts (+1) or stops (-1) blocking on another task's result."""
