@@ -34,7 +34,7 @@ from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._validate import ASYNC_CODE, SYNC_KINDS, async_fn, check_fn, submit_while_tracing
 from .compile._state import ACTIVE, tracing
-from .devices import Executor, check_config, open_executor
+from .devices import Executor, check_config, open_executor, scheduler_options
 from .tensor import Tensor
 from .tensor._tracking import TensorMemory, asarray, create, shape_arg
 
@@ -89,6 +89,7 @@ class Engine:
             max_pending_bytes=self.config.max_pending_bytes,
             devices=self.config.devices,
             clock=time.perf_counter,
+            **scheduler_options(self.config),
         )
         rt = Runtime(core, asyncio.get_running_loop(), self.config.inline_threshold_us / 1e6, port.refusal)
         for name in self.config.devices:

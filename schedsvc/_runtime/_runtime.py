@@ -571,6 +571,15 @@ class Runtime:
             after()
         return state
 
+    def launched(self, task: Task) -> None:
+        """An asynchronous executor queued ``task``'s work on its device (behind its parents' work):
+        dependents on the same device may now be launched behind it."""
+        self.under_lock(self.core.launch, task)
+
+    def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
+        """A launched task's result is visible to the host (or its device reported ``error``)."""
+        self.under_lock(self.core.complete, task, value, error)
+
     def data_parents(self, task: Task) -> list[Task] | None:
         """The unfinished data parents of a waiting ``task``, if they are all it waits for (no hazard
         edge holds it); None otherwise."""

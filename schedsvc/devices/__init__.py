@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._errors import DeviceError
 from ._executor import Executor, Keyer
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .._config import Config
     from .._runtime import Runtime
 
-__all__ = ["KINDS", "Executor", "Keyer", "check_config", "check_device", "executor_for", "open_executor"]
+__all__ = ["KINDS", "Executor", "Keyer", "check_config", "check_device", "executor_for", "open_executor", "scheduler_options"]
 
 #: executor kind -> (module in this package, class): imported on first use
 KINDS: dict[str, tuple[str, str]] = {
@@ -61,6 +61,17 @@ def check_config(config: Config) -> None:
         executor_for("cpu", config).check_config(config)
     for name in config.devices:
         executor_for(name, config).check_config(config)
+
+
+def scheduler_options(config: Config) -> dict[str, Any]:
+    """The core's per-device settings its executors ask for: which devices launch asynchronously,
+    and the byte budget of each device with memory of its own (``max_device_bytes``)."""
+    kinds = {name: executor_for(name, config) for name in config.devices}
+    budget = config.max_device_bytes
+    return {
+        "asynchronous": tuple(name for name, kind in kinds.items() if kind.asynchronous),
+        "device_bytes": {name: budget for name, kind in kinds.items() if kind.own_memory and budget},
+    }
 
 
 async def open_executor(name: str, rt: Runtime, config: Config) -> Executor:

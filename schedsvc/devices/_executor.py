@@ -59,6 +59,12 @@ class Executor:
     kind: ClassVar[str] = ""
     #: tasks run in this process (values are real objects; a waiting thread may run one itself)
     local: ClassVar[bool] = True
+    #: does it launch work asynchronously (CUDA streams)?  Then its tasks have two completion
+    #: points: ``rt.launched`` (queued on the device behind its parents, so a same-device dependent
+    #: may be launched behind it) and ``rt.complete`` (visible to the host)
+    asynchronous: ClassVar[bool] = False
+    #: does its device have memory of its own?  Then ``Config.max_device_bytes`` budgets it
+    own_memory: ClassVar[bool] = False
     #: argument types it understands as memory, beyond NumPy arrays and the buffer protocol
     #: (which every engine scans), with how to key them
     buffer_types: ClassVar[Mapping[type, Keyer]] = {}

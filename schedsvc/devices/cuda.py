@@ -39,6 +39,8 @@ class CudaExecutor(Executor):
     """CUDA streams of one device (not built yet: opening one says so)."""
 
     kind = "cuda"
+    asynchronous = True
+    own_memory = True
 
     @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> Executor:
