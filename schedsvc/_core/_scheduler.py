@@ -3,8 +3,8 @@
 Pure and synchronous: no threads, no event loop, no array library.  The
 runtime owns the only lock and calls one method per event while holding it.
 
-Events (``handle`` takes them as objects; the runtime's hot path calls the
-method of the same name directly):
+Events are the public methods (the runtime calls them directly; no event
+object is allocated per task):
 
 * ``submit(task, force, stage)``  admit a task now, or report that it does not fit
 * ``publish()``           end the current burst: staged tasks become visible to ``take``
@@ -39,24 +39,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from .._errors import DependencyError, MemoryLimitError
 from ._queue import ReadyQueue
 from ._task import FINAL_STATES, TRANSITIONS, Task, TaskState, name_of
 
-__all__ = [
-    "Barrier",
-    "Cancel",
-    "Enqueue",
-    "Finish",
-    "Instruction",
-    "Scheduler",
-    "Submit",
-    "Take",
-    "Withdraw",
-]
+__all__ = ["Instruction", "Scheduler"]
 
 Instruction = tuple[str, Any]
 
@@ -114,34 +103,6 @@ class Scheduler:
         self.edges: list[tuple[int, int]] | None = None
 
     # -- events --------------------------------------------------------------
-
-    def handle(
-        self, event: Submit | Enqueue | Take | Finish | Cancel | Withdraw | Barrier
-    ) -> list[Instruction]:
-        """Apply one event and return the instructions it produced."""
-        if isinstance(event, Submit):
-            if not self.submit(event.task, force=event.force):
-                self.out.append(("full", event.task))
-        elif isinstance(event, Enqueue):
-            self.enqueue(event.task, event.token)
-        elif isinstance(event, Take):
-            task = self.take(event.device)
-            if task is not None:
-                self.out.append(("run", task))
-        elif isinstance(event, Finish):
-            if event.cancelled:
-                self.finish_cancelled(event.task)
-            else:
-                nxt = self.finish(event.task, event.value, event.error)
-                if nxt is not None:
-                    self.out.append(("run", nxt))
-        elif isinstance(event, Cancel):
-            self.cancel(event.task)
-        elif isinstance(event, Withdraw):
-            self.withdraw(event.token)
-        else:
-            self.barrier(event.token)
-        return self.drain()
 
     def submit(self, task: Task, force: bool = False, stage: bool = False) -> bool:
         """Admit ``task`` if it fits (``force``: regardless); False leaves it untouched.
@@ -652,43 +613,3 @@ class Scheduler:
         for entry, _ in self._admission:
             assert entry is None or entry.state == "admitting"
         assert self._limit == self.max_pending - len(self._reservations), self._reservations
-
-
-@dataclass(frozen=True, slots=True)
-class Submit:
-    task: Task
-    force: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueue:
-    task: Task
-    token: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Take:
-    device: str = "cpu"
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    task: Task
-    value: Any = None
-    error: BaseException | None = None
-    cancelled: bool = False  # cancelled where it was sent (``finish_cancelled``)
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    task: Task
-
-
-@dataclass(frozen=True, slots=True)
-class Withdraw:
-    token: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Barrier:
-    token: Any
