@@ -112,14 +112,18 @@ def W(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
 
 
 def test_transition_table_covers_every_state() -> None:
-    states = {"new", "admitting", "waiting", "ready", "running", "done", "failed", "cancelled"}
+    states = {"new", "admitting", "waiting", "ready", "running", "launched", "done", "failed", "cancelled"}
     assert set(TRANSITIONS) == states
     assert set(FINAL_STATES) == {"done", "failed", "cancelled"}
     for final in FINAL_STATES:
         assert not TRANSITIONS[final]
     assert "running" not in TRANSITIONS["waiting"]
     # a running task ends cancelled only through finish_cancelled (a remote executor's); cancel() refuses it
-    assert TRANSITIONS["running"] == {"done", "failed", "cancelled"}
+    assert TRANSITIONS["running"] == {"launched", "done", "failed", "cancelled"}
+    # launched (asynchronous devices): only its completion ends it; it cannot be cancelled
+    assert TRANSITIONS["launched"] == {"done", "failed"}
+    # a task made ready behind a launched parent fails, unrun, if that parent's result fails
+    assert TRANSITIONS["ready"] == {"running", "failed", "cancelled"}
 
 
 def test_validate_needs_check_mode() -> None:
