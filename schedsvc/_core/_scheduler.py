@@ -100,6 +100,48 @@ class _BufferState:
 class Scheduler:
     """Task states, dependency edges, buffer hazards, ready queues and limits."""
 
+    # slots: more than 30 instance attributes would leave the shared-key dict and slow every access
+    __slots__ = (
+        "_admission",
+        "_barriers",
+        "_behind",
+        "_behind_of",
+        "_budgeted",
+        "_buffers",
+        "_cancelling",
+        "_check",
+        "_clock",
+        "_device_peak",
+        "_device_pending",
+        "_doomed",
+        "_epoch",
+        "_held",
+        "_hooks",
+        "_limit",
+        "_live",
+        "_max_footprint",
+        "_owner",
+        "_reservations",
+        "_seq",
+        "asynchronous",
+        "cancelled",
+        "completed",
+        "edges",
+        "failed",
+        "launched",
+        "max_device_bytes",
+        "max_pending",
+        "max_pending_bytes",
+        "out",
+        "peak_pending_bytes",
+        "pending",
+        "pending_bytes",
+        "queues",
+        "running",
+        "staged",
+        "submitted",
+    )
+
     def __init__(
         self,
         *,
