@@ -3,14 +3,17 @@
 Pure and synchronous: no threads, no event loop, no array library.  The
 runtime owns the only lock and calls one method per event while holding it.
 
-Events (``handle`` takes them as objects; the runtime's hot path calls the
-method of the same name directly):
+Events are the public methods (the runtime calls them directly; no event
+object is allocated per task):
 
 * ``submit(task, force, stage)``  admit a task now, or report that it does not fit
 * ``publish()``           end the current burst: staged tasks become visible to ``take``
 * ``enqueue(task, token)`` queue a task for admission, FIFO, until it fits
 * ``take(device)``         a worker asks for the next ready task
-* ``finish(task, value, error)``  a running task returned or raised
+* ``finish(task, value, error)``  a running task returned or raised (on an
+  asynchronous device: only a task that failed before it launched)
+* ``launch(task)``         a running task's work is queued on its asynchronous device
+* ``complete(task, value, error)``  a launched task's result is visible to the host
 * ``finish_cancelled(task)``  a running task was cancelled where it was sent
   (a remote executor: taken from the core, not started on the cluster yet)
 * ``cancel(task)``         cancel a task that has not started
@@ -33,30 +36,51 @@ Ordering rules: data dependencies (``task.deps``) and buffer hazards (RAW, WAR,
 WAW on ``task.buffers`` keys) become edges in submission order; reads of the
 same buffer are unordered.  A failed or cancelled parent fails or cancels the
 tasks that take its value; a hazard edge only orders.
+
+Two completion points.  A task on a synchronous device (the CPU) passes both
+at ``finish``.  A task on an *asynchronous* device (``asynchronous=``: its
+executor queues work, e.g. on CUDA streams) goes ``running -> launched``
+(``launch``: its work is queued on the device behind its parents' work) ``->
+done | failed`` (``complete``).  An edge to a dependent on the *same* device
+is passed at the parent's launch (the executor orders the dependent behind it
+on the device); every other edge at the parent's completion.  So a dependent
+is ready once each of its unfinished parents is launched on its device.
+Until it completes, a launched task holds its buffers, bytes, max_pending
+slot and barrier count.
+
+* Out-of-order completion: a task's ``complete`` that arrives before the
+  completion of a parent it was launched behind is held; the task stays
+  ``launched`` and concludes (done or failed, ``("resolve", task)``) when its
+  last such parent completes.  Its dependents never see an outcome before its
+  parents'.
+* Failure after launch: when a launched task's result fails, a dependent that
+  takes its value and was made ready behind it fails: at once with a
+  ``DependencyError`` if it is still ready (it never runs), else (running or
+  launched) when it concludes, whatever it reported, with a ``DependencyError``
+  whose cause is the original error.
+* A task that fails while launching reports ``finish(task, None, error)``; if
+  it was made ready behind launched parents it is final at once but keeps its
+  place (buffers, edges) until they complete, as a failed waiting task does.
+
+Byte budgets: ``max_pending_bytes`` for everything, and optionally one per
+device (``device_bytes=``): a task's ``out_bytes`` and each buffer it is the
+first pending user of count for its device while it is pending.  Admission is
+one FIFO: a task that does not fit its device's budget waits, and so does
+everything queued behind it, on any device.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from itertools import chain
 from typing import Any
 
 from .._errors import DependencyError, MemoryLimitError
 from ._queue import ReadyQueue
 from ._task import FINAL_STATES, TRANSITIONS, Task, TaskState, name_of
 
-__all__ = [
-    "Barrier",
-    "Cancel",
-    "Enqueue",
-    "Finish",
-    "Instruction",
-    "Scheduler",
-    "Submit",
-    "Take",
-    "Withdraw",
-]
+__all__ = ["Instruction", "Scheduler"]
 
 Instruction = tuple[str, Any]
 
@@ -76,12 +100,56 @@ class _BufferState:
 class Scheduler:
     """Task states, dependency edges, buffer hazards, ready queues and limits."""
 
+    # slots: more than 30 instance attributes would leave the shared-key dict and slow every access
+    __slots__ = (
+        "_admission",
+        "_barriers",
+        "_behind",
+        "_behind_of",
+        "_budgeted",
+        "_buffers",
+        "_cancelling",
+        "_check",
+        "_clock",
+        "_device_peak",
+        "_device_pending",
+        "_doomed",
+        "_epoch",
+        "_held",
+        "_hooks",
+        "_limit",
+        "_live",
+        "_max_footprint",
+        "_owner",
+        "_reservations",
+        "_seq",
+        "asynchronous",
+        "cancelled",
+        "completed",
+        "edges",
+        "failed",
+        "launched",
+        "max_device_bytes",
+        "max_pending",
+        "max_pending_bytes",
+        "out",
+        "peak_pending_bytes",
+        "pending",
+        "pending_bytes",
+        "queues",
+        "running",
+        "staged",
+        "submitted",
+    )
+
     def __init__(
         self,
         *,
         max_pending: int,
         max_pending_bytes: int,
         devices: Iterable[str] = ("cpu",),
+        asynchronous: Iterable[str] = (),
+        device_bytes: Mapping[str, int] | None = None,
         clock: Callable[[], float] | None = None,
         check: bool = False,
     ) -> None:
@@ -91,11 +159,28 @@ class Scheduler:
         self._limit = max_pending  # max_pending - reserved: what a task must stay under to be admitted
         self.max_pending_bytes = max_pending_bytes
         self.queues: dict[str, ReadyQueue] = {d: ReadyQueue() for d in devices}
+        #: devices whose executors launch work asynchronously (``launch``/``complete``)
+        self.asynchronous = frozenset(asynchronous)
+        #: byte budget per device (devices not named have none)
+        self.max_device_bytes: dict[str, int] = dict(device_bytes or {})
+        unknown = (self.asynchronous | self.max_device_bytes.keys()) - self.queues.keys()
+        if unknown:
+            raise ValueError(
+                f"unknown devices {sorted(unknown)}; the scheduler's devices are {sorted(self.queues)}"
+            )
+        self._budgeted = bool(self.max_device_bytes)
+        # the largest footprint that fits every limit: submit's one compare (the exact check when over it)
+        self._max_footprint = min([max_pending_bytes, *self.max_device_bytes.values()])
+        # bytes per device, counted only when some device has a budget
+        self._device_pending: dict[str, int] = dict.fromkeys(self.queues, 0)
+        self._device_peak: dict[str, int] = dict.fromkeys(self.queues, 0)
+        self._owner: dict[int, tuple[str, int]] = {}  # buffer key -> (device that brought it in, nbytes)
         self.out: list[Instruction] = []
         self.pending = 0  # admitted, not final
         self.pending_bytes = 0
         self.peak_pending_bytes = 0
         self.running = 0
+        self.launched = 0  # launched, not complete
         self.submitted = 0
         self.completed = 0
         self.failed = 0
@@ -106,42 +191,20 @@ class Scheduler:
         self._cancelling = False
         self._clock = clock or (lambda: 0.0)
         self._check = check
+        self._hooks = check or self._budgeted  # _admit and _release call their (cold) hooks
         self._buffers: dict[int, _BufferState] = {}
         self._admission: deque[tuple[Task | None, Any]] = deque()
         self._barriers: list[list[Any]] = []  # [last seq, unfinished count, token]
         self._live: dict[Task, list[Task]] = {}  # check mode: live task -> its parents
+        # asynchronous devices: edges passed at a parent's launch, held until it completes
+        self._behind: dict[Task, int] = {}  # task -> edges from launched, incomplete parents on its device
+        self._behind_of: dict[Task, list[Task]] = {}  # launched task -> its dependents on its device
+        self._held: dict[Task, tuple[Any, BaseException | None]] = {}  # completed before those parents
+        self._doomed: dict[Task, Task] = {}  # running/launched task -> its input whose result failed
         #: while a timeline is recorded: every edge made, as (parent seq, child seq)
         self.edges: list[tuple[int, int]] | None = None
 
     # -- events --------------------------------------------------------------
-
-    def handle(
-        self, event: Submit | Enqueue | Take | Finish | Cancel | Withdraw | Barrier
-    ) -> list[Instruction]:
-        """Apply one event and return the instructions it produced."""
-        if isinstance(event, Submit):
-            if not self.submit(event.task, force=event.force):
-                self.out.append(("full", event.task))
-        elif isinstance(event, Enqueue):
-            self.enqueue(event.task, event.token)
-        elif isinstance(event, Take):
-            task = self.take(event.device)
-            if task is not None:
-                self.out.append(("run", task))
-        elif isinstance(event, Finish):
-            if event.cancelled:
-                self.finish_cancelled(event.task)
-            else:
-                nxt = self.finish(event.task, event.value, event.error)
-                if nxt is not None:
-                    self.out.append(("run", nxt))
-        elif isinstance(event, Cancel):
-            self.cancel(event.task)
-        elif isinstance(event, Withdraw):
-            self.withdraw(event.token)
-        else:
-            self.barrier(event.token)
-        return self.drain()
 
     def submit(self, task: Task, force: bool = False, stage: bool = False) -> bool:
         """Admit ``task`` if it fits (``force``: regardless); False leaves it untouched.
@@ -149,17 +212,13 @@ class Scheduler:
         ``stage``: the task belongs to the current burst; whenever it becomes
         ready before the next ``publish()`` it is held back from ``take`` (the
         runtime batches hand-offs this way).  Raises MemoryLimitError if the
-        task alone exceeds max_pending_bytes.
+        task alone exceeds max_pending_bytes or its device's budget.
         """
         footprint = task.out_bytes
         for buffer in task.buffers:
             footprint += buffer[1]
-        if footprint > self.max_pending_bytes:
-            raise MemoryLimitError(
-                f"{task!r} needs {footprint} bytes (its array arguments plus nbytes={task.out_bytes}) "
-                f"but max_pending_bytes is {self.max_pending_bytes}; it could never run. "
-                "Raise max_pending_bytes or split the task."
-            )
+        if footprint > self._max_footprint:
+            self._refuse(task, footprint)
         if not force and (self._admission or not self._fits(task)):
             return False
         if stage:
@@ -210,6 +269,8 @@ class Scheduler:
     ) -> Task | None:
         """Record a running task's outcome; return a dependent to run at once, if any.
 
+        On an asynchronous device a task that launched reports ``complete``;
+        ``finish`` is only for one that failed before it launched (an error).
         The returned task (already ``running``) is the first this completion
         made ready, on the same device, and no queued task outranks it; the
         caller should run it without a queue hand-off.  ``chain=False``: queue
@@ -219,14 +280,18 @@ class Scheduler:
         if error is None:
             task.value = value
             if self._check:  # hot path: no call unless checking
+                self._check_finish(task)
                 self._move(task, "done")
             task.state = "done"
             self.completed += 1
         else:
-            task.error = error
-            self._move(task, "failed")
-            self.failed += 1
-            self._finalize_dependents(task)
+            self._fail_running(task, error)
+            if (
+                task in self._behind
+            ):  # failed while launching behind launched parents: held until they complete
+                if task.watchers is not None:
+                    self.out.append(("resolve", task))
+                return None
         if task.watchers is not None:
             self.out.append(("resolve", task))
         inline = self._release_and_cascade(task, inline_ok=chain)
@@ -253,9 +318,11 @@ class Scheduler:
         tasks that take its value.
         """
         self.running -= 1
+        self._doomed.pop(task, None)
         self._final(task, "cancelled", None)
         self._finalize_dependents(task)
-        self._release_and_cascade(task, inline_ok=False)
+        if task not in self._behind:  # else its launched parents release it when they complete
+            self._release_and_cascade(task, inline_ok=False)
         if self._admission:
             self._admit_waiters()
 
@@ -276,12 +343,55 @@ class Scheduler:
             self._unqueue(task)
         self._final(task, "cancelled", None)
         self._finalize_dependents(task)
-        if task.n_waiting == 0:
+        if task.n_waiting == 0 and task not in self._behind:
             self._release_and_cascade(task)
         # else it keeps its place in the order until its parents finish
         if self._admission:
             self._admit_waiters()
         return True
+
+    def launch(self, task: Task) -> None:
+        """A running task's work is queued on its asynchronous device (running -> launched).
+
+        Each dependent on the same device is no longer kept waiting by it: one
+        whose unfinished parents are all launched on that device becomes ready,
+        to be launched behind them.  The task stays pending until ``complete``.
+        """
+        if self._check:
+            assert task.device in self.asynchronous, f"launch of {task!r}: {task.device} is not asynchronous"
+        self._move(task, "launched")
+        self.running -= 1
+        self.launched += 1
+        device = task.device
+        dependents = task.dependents
+        behind = [child for child in dependents if child.device == device] if dependents else []
+        self._behind_of[task] = behind
+        if behind:
+            rest = [child for child in dependents if child.device != device]  # type: ignore[union-attr]
+            task.dependents = rest or None
+            for child in behind:
+                self._behind[child] = self._behind.get(child, 0) + 1
+                child.n_waiting -= 1
+                if child.n_waiting == 0 and child.state == "waiting":
+                    self._ready_behind(child)
+
+    def complete(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
+        """A launched task's result is visible to the host (launched -> done | failed).
+
+        If a parent it was launched behind has not completed yet, the outcome
+        is held and the task concludes when the last such parent completes;
+        if such a parent's result failed, it concludes failed with a
+        ``DependencyError`` whatever it reported here.
+        """
+        if self._check:
+            assert task.state == "launched" and task not in self._held, f"complete of {task!r}"
+        if task in self._behind:
+            self._held[task] = (value, error)
+            return
+        self._conclude(task, value, error)
+        self._settle(task)
+        if self._admission:
+            self._admit_waiters()
 
     def withdraw(self, token: Any) -> bool:
         """Take a waiter that holds no task (``throttle``) out of the admission queue.
@@ -364,6 +474,14 @@ class Scheduler:
             and self.pending_bytes + nbytes <= self.max_pending_bytes
         )
 
+    def device_pending_bytes(self, device: str) -> int:
+        """Bytes pending on ``device`` (counted only when some device has a budget: 0 otherwise)."""
+        return self._device_pending[device]
+
+    def device_peak_bytes(self, device: str) -> int:
+        """The most bytes ever pending on ``device`` (counted only when some device has a budget)."""
+        return self._device_peak[device]
+
     @property
     def waiting_admission(self) -> int:
         return len(self._admission)
@@ -394,7 +512,28 @@ class Scheduler:
         for key, nbytes, _ in task.buffers:
             if key not in known:
                 need += nbytes
-        return self.pending_bytes + need <= self.max_pending_bytes
+        if self.pending_bytes + need > self.max_pending_bytes:
+            return False
+        return not self._budgeted or self._fits_device(task.device, need)
+
+    def _fits_device(self, device: str, need: int) -> bool:
+        budget = self.max_device_bytes.get(device)
+        return budget is None or self._device_pending[device] + need <= budget
+
+    def _refuse(self, task: Task, footprint: int) -> None:
+        """Raise MemoryLimitError if a task of ``footprint`` bytes could never be admitted."""
+        what = f"{task!r} needs {footprint} bytes (its array arguments plus nbytes={task.out_bytes})"
+        if footprint > self.max_pending_bytes:
+            raise MemoryLimitError(
+                f"{what} but max_pending_bytes is {self.max_pending_bytes}; it could never run. "
+                "Raise max_pending_bytes or split the task."
+            )
+        budget = self.max_device_bytes.get(task.device)
+        if budget is not None and footprint > budget:
+            raise MemoryLimitError(
+                f"{what} but max_device_bytes for {task.device} is {budget}; it could never run. "
+                f"Raise max_device_bytes for {task.device} or split the task."
+            )
 
     def _admit(self, task: Task) -> None:
         self.submitted += 1
@@ -406,7 +545,7 @@ class Scheduler:
                 task.args, task.kwargs, task.deps, task.buffers = (), None, (), ()
                 return
         self.pending += 1
-        parents: list[Task] | None = [] if self._check else None
+        parents: list[Task] | None = [] if self._hooks else None
         for dep in task.deps:
             if dep.state not in FINAL_STATES:
                 self._edge(dep, task, parents)
@@ -434,7 +573,7 @@ class Scheduler:
         if self.pending_bytes > self.peak_pending_bytes:
             self.peak_pending_bytes = self.pending_bytes
         if parents is not None:
-            self._live[task] = parents
+            self._admitted(task, parents)
         if task.n_waiting:
             self._move(task, "waiting")
         elif self._cancelling:
@@ -450,12 +589,46 @@ class Scheduler:
             else:
                 self.queues[task.device].push(task)
 
+    def _admitted(self, task: Task, parents: list[Task]) -> None:
+        """Check mode: remember the task's parents; byte budgets: count its bytes for its device."""
+        if self._check:
+            self._live[task] = parents
+        if self._budgeted:
+            owner = self._owner
+            device = task.device
+            added = task.out_bytes
+            for key, _, _ in task.buffers:
+                if key not in owner:
+                    nbytes = self._buffers[key].nbytes
+                    owner[key] = (device, nbytes)
+                    added += nbytes
+            held = self._device_pending[device] = self._device_pending[device] + added
+            if held > self._device_peak[device]:
+                self._device_peak[device] = held
+
+    def _released(self, task: Task) -> None:
+        """Check mode: forget the task; byte budgets: give back its device's bytes (before its buffers go)."""
+        if self._check:
+            self._live.pop(task, None)
+        if self._budgeted:
+            pending = self._device_pending
+            pending[task.device] -= task.out_bytes
+            owner, buffers = self._owner, self._buffers
+            for key, _, _ in task.buffers:
+                if key not in buffers and key in owner:  # freed by this release
+                    device, nbytes = owner.pop(key)
+                    pending[device] -= nbytes
+
     def _edge(self, parent: Task, child: Task, parents: list[Task] | None) -> None:
-        if parent.dependents is None:
-            parent.dependents = [child]
+        if parent.state == "launched" and parent.device == child.device:
+            self._behind_of[parent].append(child)  # the child may launch behind it: no wait
+            self._behind[child] = self._behind.get(child, 0) + 1
         else:
-            parent.dependents.append(child)
-        child.n_waiting += 1
+            if parent.dependents is None:
+                parent.dependents = [child]
+            else:
+                parent.dependents.append(child)
+            child.n_waiting += 1
         if parents is not None:
             parents.append(parent)
         if self.edges is not None:
@@ -468,14 +641,26 @@ class Scheduler:
         the graph (buffers, edges) until its own parents finish: a hazard edge
         orders only through the last writer, so releasing it early would let a
         later reader overtake an earlier writer that is still running.
+        A dependent made ready behind ``root``'s launch fails now if still ready;
+        one running or launched fails when it concludes (``_doomed``).
         """
         work = [root]
         while work:
             parent = work.pop()
-            for child in parent.dependents or ():
-                if child.state == "waiting" and any(dep is parent for dep in child.deps):
+            behind = self._behind_of.get(parent) or ()
+            for child in chain(parent.dependents or (), behind):
+                state = child.state
+                if state in FINAL_STATES or not any(dep is parent for dep in child.deps):
+                    continue
+                if state == "waiting":
                     self._fail_from(child, parent)
                     work.append(child)
+                elif state == "ready":
+                    self._unqueue(child)
+                    self._fail_from(child, parent)
+                    work.append(child)
+                elif child not in self._doomed:  # running or launched behind it
+                    self._doomed[child] = parent
 
     def _release_and_cascade(self, root: Task, inline_ok: bool = False) -> Task | None:
         """Release a final task with no unfinished parents; queue dependents it made ready.
@@ -495,8 +680,9 @@ class Scheduler:
                     child.n_waiting -= 1
                     if child.n_waiting:
                         continue
-                    if child.state != "waiting":
-                        stack.append(child)  # failed or cancelled through a parent earlier
+                    if child.state != "waiting":  # failed or cancelled through a parent earlier
+                        if child not in self._behind:  # else a launched parent releases it when it completes
+                            stack.append(child)
                         continue
                     if self._cancelling:
                         self._final(child, "cancelled", None)
@@ -533,6 +719,8 @@ class Scheduler:
             else:
                 buf.readers.pop(task, None)
         self.pending_bytes -= freed
+        if self._hooks:
+            self._released(task)
         # a final task no longer needs its inputs or its callable: let them go
         if task.name is None:
             task.name = name_of(task.fn)
@@ -543,8 +731,6 @@ class Scheduler:
         task.buffers = ()
         if self._barriers:
             self._count_barriers(task)
-        if self._check:
-            self._live.pop(task, None)
 
     def _count_barriers(self, task: Task) -> None:
         fired = False
@@ -562,25 +748,30 @@ class Scheduler:
         if parent.state == "cancelled":
             self._final(task, "cancelled", None)
         else:
-            cause = parent.error
-            if isinstance(cause, DependencyError) and cause.__cause__ is not None:
-                cause = cause.__cause__  # point at the original failure, not the relay
-                how = "did not run either"
-            else:
-                how = "failed"
-            try:
-                text = str(cause)
-            except Exception:  # a user exception whose __str__ raises
-                text = "<unprintable>"
-            if len(text) > 200:  # the whole text is on __cause__
-                text = text[:200] + "..."
-            err = DependencyError(
-                f"{task.label} (task #{task.seq}) did not run: its input {parent.label} "
-                f"(task #{parent.seq}) {how}; "
-                f"the original error: {type(cause).__name__}: {text}"
-            )
-            err.__cause__ = cause
-            self._final(task, "failed", err)
+            self._final(task, "failed", self._dependency_error(task, parent))
+
+    def _dependency_error(self, task: Task, parent: Task, launched: bool = False) -> DependencyError:
+        """The error of ``task``, which takes the value of ``parent``, which failed."""
+        cause = parent.error
+        if isinstance(cause, DependencyError) and cause.__cause__ is not None:
+            cause = cause.__cause__  # point at the original failure, not the relay
+            how = "did not run either"
+        else:
+            how = "failed"
+        try:
+            text = str(cause)
+        except Exception:  # a user exception whose __str__ raises
+            text = "<unprintable>"
+        if len(text) > 200:  # the whole text is on __cause__
+            text = text[:200] + "..."
+        did = "has no result" if launched else "did not run"
+        err = DependencyError(
+            f"{task.label} (task #{task.seq}) {did}: its input {parent.label} "
+            f"(task #{parent.seq}) {how}; "
+            f"the original error: {type(cause).__name__}: {text}"
+        )
+        err.__cause__ = cause
+        return err
 
     def _final(self, task: Task, state: TaskState, error: BaseException | None) -> None:
         self._move(task, state)
@@ -591,6 +782,87 @@ class Scheduler:
             self.failed += 1
         if task.watchers is not None:
             self.out.append(("resolve", task))
+
+    def _check_finish(self, task: Task) -> None:
+        assert task.state != "launched", f"finish of {task!r}: a launched task reports complete"
+        assert task not in self._behind, (
+            f"finish of {task!r}: launched parents have not completed; use launch/complete"
+        )
+        assert task not in self._doomed, (
+            f"finish of {task!r}: an input failed after launch; use launch/complete"
+        )
+
+    def _fail_running(self, task: Task, error: BaseException) -> None:
+        """A running task raised (or, on an asynchronous device, failed to launch)."""
+        if self._check:
+            assert task.state != "launched", f"finish of {task!r}: a launched task reports complete"
+        parent = self._doomed.pop(task, None) if self._doomed else None
+        if parent is not None:  # an input it was made ready behind failed: that is the cause
+            error = self._dependency_error(task, parent)
+        task.error = error
+        self._move(task, "failed")
+        self.failed += 1
+        self._finalize_dependents(task)
+
+    def _ready_behind(self, task: Task) -> None:
+        """A waiting task's unfinished parents are all launched on its device: it may launch behind them."""
+        if self._cancelling:
+            self._final(task, "cancelled", None)  # keeps its place until those parents complete
+            self._finalize_dependents(task)
+            return
+        self._move(task, "ready")
+        task.t_ready = self._clock()
+        if task.staged == self._epoch:
+            self.staged.append(task)
+        else:
+            self.queues[task.device].push(task)
+
+    def _conclude(self, task: Task, value: Any, error: BaseException | None) -> None:
+        """A launched task whose launched parents have all completed ends done or failed."""
+        self.launched -= 1
+        parent = self._doomed.pop(task, None)
+        if parent is not None:
+            self._final(task, "failed", self._dependency_error(task, parent, launched=True))
+            self._finalize_dependents(task)
+        elif error is None:
+            self._move(task, "done")
+            task.value = value
+            self.completed += 1
+            if task.watchers is not None:
+                self.out.append(("resolve", task))
+        else:
+            self._final(task, "failed", error)
+            self._finalize_dependents(task)
+
+    def _settle(self, root: Task) -> None:
+        """``root`` concluded: pass its edges to the dependents launched behind it, then release.
+
+        A dependent whose last launched parent this was concludes now if its
+        outcome was held, and is released if it is final; iteratively, so a
+        long chain completed in reverse order does not recurse.
+        """
+        done = [root]
+        work = [root]
+        behind, held = self._behind, self._held
+        while work:
+            task = work.pop()
+            for child in self._behind_of.pop(task, ()):
+                left = behind[child] - 1
+                if left:
+                    behind[child] = left
+                    continue
+                del behind[child]
+                if child.n_waiting:
+                    continue  # still waiting for others (or final, and released by them)
+                outcome = held.pop(child, None)
+                if outcome is not None:
+                    self._conclude(child, *outcome)
+                    work.append(child)
+                    done.append(child)
+                elif child.state in FINAL_STATES:
+                    done.append(child)
+        for task in done:
+            self._release_and_cascade(task)
 
     def _admit_waiters(self) -> None:
         admission = self._admission
@@ -623,9 +895,11 @@ class Scheduler:
         assert self.pending == len(live), (self.pending, len(live))
         assert self.pending <= self.max_pending or any(t.nested for t in live), "over max_pending"
         states = [t.state for t in live]
+        behind = self._behind
         for task in live:  # final tasks stay in the graph only while a parent is unfinished
-            assert task.state in ("waiting", "ready", "running") or task.n_waiting > 0, task
+            assert task.state not in FINAL_STATES or task.n_waiting > 0 or task in behind, task
         assert self.running == states.count("running")
+        assert self.launched == states.count("launched")
         for device, queue in self.queues.items():
             ready = queue.tasks()
             assert len(ready) == queue.count, (device, len(ready), queue.count)
@@ -635,8 +909,15 @@ class Scheduler:
         assert sum(q.count for q in self.queues.values()) + len(staged) == states.count("ready")
         for task, parents in live.items():
             unfinished = [p for p in parents if p in live]  # released parents are gone
-            assert task.n_waiting == len(unfinished), (task, task.n_waiting, unfinished)
-            assert (task.state in ("ready", "running")) == (task.n_waiting == 0), task
+            # an edge from a parent launched on the task's device was passed at that launch
+            ahead = [p for p in unfinished if p.state == "launched" and p.device == task.device]
+            assert task.n_waiting == len(unfinished) - len(ahead), (task, task.n_waiting, unfinished)
+            assert behind.get(task, 0) == len(ahead), (task, behind.get(task), ahead)
+            if task.state in ("ready", "running", "launched"):
+                assert task.n_waiting == 0, task
+            elif task.state == "waiting":
+                assert task.n_waiting > 0, task
+        self._validate_asynchronous()
         users: dict[int, int] = {}
         for task in live:
             for key, _, _ in task.buffers:
@@ -652,43 +933,35 @@ class Scheduler:
         for entry, _ in self._admission:
             assert entry is None or entry.state == "admitting"
         assert self._limit == self.max_pending - len(self._reservations), self._reservations
+        self._validate_devices()
 
+    def _validate_asynchronous(self) -> None:
+        live = self._live
+        launched = {t for t in live if t.state == "launched"}
+        assert all(t.device in self.asynchronous for t in launched)
+        assert self._behind_of.keys() == launched, (self._behind_of.keys(), launched)
+        counts: dict[Task, int] = {}
+        for parent, children in self._behind_of.items():
+            for child in children:
+                assert child in live and child.device == parent.device, (parent, child)
+                counts[child] = counts.get(child, 0) + 1
+        assert counts == self._behind, (counts, self._behind)
+        for task in self._held:
+            assert task.state == "launched" and task in self._behind, task
+        for task, parent in self._doomed.items():
+            assert task.state in ("running", "launched") and parent.state == "failed", (task, parent)
 
-@dataclass(frozen=True, slots=True)
-class Submit:
-    task: Task
-    force: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueue:
-    task: Task
-    token: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Take:
-    device: str = "cpu"
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    task: Task
-    value: Any = None
-    error: BaseException | None = None
-    cancelled: bool = False  # cancelled where it was sent (``finish_cancelled``)
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    task: Task
-
-
-@dataclass(frozen=True, slots=True)
-class Withdraw:
-    token: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Barrier:
-    token: Any
+    def _validate_devices(self) -> None:
+        if not self._budgeted:
+            assert not self._owner and not any(self._device_pending.values())
+            return
+        assert self._owner.keys() == self._buffers.keys()
+        held = dict.fromkeys(self.queues, 0)
+        for task in self._live:
+            held[task.device] += task.out_bytes
+        for key, (device, nbytes) in self._owner.items():
+            assert self._buffers[key].nbytes == nbytes, key
+            held[device] += nbytes
+        assert held == self._device_pending, (held, self._device_pending)
+        for device, nbytes in held.items():
+            assert self._device_peak[device] >= nbytes, device

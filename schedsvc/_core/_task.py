@@ -12,19 +12,25 @@ from typing import Any, Final, Literal
 
 __all__ = ["FINAL_STATES", "TRANSITIONS", "Buffer", "Task", "TaskState", "name_of", "safe_repr"]
 
-TaskState = Literal["new", "admitting", "waiting", "ready", "running", "done", "failed", "cancelled"]
+TaskState = Literal[
+    "new", "admitting", "waiting", "ready", "running", "launched", "done", "failed", "cancelled"
+]
 
 #: Legal transitions.  ``admitting``: waiting for room under the limits;
 #: ``waiting``: admitted, some parent unfinished; a ``waiting`` task fails or
 #: is cancelled without running when a data parent fails or is cancelled;
 #: ``running`` -> ``cancelled`` only through ``Scheduler.finish_cancelled``
 #: (a remote executor dropped the task unrun), never through ``cancel``.
+#: ``launched`` (asynchronous devices only): its work is queued on the device;
+#: it is still pending until ``Scheduler.complete``.  ``ready`` -> ``failed``:
+#: made ready behind a launched parent whose result then failed.
 TRANSITIONS: Final[dict[TaskState, frozenset[TaskState]]] = {
     "new": frozenset({"admitting", "waiting", "ready", "failed", "cancelled"}),
     "admitting": frozenset({"waiting", "ready", "failed", "cancelled"}),
     "waiting": frozenset({"ready", "failed", "cancelled"}),
-    "ready": frozenset({"running", "cancelled"}),
-    "running": frozenset({"done", "failed", "cancelled"}),
+    "ready": frozenset({"running", "failed", "cancelled"}),
+    "running": frozenset({"launched", "done", "failed", "cancelled"}),
+    "launched": frozenset({"done", "failed"}),
     "done": frozenset(),
     "failed": frozenset(),
     "cancelled": frozenset(),

@@ -13,13 +13,7 @@ from schedsvc import DependencyError, MemoryLimitError
 from schedsvc._core import (
     FINAL_STATES,
     TRANSITIONS,
-    Barrier,
-    Cancel,
-    Enqueue,
-    Finish,
     Scheduler,
-    Submit,
-    Take,
     Task,
 )
 
@@ -44,24 +38,51 @@ def task(name: str, **fields: Any) -> Task:
     return t
 
 
-def step(s: Scheduler, event: Any) -> list[tuple[str, Any]]:
-    out = s.handle(event)
+def out_of(s: Scheduler) -> list[tuple[str, Any]]:
+    """The instructions the last event produced; checks the invariants first."""
     s.validate()
-    return out
+    return s.drain()
 
 
 def submit(s: Scheduler, *tasks: Task) -> None:
     for t in tasks:
-        assert step(s, Submit(t)) == [], t
-    s.validate()
+        assert s.submit(t), t
+        assert out_of(s) == [], t
 
 
 def take(s: Scheduler, device: str = "cpu") -> Task | None:
-    out = step(s, Take(device))
-    if not out:
-        return None
-    assert len(out) == 1 and out[0][0] == "run", out
-    return out[0][1]
+    t = s.take(device)
+    assert out_of(s) == []
+    return t
+
+
+def finish(
+    s: Scheduler, t: Task, value: Any = None, error: BaseException | None = None
+) -> list[tuple[str, Any]]:
+    """``finish`` a task: its instructions, then ``("run", dependent)`` if it handed one back to run inline."""
+    inline = s.finish(t, value, error)
+    out = out_of(s)
+    return out if inline is None else [*out, ("run", inline)]
+
+
+def finish_cancelled(s: Scheduler, t: Task) -> list[tuple[str, Any]]:
+    s.finish_cancelled(t)
+    return out_of(s)
+
+
+def cancel(s: Scheduler, t: Task) -> list[tuple[str, Any]]:
+    s.cancel(t)
+    return out_of(s)
+
+
+def enqueue(s: Scheduler, t: Task | None, token: Any) -> list[tuple[str, Any]]:
+    s.enqueue(t, token)
+    return out_of(s)
+
+
+def barrier(s: Scheduler, token: Any) -> list[tuple[str, Any]]:
+    s.barrier(token)
+    return out_of(s)
 
 
 def take_all(s: Scheduler, device: str = "cpu") -> list[Task]:
@@ -91,14 +112,18 @@ def W(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
 
 
 def test_transition_table_covers_every_state() -> None:
-    states = {"new", "admitting", "waiting", "ready", "running", "done", "failed", "cancelled"}
+    states = {"new", "admitting", "waiting", "ready", "running", "launched", "done", "failed", "cancelled"}
     assert set(TRANSITIONS) == states
     assert set(FINAL_STATES) == {"done", "failed", "cancelled"}
     for final in FINAL_STATES:
         assert not TRANSITIONS[final]
     assert "running" not in TRANSITIONS["waiting"]
     # a running task ends cancelled only through finish_cancelled (a remote executor's); cancel() refuses it
-    assert TRANSITIONS["running"] == {"done", "failed", "cancelled"}
+    assert TRANSITIONS["running"] == {"launched", "done", "failed", "cancelled"}
+    # launched (asynchronous devices): only its completion ends it; it cannot be cancelled
+    assert TRANSITIONS["launched"] == {"done", "failed"}
+    # a task made ready behind a launched parent fails, unrun, if that parent's result fails
+    assert TRANSITIONS["ready"] == {"running", "failed", "cancelled"}
 
 
 def test_validate_needs_check_mode() -> None:
@@ -128,12 +153,12 @@ def test_data_dependency_waits_for_its_parent() -> None:
     assert a.state == "ready"
     assert b.state == "waiting"
     assert take_all(s) == [a]
-    out = step(s, Finish(a, value=1))
+    out = finish(s, a, value=1)
     assert resolved(out) == [a]
     assert runs(out) == [b]  # the only dependent runs inline on the finishing worker
     assert a.state == "done" and a.value == 1
     assert b.state == "running"
-    out = step(s, Finish(b, value=2))
+    out = finish(s, b, value=2)
     assert resolved(out) == [b]
     assert s.pending == 0 and s.completed == 2
 
@@ -143,7 +168,7 @@ def test_dependency_on_a_finished_task_is_ready_at_once() -> None:
     a = task("a")
     submit(s, a)
     take(s)
-    step(s, Finish(a, value=1))
+    finish(s, a, value=1)
     b = task("b", deps=(a,))
     submit(s, b)
     assert b.state == "ready"
@@ -155,9 +180,9 @@ def test_task_with_two_parents_waits_for_both() -> None:
     c = task("c", deps=(a, b))
     submit(s, a, b, c)
     assert take_all(s) == [a, b]
-    assert runs(step(s, Finish(b))) == []
+    assert runs(finish(s, b)) == []
     assert c.state == "waiting"
-    assert runs(step(s, Finish(a))) == [c]
+    assert runs(finish(s, a)) == [c]
 
 
 def test_two_dependents_made_ready_by_one_finish_both_run() -> None:
@@ -166,7 +191,7 @@ def test_two_dependents_made_ready_by_one_finish_both_run() -> None:
     b, c = task("b", deps=(a,)), task("c", deps=(a,))
     submit(s, a, b, c)
     take(s)
-    inline = runs(step(s, Finish(a)))
+    inline = runs(finish(s, a))
     rest = take_all(s)
     assert sorted(t.name for t in inline + rest) == ["b", "c"]  # type: ignore[type-var]
     assert len(inline) <= 1
@@ -191,7 +216,7 @@ def test_read_after_write_waits() -> None:
     submit(s, w, r)
     assert r.state == "waiting"
     assert take_all(s) == [w]
-    assert runs(step(s, Finish(w))) == [r]
+    assert runs(finish(s, w)) == [r]
 
 
 def test_write_after_read_waits() -> None:
@@ -200,7 +225,7 @@ def test_write_after_read_waits() -> None:
     submit(s, r, w)
     assert w.state == "waiting"
     assert take_all(s) == [r]
-    assert runs(step(s, Finish(r))) == [w]
+    assert runs(finish(s, r)) == [w]
 
 
 def test_write_after_write_waits() -> None:
@@ -209,7 +234,7 @@ def test_write_after_write_waits() -> None:
     submit(s, w1, w2)
     assert w2.state == "waiting"
     assert take_all(s) == [w1]
-    assert runs(step(s, Finish(w1))) == [w2]
+    assert runs(finish(s, w1)) == [w2]
 
 
 def test_concurrent_readers_are_both_ready() -> None:
@@ -225,9 +250,9 @@ def test_writer_waits_for_every_earlier_reader() -> None:
     w = task("w", buffers=(W(1),))
     submit(s, r1, r2, w)
     assert take_all(s) == [r1, r2]
-    assert runs(step(s, Finish(r2))) == []
+    assert runs(finish(s, r2)) == []
     assert w.state == "waiting"
-    assert runs(step(s, Finish(r1))) == [w]
+    assert runs(finish(s, r1)) == [w]
 
 
 def test_reader_after_writer_after_readers_waits_for_the_writer_only() -> None:
@@ -238,8 +263,8 @@ def test_reader_after_writer_after_readers_waits_for_the_writer_only() -> None:
     submit(s, r1, w, r2)
     assert r2.state == "waiting"
     take_all(s)
-    assert runs(step(s, Finish(r1))) == [w]
-    assert runs(step(s, Finish(w))) == [r2]
+    assert runs(finish(s, r1)) == [w]
+    assert runs(finish(s, w)) == [r2]
 
 
 def test_different_buffers_do_not_order() -> None:
@@ -261,7 +286,7 @@ def test_hazards_on_one_buffer_chain_in_submission_order() -> None:
         while batch:
             t = batch.pop(0)
             order.append(t)
-            batch.extend(runs(step(s, Finish(t))))
+            batch.extend(runs(finish(s, t)))
             batch.extend(take_all(s))
     # writers run alone, in order; the readers between two writers may run in any order
     assert order.index(tasks[0]) < order.index(tasks[1]) < order.index(tasks[3])
@@ -292,7 +317,7 @@ def test_finish_does_not_run_a_dependent_inline_when_a_higher_priority_task_is_q
     assert take(s) is a
     urgent = task("urgent", priority=5)
     submit(s, b, urgent)
-    out = step(s, Finish(a))
+    out = finish(s, a)
     assert runs(out) == []
     assert b.state == "ready"
     assert take_all(s) == [urgent, b]
@@ -306,7 +331,7 @@ def test_finish_runs_a_higher_priority_dependent_inline_over_lower_queued_work()
     b = task("b", deps=(a,), priority=5)
     low = task("low", priority=0)
     submit(s, b, low)
-    assert runs(step(s, Finish(a))) == [b]
+    assert runs(finish(s, a)) == [b]
     assert take_all(s) == [low]
 
 
@@ -321,7 +346,7 @@ def test_failure_cascades_to_data_dependents_with_the_original_as_cause() -> Non
     submit(s, a, b, c)
     take(s)
     boom = ValueError("boom")
-    out = step(s, Finish(a, error=boom))
+    out = finish(s, a, error=boom)
     assert runs(out) == []
     assert set(resolved(out)) == {a, b, c}
     assert a.state == "failed" and a.error is boom
@@ -339,9 +364,10 @@ def test_submitting_a_dependent_of_a_failed_task_fails_it_at_once() -> None:
     submit(s, a)
     take(s)
     boom = KeyError("k")
-    step(s, Finish(a, error=boom))
+    finish(s, a, error=boom)
     b = task("b", deps=(a,))
-    out = step(s, Submit(b))
+    assert s.submit(b)
+    out = out_of(s)
     assert resolved(out) == [b]
     assert b.state == "failed"
     assert isinstance(b.error, DependencyError)
@@ -355,12 +381,12 @@ def test_hazard_only_dependent_still_runs_after_a_failure() -> None:
     data = task("data", deps=(a,))
     submit(s, a, hazard, data)
     take(s)
-    out = step(s, Finish(a, error=RuntimeError("x")))
+    out = finish(s, a, error=RuntimeError("x"))
     assert data.state == "failed"
     assert hazard.state in ("ready", "running")
     ran = runs(out) + take_all(s)
     assert ran == [hazard]
-    step(s, Finish(hazard, value=3))
+    finish(s, hazard, value=3)
     assert hazard.state == "done" and hazard.value == 3
 
 
@@ -427,7 +453,7 @@ def test_cancel_ready_task_cancels_its_data_dependents() -> None:
     c = task("c", deps=(b,))
     hazard = task("hazard", buffers=(R(1),))
     submit(s, a, b, c, hazard)
-    out = step(s, Cancel(a))
+    out = cancel(s, a)
     assert set(resolved(out)) == {a, b, c}
     assert a.state == b.state == c.state == "cancelled"
     assert take_all(s) == [hazard]
@@ -441,10 +467,10 @@ def test_cancel_waiting_task_leaves_its_parent_alone() -> None:
     c = task("c", deps=(b,))
     submit(s, a, b, c)
     assert take(s) is a
-    out = step(s, Cancel(b))
+    out = cancel(s, b)
     assert set(resolved(out)) == {b, c}
     assert a.state == "running"
-    out = step(s, Finish(a, value=1))
+    out = finish(s, a, value=1)
     assert runs(out) == []
     assert a.state == "done" and s.pending == 0
 
@@ -456,7 +482,7 @@ def test_edges_listed_for_a_trace_include_values_of_finished_parents() -> None:
     a = task("a", buffers=(W(1),))
     submit(s, a)
     assert take_all(s) == [a]
-    step(s, Finish(a))
+    finish(s, a)
     s.edges = []
     b = task("b", deps=(a,), buffers=(W(1),))  # a is done: no scheduling edge, but its value flows to b
     c = task("c", buffers=(R(1),))  # reads after b writes: a hazard edge
@@ -476,9 +502,9 @@ def test_cancel_releases_hazard_edges() -> None:
     d = task("d", buffers=(R(2),))
     submit(s, a, c, b, d)
     assert take_all(s) == [a, c]
-    step(s, Cancel(b))
-    step(s, Finish(a))
-    assert runs(step(s, Finish(c))) == [d]
+    cancel(s, b)
+    finish(s, a)
+    assert runs(finish(s, c)) == [d]
 
 
 def test_cancelling_a_waiting_task_keeps_the_hazard_order_around_it() -> None:
@@ -492,11 +518,11 @@ def test_cancelling_a_waiting_task_keeps_the_hazard_order_around_it() -> None:
     r = task("r", buffers=(R(1),))
     submit(s, w1, w2, r)
     assert take_all(s) == [w1]
-    step(s, Cancel(w2))
+    cancel(s, w2)
     assert w2.state == "cancelled"
     assert r.state == "waiting", "r became ready while w1, which writes what r reads, is still running"
     assert take_all(s) == []
-    assert runs(step(s, Finish(w1))) == [r]
+    assert runs(finish(s, w1)) == [r]
 
 
 def test_failing_a_waiting_task_keeps_the_hazard_order_around_it() -> None:
@@ -509,10 +535,10 @@ def test_failing_a_waiting_task_keeps_the_hazard_order_around_it() -> None:
     r = task("r", buffers=(R(1),))
     submit(s, p, w1, w2, r)
     assert take_all(s) == [p, w1]
-    step(s, Finish(p, error=ValueError("p")))
+    finish(s, p, error=ValueError("p"))
     assert w2.state == "failed"
     assert r.state == "waiting", "r became ready while w1, which writes what r reads, is still running"
-    assert runs(step(s, Finish(w1))) == [r]
+    assert runs(finish(s, w1)) == [r]
 
 
 def test_cancelling_a_waiting_reader_keeps_the_writer_after_the_earlier_writer() -> None:
@@ -522,9 +548,9 @@ def test_cancelling_a_waiting_reader_keeps_the_writer_after_the_earlier_writer()
     w2 = task("w2", buffers=(W(1),))
     submit(s, w1, r, w2)
     assert take_all(s) == [w1]
-    step(s, Cancel(r))
+    cancel(s, r)
     assert w2.state == "waiting", "w2 became ready while w1 is still writing the same buffer"
-    assert runs(step(s, Finish(w1))) == [w2]
+    assert runs(finish(s, w1)) == [w2]
 
 
 def test_running_task_cannot_be_cancelled() -> None:
@@ -535,7 +561,7 @@ def test_running_task_cannot_be_cancelled() -> None:
     assert s.cancel(a) is False
     s.validate()
     assert a.state == "running"
-    step(s, Finish(a, value=1))
+    finish(s, a, value=1)
     assert a.state == "done"
 
 
@@ -547,12 +573,12 @@ def test_a_running_task_cancelled_where_it_was_sent_cancels_its_dependents() -> 
     submit(s, a, b, r)
     assert take(s) is a
     assert s.cancel(a) is False  # a worker thread cannot be stopped: cancel refuses a running task
-    out = step(s, Finish(a, cancelled=True))  # but a remote executor dropped it unrun
+    out = finish_cancelled(s, a)  # but a remote executor dropped it unrun
     assert set(resolved(out)) == {a, b}
     assert a.state == b.state == "cancelled" and a.error is None
     assert s.cancelled == 2 and s.failed == 0 and s.running == 0
     assert take_all(s) == [r]
-    step(s, Finish(r))
+    finish(s, r)
     assert s.pending == 0
 
 
@@ -561,7 +587,7 @@ def test_final_task_cannot_be_cancelled() -> None:
     a = task("a")
     submit(s, a)
     take(s)
-    step(s, Finish(a, value=1))
+    finish(s, a, value=1)
     assert s.cancel(a) is False
     assert a.state == "done"
 
@@ -570,15 +596,15 @@ def test_cancel_a_task_waiting_for_admission() -> None:
     s = make(max_pending=1)
     a, b, c = task("a"), task("b"), task("c")
     submit(s, a)
-    assert step(s, Submit(b)) == [("full", b)]
-    step(s, Enqueue(b, "tb"))
-    step(s, Enqueue(c, "tc"))
-    out = step(s, Cancel(b))
+    assert s.submit(b) is False and out_of(s) == []
+    enqueue(s, b, "tb")
+    enqueue(s, c, "tc")
+    out = cancel(s, b)
     assert resolved(out) == [b]
     assert b.state == "cancelled"
     assert s.waiting_admission == 1
     take(s)
-    out = step(s, Finish(a))
+    out = finish(s, a)
     assert ("admitted", "tc") in out
     assert ("admitted", "tb") not in out
 
@@ -593,7 +619,7 @@ def test_admission_by_count() -> None:
     assert s.submit(c) is False
     s.validate()
     assert c.state == "new"  # untouched
-    assert step(s, Submit(c)) == [("full", c)]
+    assert s.submit(c) is False and out_of(s) == []
     assert s.pending == 2
 
 
@@ -603,17 +629,17 @@ def test_queued_submissions_are_admitted_fifo_as_tasks_finish() -> None:
     submit(s, a, b)
     queued = [task(f"q{i}") for i in range(3)]
     for i, t in enumerate(queued):
-        assert step(s, Enqueue(t, f"tok{i}")) == []
+        assert enqueue(s, t, f"tok{i}") == []
         assert t.state == "admitting"
     assert s.waiting_admission == 3
     take_all(s)
-    out = step(s, Finish(b))
+    out = finish(s, b)
     assert [x for x in out if x[0] == "admitted"] == [("admitted", "tok0")]
     assert queued[0].state == "ready"
-    out = step(s, Finish(a))
+    out = finish(s, a)
     assert [x for x in out if x[0] == "admitted"] == [("admitted", "tok1")]
     assert take_all(s) == [queued[0], queued[1]]
-    out = step(s, Finish(queued[1]))
+    out = finish(s, queued[1])
     assert [x for x in out if x[0] == "admitted"] == [("admitted", "tok2")]
     assert s.waiting_admission == 0
 
@@ -625,12 +651,12 @@ def test_submit_does_not_jump_the_admission_queue() -> None:
     small = task("small", buffers=(R(3, 10),))
     submit(s, a)
     assert s.submit(big) is False
-    step(s, Enqueue(big, "big"))
+    enqueue(s, big, "big")
     assert s.submit(small) is False  # would fit, but big waits ahead of it
     assert s.fits(small) is False
-    step(s, Enqueue(small, "small"))
+    enqueue(s, small, "small")
     take(s)
-    out = step(s, Finish(a))
+    out = finish(s, a)
     assert [x[1] for x in out if x[0] == "admitted"] == ["big", "small"]
 
 
@@ -643,9 +669,9 @@ def test_admission_by_bytes_counts_each_buffer_once() -> None:
     assert s.pending_bytes == 60
     assert s.submit(c) is False
     take_all(s)
-    step(s, Finish(a))
+    finish(s, a)
     assert s.pending_bytes == 60  # b still holds buffer 1
-    step(s, Finish(b))
+    finish(s, b)
     assert s.pending_bytes == 0
     assert s.submit(c)
     assert s.peak_pending_bytes == 60
@@ -659,7 +685,7 @@ def test_declared_output_bytes_count() -> None:
     assert s.pending_bytes == 70
     assert s.submit(b) is False
     take(s)
-    step(s, Finish(a))
+    finish(s, a)
     assert s.pending_bytes == 0
     assert s.submit(b)
 
@@ -668,7 +694,7 @@ def test_force_admits_over_the_limits() -> None:
     s = make(max_pending=1)
     a, b = task("a"), task("b", nested=True)
     submit(s, a)
-    assert step(s, Submit(b, force=True)) == []
+    assert s.submit(b, force=True) and out_of(s) == []
     assert b.state == "ready"
     assert s.pending == 2
 
@@ -699,7 +725,7 @@ def test_enqueue_without_a_task_waits_for_room() -> None:
     s.enqueue(None, "throttle")
     assert s.drain() == []
     take(s)
-    out = step(s, Finish(a))
+    out = finish(s, a)
     assert ("admitted", "throttle") in out
 
 
@@ -720,9 +746,9 @@ def test_throttle_waiters_are_let_through_one_per_free_slot_in_fifo_order() -> N
     submit(s, a, b)
     assert [throttle(s, f"t{i}") for i in range(3)] == [[], [], []]
     take_all(s)
-    assert admitted(step(s, Finish(a))) == ["t0"]  # one slot freed: one waiter, and it holds the slot
+    assert admitted(finish(s, a)) == ["t0"]  # one slot freed: one waiter, and it holds the slot
     assert s.reserved == 1 and s.waiting_admission == 2
-    assert admitted(step(s, Finish(b))) == ["t1"]
+    assert admitted(finish(s, b)) == ["t1"]
     assert s.reserved == 2 and s.waiting_admission == 1
     assert s.unreserve("t0")  # t0's caller resumed without submitting: its slot goes to the next in line
     s.validate()
@@ -737,10 +763,10 @@ def test_a_reserved_slot_is_not_taken_by_a_submission_that_did_not_wait_for_it()
     assert throttle(s, "t") == []
     late, queued = task("late"), task("queued")
     take(s)
-    assert admitted(step(s, Finish(a))) == ["t"]
+    assert admitted(finish(s, a)) == ["t"]
     assert s.submit(late) is False  # nobody queued, pending 0, but the slot is t's
     assert s.fits(late) is False and s.has_room() is False
-    step(s, Enqueue(queued, "q"))
+    enqueue(s, queued, "q")
     assert queued.state == "admitting"
     assert s.unreserve("t")
     s.validate()
@@ -752,13 +778,13 @@ def test_a_throttle_waiter_and_a_submission_share_one_fifo() -> None:
     s = make(max_pending=1)
     a, first = task("a"), task("first")
     submit(s, a)
-    step(s, Enqueue(first, "first"))
+    enqueue(s, first, "first")
     assert throttle(s, "t") == []
     take(s)
-    assert admitted(step(s, Finish(a))) == ["first"]  # the submission queued first gets the slot
+    assert admitted(finish(s, a)) == ["first"]  # the submission queued first gets the slot
     assert s.reserved == 0 and s.waiting_admission == 1
     take(s)
-    assert admitted(step(s, Finish(first))) == ["t"]
+    assert admitted(finish(s, first)) == ["t"]
     assert s.reserved == 1
 
 
@@ -768,8 +794,8 @@ def test_submit_reserved_uses_the_slot_ahead_of_the_queue() -> None:
     submit(s, a)
     assert throttle(s, "t") == []
     take(s)
-    assert admitted(step(s, Finish(a))) == ["t"]
-    step(s, Enqueue(other, "o"))  # queued after t was let through
+    assert admitted(finish(s, a)) == ["t"]
+    enqueue(s, other, "o")  # queued after t was let through
     assert s.submit(mine) is False  # the queue is not empty
     assert s.submit_reserved(mine, "o") is False  # o holds no reservation
     assert s.submit_reserved(mine, "t") is True
@@ -783,7 +809,7 @@ def test_submit_reserved_that_does_not_fit_gives_the_slot_back() -> None:
     a, big, other = task("a", buffers=(R(1, 60),)), task("big", buffers=(R(2, 60),)), task("other")
     submit(s, a)
     assert throttle(s, "t") == ["t"]  # a free slot: let through at once, and reserved
-    step(s, Enqueue(other, "o"))  # waits behind the reservation (pending 1 + reserved 1)
+    enqueue(s, other, "o")  # waits behind the reservation (pending 1 + reserved 1)
     assert s.submit_reserved(big, "t") is False  # its bytes do not fit
     s.validate()
     assert big.state == "new" and s.reserved == 0
@@ -797,7 +823,7 @@ def test_withdraw_tells_a_queued_throttle_waiter_from_one_let_through() -> None:
     assert throttle(s, "t1") == [] and throttle(s, "t2") == []
     assert s.withdraw("t2") is True
     take(s)
-    assert admitted(step(s, Finish(a))) == ["t1"]
+    assert admitted(finish(s, a)) == ["t1"]
     assert s.withdraw("t1") is False  # let through: it holds a slot, which it gives back
     assert s.unreserve("t1") and not s.unreserve("t1")  # given back once
     s.validate()
@@ -811,11 +837,12 @@ def test_has_room_counts_tasks_bytes_and_the_queue() -> None:
     assert s.has_room() and s.has_room(40)
     assert s.has_room(41) is False
     b = task("b")
-    step(s, Submit(b))
+    assert s.submit(b)
+    out_of(s)
     assert s.has_room() is False  # two of two tasks
-    step(s, Enqueue(task("c", buffers=(R(2, 60),)), "c"))
+    enqueue(s, task("c", buffers=(R(2, 60),)), "c")
     take_all(s)
-    step(s, Finish(b))
+    finish(s, b)
     assert s.pending == 1 and s.waiting_admission == 1  # c's bytes do not fit yet
     assert s.has_room() is False  # c is queued ahead
 
@@ -825,19 +852,19 @@ def test_has_room_counts_tasks_bytes_and_the_queue() -> None:
 
 def test_barrier_with_nothing_pending_fires_at_once() -> None:
     s = make()
-    assert step(s, Barrier("t")) == [("barrier", "t")]
+    assert barrier(s, "t") == [("barrier", "t")]
 
 
 def test_barrier_waits_for_earlier_tasks_only() -> None:
     s = make()
     a, b = task("a"), task("b")
     submit(s, a, b)
-    assert step(s, Barrier("t")) == []
+    assert barrier(s, "t") == []
     later = task("later")
     submit(s, later)
     take_all(s)
-    assert ("barrier", "t") not in step(s, Finish(a))
-    assert ("barrier", "t") in step(s, Finish(b))
+    assert ("barrier", "t") not in finish(s, a)
+    assert ("barrier", "t") in finish(s, b)
     assert later.state == "running"
 
 
@@ -847,24 +874,24 @@ def test_barrier_counts_failed_and_cancelled_tasks_as_final() -> None:
     b = task("b", deps=(a,))
     c = task("c")
     submit(s, a, b, c)
-    step(s, Barrier("t"))
+    barrier(s, "t")
     assert take(s) is a
-    assert ("barrier", "t") not in step(s, Cancel(c))
-    assert ("barrier", "t") in step(s, Finish(a, error=ValueError()))
+    assert ("barrier", "t") not in cancel(s, c)
+    assert ("barrier", "t") in finish(s, a, error=ValueError())
 
 
 def test_two_barriers_fire_in_their_own_time() -> None:
     s = make()
     a = task("a")
     submit(s, a)
-    step(s, Barrier("first"))
+    barrier(s, "first")
     b = task("b")
     submit(s, b)
-    step(s, Barrier("second"))
+    barrier(s, "second")
     take_all(s)
-    out = step(s, Finish(b))
+    out = finish(s, b)
     assert ("barrier", "first") not in out and ("barrier", "second") not in out
-    out = step(s, Finish(a))
+    out = finish(s, a)
     assert ("barrier", "first") in out and ("barrier", "second") in out
 
 
@@ -889,7 +916,7 @@ def test_cancel_pending_stops_queued_and_future_work() -> None:
     assert ready.state == hazard.state == queued.state == "cancelled"
     assert waiting.state == "waiting"
     assert running.state == "running"
-    out = step(s, Finish(running, value=1))
+    out = finish(s, running, value=1)
     assert runs(out) == []
     assert running.state == "done"
     assert waiting.state == "cancelled"  # became ready while stopping: cancelled, not run
@@ -927,7 +954,7 @@ def test_cancel_a_staged_task() -> None:
     a = task("a")
     child = task("child", deps=(a,))
     assert s.submit(a, stage=True) and s.submit(child, stage=True)
-    step(s, Cancel(a))
+    cancel(s, a)
     assert a.state == child.state == "cancelled"
     s.publish()
     s.validate()
@@ -974,7 +1001,7 @@ def test_finishing_twice_raises_in_check_mode() -> None:
     a = task("a")
     submit(s, a)
     take(s)
-    step(s, Finish(a, value=1))
+    finish(s, a, value=1)
     with pytest.raises(AssertionError):  # from the transition check, or at the latest from validate()
         s.finish(a, value=2)
         s.validate()
@@ -985,7 +1012,7 @@ def test_tasks_without_watchers_resolve_silently() -> None:
     a = Task(name="quiet")
     submit(s, a)
     take(s)
-    assert step(s, Finish(a, value=1)) == []
+    assert finish(s, a, value=1) == []
     assert a.state == "done"
 
 
@@ -995,7 +1022,7 @@ def test_final_task_lets_go_of_its_arguments() -> None:
     a = task("a", args=(payload,), kwargs={"x": payload}, buffers=(R(1),))
     submit(s, a)
     take(s)
-    step(s, Finish(a, value=1))
+    finish(s, a, value=1)
     assert a.args == () and not a.kwargs and a.buffers == ()
 
 
@@ -1004,10 +1031,10 @@ def test_stats_counters() -> None:
     ok, bad, child, gone = task("ok"), task("bad"), None, task("gone")
     child = task("child", deps=(bad,))
     submit(s, ok, bad, child, gone)
-    step(s, Cancel(gone))
+    cancel(s, gone)
     take_all(s)
-    step(s, Finish(ok, value=1))
-    step(s, Finish(bad, error=ValueError()))
+    finish(s, ok, value=1)
+    finish(s, bad, error=ValueError())
     assert (s.submitted, s.completed, s.failed, s.cancelled, s.pending, s.running) == (4, 1, 2, 1, 0, 0)
 
 
