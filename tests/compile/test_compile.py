@@ -14,7 +14,7 @@ import pytest
 
 import schedsvc as ss
 
-from ..runtime.helpers import occupied, until, within
+from ..helpers import occupied, until, within
 from .helpers import assert_matches_eager, assert_same_bits, values
 
 X = np.arange(6.0).reshape(2, 3) / 4 - 0.5
