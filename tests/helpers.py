@@ -35,6 +35,18 @@ async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None
     await asyncio.wait_for(poll(), timeout)
 
 
+@asynccontextmanager
+async def started(**options: Any) -> AsyncIterator[ss.Engine]:
+    """``async with ss.Engine(**options)``, with a bounded close: a wedged engine fails the test, never hangs it."""
+    eng = await ss.Engine(**options).start()
+    try:
+        yield eng
+    except BaseException:
+        await within(eng.aclose(cancel_pending=True))
+        raise
+    await within(eng.aclose())
+
+
 async def wait_thread_event(event: threading.Event, timeout: float = TIMEOUT) -> None:
     """Wait for a threading.Event without blocking the event loop."""
     assert await asyncio.to_thread(event.wait, timeout), "timed out waiting for a worker"

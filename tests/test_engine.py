@@ -1007,21 +1007,6 @@ async def test_stats(engine: ss.Engine) -> None:
     assert all(f.done() for f in [*ok, bad, child])
 
 
-async def test_a_closed_engine_keeps_each_workers_busy_seconds_under_its_name() -> None:
-    """Closing retires every worker; their times must not collapse into one entry (Prometheus series vanish)."""
-    eng = ss.Engine(cpu_workers=2)
-    await eng.start()
-    async with occupied(eng, 2):  # one task on each worker
-        pass
-    # a worker adds its time when it ends a run of tasks, just after their futures resolve
-    await until(lambda: all(eng.stats().worker_busy_s.get(f"cpu-{i}", 0) > 0 for i in range(2)))
-    before = eng.stats().worker_busy_s
-    await within(eng.aclose())
-    after = eng.stats().worker_busy_s
-    assert sorted(after) == sorted(before) == ["cpu-0", "cpu-1"]
-    assert all(after[name] >= before[name] > 0 for name in before)
-
-
 async def test_stats_is_an_immutable_snapshot(engine: ss.Engine) -> None:
     before = engine.stats()
     await within(engine.run(operator.add, 1, 1))

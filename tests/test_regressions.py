@@ -22,8 +22,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,21 +31,9 @@ import pytest
 import schedsvc as ss
 from schedsvc._core import Scheduler, Task
 
-from .helpers import TIMEOUT, Gate, occupied, until, wait_thread_event, within
+from .helpers import TIMEOUT, Gate, occupied, started, until, wait_thread_event, within
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def started(**options: Any) -> AsyncIterator[ss.Engine]:
-    """``async with ss.Engine(**options)``, with a bounded close: a wedged engine fails the test, never hangs it."""
-    eng = await ss.Engine(**options).start()
-    try:
-        yield eng
-    except BaseException:
-        await within(eng.aclose(cancel_pending=True))
-        raise
-    await within(eng.aclose())
 
 
 async def await_while_queued(fut: ss.Future[Any], gate: Gate) -> Any:
@@ -475,32 +462,6 @@ async def test_the_cost_table_keeps_no_callable_alive() -> None:
         assert len(rt._costs) >= 2, "no cost was learned: the test no longer covers the cost table"
         gc.collect()
         assert [r() for r in refs] == [None, None], "the engine keeps a finished task's callable alive"
-
-
-async def test_stand_in_threads_are_forgotten_once_they_retire() -> None:
-    """r4: every result() that blocked inside a task started a stand-in thread, and the pool kept every
-    worker it ever started: its worker list and Stats.worker_busy_s grew without bound."""
-    async with started(cpu_workers=2, inline_threshold_us=0) as eng:
-        rt = eng._rt
-        assert rt is not None
-        pool: Any = rt.devices["cpu"]
-
-        def counts() -> tuple[int, int, int]:  # under the lock: a consistent view of the pool
-            with rt.lock:
-                return pool.blocked, pool.live, len(pool.workers)
-
-        for _ in range(20):
-            gate = Gate()
-            running = eng.submit_nowait(gate.hold(lambda: 1))
-            await gate.wait_started(1)
-            waiter = eng.submit_nowait(lambda r=running: r.result(TIMEOUT))  # blocks: a stand-in starts
-            await until(lambda: counts()[0] == 1)
-            assert counts()[1] == pool.size + 1
-            gate.open()
-            assert await within(waiter) == 1
-            await until(lambda: counts()[1] == pool.size)  # the surplus thread retired
-        assert counts() == (0, pool.size, pool.size)
-        assert len(eng.stats().worker_busy_s) <= pool.size + 1  # the live workers, and the retired in one
 
 
 async def test_a_claimed_task_does_not_stay_in_the_ready_queue() -> None:
