@@ -26,7 +26,8 @@ async def within(awaitable: Coroutine[Any, Any, T] | asyncio.Future[T] | Any, ti
 
 
 async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    """Yield to the event loop until ``condition()`` holds (for state the loop itself advances)."""
+    """Yield to the event loop until ``condition()`` holds: only for what is not the engine's state (a
+    source's flag, a worker's busy time, garbage collection); the engine's state is awaited with ``state``."""
 
     async def poll() -> None:
         while not condition():
@@ -45,6 +46,14 @@ async def started(**options: Any) -> AsyncIterator[ss.Engine]:
         await within(eng.aclose(cancel_pending=True))
         raise
     await within(eng.aclose())
+
+
+async def state(eng: ss.Engine, predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    """Wait until ``predicate()`` -- about the engine's state -- holds: re-checked by the runtime after each
+    scheduling event (``Runtime.until``), never polled."""
+    rt = eng._rt
+    assert rt is not None, f"{eng!r} has not started"
+    await rt.until(predicate, timeout)
 
 
 async def wait_thread_event(event: threading.Event, timeout: float = TIMEOUT) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import schedsvc as ss
 
-from ..helpers import TIMEOUT, Gate, occupied, started, until, within
+from ..helpers import TIMEOUT, Gate, occupied, started, state, until, within
 
 
 async def test_stand_in_threads_are_forgotten_once_they_retire() -> None:
@@ -26,7 +26,7 @@ async def test_stand_in_threads_are_forgotten_once_they_retire() -> None:
             running = eng.submit_nowait(gate.hold(lambda: 1))
             await gate.wait_started(1)
             waiter = eng.submit_nowait(lambda r=running: r.result(TIMEOUT))  # blocks: a stand-in starts
-            await until(lambda: counts()[0] == 1)
+            await state(eng, lambda: counts()[0] == 1)
             assert counts()[1] == pool.size + 1
             gate.open()
             assert await within(waiter) == 1
