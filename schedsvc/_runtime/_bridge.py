@@ -65,6 +65,10 @@ class AsyncioBridge:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    async def wait(self, token: asyncio.Future[None], timeout: float) -> None:
+        """Await ``token`` for at most ``timeout`` seconds (TimeoutError after; the token is cancelled)."""
+        await asyncio.wait_for(token, timeout)
+
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn`` on the loop's thread soon (from that thread)."""
         self.loop.call_soon(fn, *args)

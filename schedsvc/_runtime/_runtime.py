@@ -102,6 +102,9 @@ class Runtime:
         self.held: list[tuple[Any, Any]] = []
         self._flush_scheduled = False
         self._eager_left = 0
+        #: ``until`` waiters: (predicate, token); while any waits, each scheduling event re-checks them
+        self._conditions: list[tuple[Callable[[], bool], Any]] = []
+        self._recheck_scheduled = False
 
     def add_device(self, name: str, executor: Executor) -> None:
         self.devices[name] = executor
@@ -166,6 +169,10 @@ class Runtime:
                 if wakes is None:
                     wakes = []
                 wakes.append(wake)
+        if self._conditions:  # somebody waits for a state (until): re-check it on the loop, off the lock
+            if wakes is None:
+                wakes = []
+            wakes.append(self._recheck_soon)
         if not wakes:
             return None
         if len(wakes) == 1:
@@ -486,6 +493,8 @@ class Runtime:
         """Take no more work (nested work of running tasks still gets in)."""
         with self.lock:
             self.closed = True
+        if self._conditions:  # a state change that produces no scheduling event
+            self._recheck_soon()
 
     def settled(self) -> bool:
         """Is nothing pending or waiting for admission?"""
@@ -520,6 +529,56 @@ class Runtime:
     async def aclose_executors(self) -> None:
         for executor in self.devices.values():
             await executor.aclose()
+
+    # -- waiting for a state (tests, tools) --------------------------------------------
+
+    async def until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Wait on the event loop until ``predicate()`` holds; TimeoutError after ``timeout`` seconds.
+
+        ``predicate`` is called on the engine's loop, without the lock (it may
+        call ``eng.stats()``): now, then after every scheduling event (``collect``)
+        and when the runtime closes -- never by polling.  What it raises is
+        raised here.  State that changes without a scheduling event (a worker's
+        busy time, a thread leaving) is not seen until the next event.
+        """
+        token = self.bridge.token()
+        entry = (predicate, token)
+        self._conditions.append(entry)  # before the first check: a change after it is re-checked
+        try:
+            if predicate():
+                return
+            try:
+                await self.bridge.wait(token, timeout)
+            except TimeoutError:
+                raise TimeoutError(f"{predicate!r} did not hold within {timeout} s") from None
+        finally:
+            with contextlib.suppress(ValueError):
+                self._conditions.remove(entry)
+
+    def _recheck_soon(self) -> None:
+        """After a scheduling event, from any thread: re-check the ``until`` predicates on the loop, once
+        for a burst of events."""
+        if self._recheck_scheduled:
+            return
+        self._recheck_scheduled = True
+        try:
+            self.bridge.call_soon_threadsafe(self._recheck)
+        except RuntimeError:  # the loop is closed: nobody waits on it any more
+            self._recheck_scheduled = False
+
+    def _recheck(self) -> None:
+        """On the loop: settle each waiter whose predicate holds now (or raised)."""
+        self._recheck_scheduled = False  # first: an event from here on schedules another check
+        for predicate, token in list(self._conditions):
+            if token.done():
+                continue
+            try:
+                held = predicate()
+            except Exception as exc:  # the waiter raises it
+                settle(token, exc)
+                continue
+            if held:
+                settle(token)
 
     # -- the executors' door -------------------------------------------------------
 
@@ -661,6 +720,7 @@ class Runtime:
         self.lock = threading.Lock()  # another thread of the parent may have held it at the fork
         self.worker_threads = set()
         self.loop_thread = -1
+        self._conditions = []  # their loop does not run here
         self.bridge.forget()
 
     def on_loop_thread(self) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 
 import schedsvc as ss
 
-from ..runtime.helpers import within
+from ..helpers import within
 
 
 def assert_same_bits(got: Any, want: Any, what: str = "result") -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import schedsvc as ss
 
-from ..runtime.helpers import occupied, until, within
+from ..helpers import occupied, state, within
 from .helpers import assert_matches_eager, assert_same_bits, values
 
 X = np.arange(6.0).reshape(2, 3) / 4 - 0.5
@@ -926,7 +926,7 @@ async def test_compiled_submit_waits_for_room_and_never_exceeds_max_pending() ->
 
         async with occupied(eng, 2):
             calls = [asyncio.create_task(call()) for _ in range(50)]
-            await until(lambda: eng.stats().waiting_admission == 50 - (limit - 2))
+            await state(eng, lambda: eng.stats().waiting_admission == 50 - (limit - 2))
             assert eng.stats().pending == limit
         outputs = await within(asyncio.gather(*calls))
         want = np.maximum(X @ W1 + B1, 0) @ W2 + B2
@@ -943,9 +943,9 @@ async def test_compiled_submit_queues_behind_earlier_submissions() -> None:
         x = eng.asarray(X)
         async with occupied(eng, 1):
             first = asyncio.create_task(eng.submit(order.append, "submitted first"))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             second = asyncio.create_task(mlp.submit(x))
-            await until(lambda: eng.stats().waiting_admission == 2)
+            await state(eng, lambda: eng.stats().waiting_admission == 2)
         await within(await within(first))
         out = await within(second)
         assert order == ["submitted first"]
@@ -970,7 +970,7 @@ async def test_cancelling_a_waiting_compiled_submit_cancels_the_call() -> None:
         x = eng.asarray(X)
         async with occupied(eng, 1):
             waiter = asyncio.create_task(mlp.submit(x))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await within(waiter)
@@ -985,7 +985,7 @@ async def test_compiled_submit_of_several_outputs_gives_them_after_admission() -
         x = eng.asarray(X)
         async with occupied(eng, 1):
             waiter = asyncio.create_task(split.submit(x))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
         a, b = await within(waiter)
         assert_same_bits(await within(a), X + 1)
         assert_same_bits(await within(b), X.sum())

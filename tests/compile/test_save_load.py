@@ -14,7 +14,7 @@ import pytest
 import schedsvc as ss
 from schedsvc.tensor import OPS
 
-from ..runtime.helpers import within
+from ..helpers import within
 from .helpers import assert_same_bits, values
 
 RNG = np.random.default_rng(7)

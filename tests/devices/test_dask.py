@@ -18,8 +18,8 @@ import pytest
 import schedsvc as ss
 from schedsvc._runtime._remote import Remote
 from tests.conftest import start_local_cluster
-from tests.runtime.helpers import FileGate, until, within
-from tests.runtime.test_trace import check_well_formed, load
+from tests.helpers import FileGate, until, within
+from tests.test_trace import check_well_formed, load
 
 pytestmark = pytest.mark.dask
 distributed = pytest.importorskip("distributed")

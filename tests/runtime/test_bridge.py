@@ -10,7 +10,7 @@ from typing import Any
 
 import schedsvc as ss
 
-from .helpers import TIMEOUT, within
+from ..helpers import TIMEOUT, within
 
 
 @contextmanager

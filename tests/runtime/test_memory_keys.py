@@ -23,7 +23,7 @@ import schedsvc as ss
 from schedsvc._runtime._memory import exports_memory, memory_of
 from schedsvc._runtime._scan import buffer_of, scan
 
-from .helpers import Gate, probe, within
+from ..helpers import Gate, probe, within
 
 # -- keys: a view's key is its owner's ---------------------------------------------------------------
 

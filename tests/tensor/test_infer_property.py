@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import schedsvc as ss
 from schedsvc.tensor import Tensor
 
-from ..runtime.helpers import within
+from ..helpers import within
 
 SETTINGS = settings(
     max_examples=100,

@@ -15,7 +15,7 @@ import pytest
 import schedsvc as ss
 from schedsvc.tensor import Tensor
 
-from ..runtime.helpers import TIMEOUT, occupied, until, within
+from ..helpers import TIMEOUT, occupied, until, within
 
 MIB = 2**20
 N = MIB // 8  # float64 elements in 1 MiB

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import schedsvc as ss
 from schedsvc.tensor import Tensor
 
-from ..runtime.helpers import TIMEOUT, Gate, occupied, probe, within
+from ..helpers import TIMEOUT, Gate, occupied, probe, within
 
 
 def held(gate: Gate, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ import pytest
 
 import schedsvc as ss
 
-from .helpers import Gate, occupied, until, within
+from .helpers import Gate, occupied, state, within
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -234,7 +234,7 @@ async def test_a_cancelled_close_still_writes_the_whole_life_trace(tmp_path: Pat
         held = await eng.submit(gate.hold())
         await gate.wait_started(1)
         closing = asyncio.create_task(eng.aclose())
-        await until(lambda: eng.closed)
+        await state(eng, lambda: eng.closed)
         await asyncio.sleep(0)  # the close is waiting for the held task
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -22,8 +22,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,21 +31,9 @@ import pytest
 import schedsvc as ss
 from schedsvc._core import Scheduler, Task
 
-from .helpers import TIMEOUT, Gate, occupied, until, wait_thread_event, within
+from .helpers import TIMEOUT, Gate, occupied, started, state, wait_thread_event, within
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def started(**options: Any) -> AsyncIterator[ss.Engine]:
-    """``async with ss.Engine(**options)``, with a bounded close: a wedged engine fails the test, never hangs it."""
-    eng = await ss.Engine(**options).start()
-    try:
-        yield eng
-    except BaseException:
-        await within(eng.aclose(cancel_pending=True))
-        raise
-    await within(eng.aclose())
 
 
 async def await_while_queued(fut: ss.Future[Any], gate: Gate) -> Any:
@@ -221,7 +208,7 @@ async def test_sync_mode_with_two_threads_ordered_by_a_buffer() -> None:
         writer.start()
         await gate.wait_started(1)  # the writer runs in its thread
         reader.start()
-        await until(lambda: eng.stats().pending == 2)  # the reader is admitted, ordered after the writer
+        await state(eng, lambda: eng.stats().pending == 2)  # the reader is admitted, ordered after the writer
         gate.open()
         for thread in (writer, reader):
             await within(asyncio.to_thread(thread.join, TIMEOUT))
@@ -363,7 +350,7 @@ async def test_running_tasks_submit_nested_work_while_the_engine_closes() -> Non
     fut = eng.submit_nowait(gate.hold(lambda: fanout(4)))
     await gate.wait_started(1)
     closing = asyncio.create_task(eng.aclose())
-    await until(lambda: eng.closed)
+    await state(eng, lambda: eng.closed)
     with pytest.raises(ss.EngineClosed):
         eng.submit_nowait(abs, 1)  # from outside a task, the closing engine refuses work
     gate.open()
@@ -379,7 +366,7 @@ async def test_a_second_aclose_waits_for_the_first() -> None:
     held = eng.submit_nowait(gate.hold(lambda: "held"))
     await gate.wait_started(1)
     first = asyncio.create_task(eng.aclose())
-    await until(lambda: eng.closed)
+    await state(eng, lambda: eng.closed)
     second = asyncio.create_task(eng.aclose())
     waiting = asyncio.create_task(eng.waitall())
     await next_loop_step()  # both have run up to their first wait, or finished
@@ -420,7 +407,7 @@ async def test_cancel_pending_refuses_a_submitter_waiting_on_another_event_loop(
     held = eng.submit_nowait(gate.hold())
     await gate.wait_started(1)
     thread.start()
-    await until(lambda: eng.stats().waiting_admission == 1)
+    await state(eng, lambda: eng.stats().waiting_admission == 1)
     closing = asyncio.create_task(eng.aclose(cancel_pending=True))
     try:
         assert await asyncio.to_thread(finished.wait, TIMEOUT), (
@@ -477,32 +464,6 @@ async def test_the_cost_table_keeps_no_callable_alive() -> None:
         assert [r() for r in refs] == [None, None], "the engine keeps a finished task's callable alive"
 
 
-async def test_stand_in_threads_are_forgotten_once_they_retire() -> None:
-    """r4: every result() that blocked inside a task started a stand-in thread, and the pool kept every
-    worker it ever started: its worker list and Stats.worker_busy_s grew without bound."""
-    async with started(cpu_workers=2, inline_threshold_us=0) as eng:
-        rt = eng._rt
-        assert rt is not None
-        pool: Any = rt.devices["cpu"]
-
-        def counts() -> tuple[int, int, int]:  # under the lock: a consistent view of the pool
-            with rt.lock:
-                return pool.blocked, pool.live, len(pool.workers)
-
-        for _ in range(20):
-            gate = Gate()
-            running = eng.submit_nowait(gate.hold(lambda: 1))
-            await gate.wait_started(1)
-            waiter = eng.submit_nowait(lambda r=running: r.result(TIMEOUT))  # blocks: a stand-in starts
-            await until(lambda: counts()[0] == 1)
-            assert counts()[1] == pool.size + 1
-            gate.open()
-            assert await within(waiter) == 1
-            await until(lambda: counts()[1] == pool.size)  # the surplus thread retired
-        assert counts() == (0, pool.size, pool.size)
-        assert len(eng.stats().worker_busy_s) <= pool.size + 1  # the live workers, and the retired in one
-
-
 async def test_a_claimed_task_does_not_stay_in_the_ready_queue() -> None:
     """r5: a task claimed out of the ready queue (by a thread waiting in result()) left a stale entry behind
     once the queue was empty, keeping the finished future and its value alive until more work came."""
@@ -512,7 +473,7 @@ async def test_a_claimed_task_does_not_stay_in_the_ready_queue() -> None:
         queue = rt.core.queues["cpu"]
         async with occupied(eng, 1):
             fut = eng.submit_nowait(Payload)
-            await until(lambda: queue.count == 1)  # in the queue, not staged
+            await state(eng, lambda: queue.count == 1)  # in the queue, not staged
             value = await within(asyncio.to_thread(fut.result))  # a plain thread claims and runs it
             assert queue.count == 0
         await within(eng.waitall())
@@ -618,7 +579,7 @@ async def test_throttle_lets_waiters_through_one_per_free_slot() -> None:
 
         async with occupied(eng, 2):  # nothing finishes until the producers are queued
             producers = [asyncio.create_task(producer()) for _ in range(200)]
-            await until(lambda: eng.stats().waiting_admission == 200 - (limit - 2))
+            await state(eng, lambda: eng.stats().waiting_admission == 200 - (limit - 2))
         await within(asyncio.gather(*producers))
         await within(eng.waitall())
     assert peak == limit
@@ -641,11 +602,11 @@ async def test_a_throttle_caller_keeps_its_turn_ahead_of_a_queued_submission() -
 
         async with occupied(eng, 1):
             first = asyncio.create_task(throttler("t1"))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             middle = asyncio.create_task(submitter())
-            await until(lambda: eng.stats().waiting_admission == 2)
+            await state(eng, lambda: eng.stats().waiting_admission == 2)
             last = asyncio.create_task(throttler("t2"))
-            await until(lambda: eng.stats().waiting_admission == 3)
+            await state(eng, lambda: eng.stats().waiting_admission == 3)
         futures = await within(asyncio.gather(first, middle, last))
         await within(asyncio.gather(*futures))
         await within(eng.waitall())
@@ -858,7 +819,7 @@ async def test_an_await_on_another_loop_does_not_need_the_engines_loop() -> None
         fut = eng.submit_nowait(operator.add, 3, 4)
         out = _on_another_loop(lambda: fut, started_, done)
         await wait_thread_event(started_)
-        await until(lambda: bool(fut.watchers))  # the other loop awaits it: its waiter is registered
+        await state(eng, lambda: bool(fut.watchers))  # the other loop awaits it: its waiter is registered
         gate.open()
         assert done.wait(TIMEOUT), "the await on the other loop waited for the engine's (blocked) loop"
     assert out == [7]
@@ -870,7 +831,7 @@ async def test_a_submit_waiting_for_room_on_another_loop_does_not_need_the_engin
         started_, done = threading.Event(), threading.Event()
         out = _on_another_loop(lambda: eng.submit(operator.add, 1, 1), started_, done)
         await wait_thread_event(started_)
-        await until(lambda: eng.stats().waiting_admission == 1)
+        await state(eng, lambda: eng.stats().waiting_admission == 1)
         gate.open()
         assert done.wait(TIMEOUT), "the admission on the other loop waited for the engine's (blocked) loop"
         assert await within(out[0]) == 2
@@ -1029,7 +990,7 @@ async def test_a_throttle_on_another_loop_gives_its_slot_back_without_the_engine
         started_, done = threading.Event(), threading.Event()
         _on_another_loop(eng.throttle, started_, done)
         await wait_thread_event(started_)
-        await until(lambda: eng.stats().waiting_admission == 1)
+        await state(eng, lambda: eng.stats().waiting_admission == 1)
         gate.open()
         assert done.wait(TIMEOUT), "the throttle on the other loop was not let through"  # blocks this loop
         assert eng._rt is not None and eng._rt.core.reserved == 0
@@ -1051,7 +1012,7 @@ async def test_a_compiled_submit_on_another_loop_waits_there() -> None:
             started_, done = threading.Event(), threading.Event()
             out = _on_another_loop(call, started_, done)
             await wait_thread_event(started_)
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             gate.open()
             await wait_thread_event(done)
         np.testing.assert_array_equal(out[0], [0.0, 2.0, 4.0])

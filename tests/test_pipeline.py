@@ -14,7 +14,7 @@ import pytest
 
 import schedsvc as ss
 
-from .helpers import TIMEOUT, Gate, probe, until, wait_thread_event, within
+from .helpers import TIMEOUT, Gate, probe, state, until, wait_thread_event, within
 
 
 class Source:
@@ -197,7 +197,7 @@ async def test_default_max_inflight_is_twice_the_workers() -> None:
         source = Source(20)
         consumer = asyncio.create_task(collect(eng.map(lambda i: gate.hold()(), source.sync())))
         await gate.wait_started(2)
-        await until(lambda: eng.stats().pending >= 4)
+        await state(eng, lambda: eng.stats().pending >= 4)
         assert eng.stats().pending == 4
         assert source.pulled == 4
         gate.open()
@@ -341,7 +341,7 @@ async def test_cancelling_the_consumer_cancels_queued_tasks_and_stops_the_source
         source = Source(10)
         consumer = asyncio.create_task(collect(eng.map(work, source.aio(), max_inflight=4)))
         await work.gate.wait_started(1)
-        await until(lambda: eng.stats().pending == 4)
+        await state(eng, lambda: eng.stats().pending == 4)
         consumer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await within(consumer)
@@ -360,7 +360,7 @@ async def test_a_timeout_around_the_consumer_cancels_queued_tasks() -> None:
 
         async def expire_when_held(scope: asyncio.Timeout) -> None:
             await work.gate.wait_started(1)
-            await until(lambda: eng.stats().pending == 3)
+            await state(eng, lambda: eng.stats().pending == 3)
             scope.reschedule(asyncio.get_running_loop().time())  # time out now
 
         with pytest.raises(TimeoutError):
@@ -382,7 +382,7 @@ async def test_break_and_aclose_cancel_queued_tasks_and_close_the_source() -> No
             async for value in results:
                 assert value == 0
                 await work.gate.wait_started(1)
-                await until(lambda: eng.stats().pending == 4)
+                await state(eng, lambda: eng.stats().pending == 4)
                 break
         assert source.closed
         assert feeders() == []
@@ -402,7 +402,7 @@ async def test_a_break_without_aclose_still_cleans_up() -> None:
         # the dropped generator is closed by the event loop's async-generator finalizer
         await until(lambda: source.closed)
         await until(lambda: feeders() == [])
-        await until(lambda: eng.stats().pending == 1)
+        await state(eng, lambda: eng.stats().pending == 1)
         work.gate.open()
         await within(eng.waitall())
         assert work.ran == [0, 1]
@@ -439,7 +439,7 @@ async def test_nothing_is_left_when_the_engine_closes_during_a_pipeline() -> Non
         first = asyncio.ensure_future(anext(results))
         await gate.wait_started(1)
         closing = asyncio.create_task(eng.aclose())
-        await until(lambda: eng.closed)
+        await state(eng, lambda: eng.closed)
         gate.open()
         assert await within(first) is None
         assert await within(anext(results)) is None  # item 1 was admitted before the close
@@ -516,7 +516,9 @@ async def test_engine_limits_still_apply_with_a_larger_window() -> None:
 
         consumer = asyncio.create_task(collect(eng.map(work, range(30), max_inflight=8)))
         await gate.wait_started(2)
-        await until(lambda: eng.stats().waiting_admission == 1)  # the feeder waits for room, no QueueFull
+        await state(
+            eng, lambda: eng.stats().waiting_admission == 1
+        )  # the feeder waits for room, no QueueFull
         assert eng.stats().pending == 2
         gate.open()
         assert await within(consumer) == list(range(30))

@@ -14,7 +14,7 @@ import pytest
 
 import schedsvc as ss
 
-from .helpers import TIMEOUT, Gate, occupied, until, within
+from .helpers import TIMEOUT, Gate, occupied, state, within
 
 MiB = 2**20
 
@@ -42,7 +42,7 @@ async def test_pending_never_exceeds_max_pending() -> None:
             return value
 
         async def open_when_the_producer_blocks() -> None:
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             release.set()
 
         opener = asyncio.create_task(open_when_the_producer_blocks())
@@ -64,7 +64,7 @@ async def test_submit_waits_while_full_and_resumes_when_room_appears() -> None:
     async with ss.Engine(cpu_workers=2, max_pending=2) as eng:
         async with occupied(eng, 2) as (gate, held):
             third = asyncio.create_task(eng.submit(operator.add, 1, 2))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             assert not third.done()
             assert eng.stats().pending == 2
             gate.open()
@@ -119,7 +119,7 @@ async def test_waiting_submitters_are_admitted_in_fifo_order() -> None:
             tasks = []
             for i in range(6):
                 tasks.append(asyncio.create_task(submitter(i)))
-                await until(lambda n=i + 1: eng.stats().waiting_admission == n)  # type: ignore[misc]
+                await state(eng, lambda n=i + 1: eng.stats().waiting_admission == n)  # type: ignore[misc]
         futures = await within(asyncio.gather(*tasks))
         await within(asyncio.gather(*futures))
         assert admitted == list(range(6))
@@ -138,9 +138,9 @@ async def test_fifo_holds_across_a_small_task_behind_a_big_one() -> None:
 
         async with occupied(eng, 1, nbytes=MiB // 2):
             big = asyncio.create_task(submitter("big", MiB // 2 + MiB // 4))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             small = asyncio.create_task(submitter("small", 1))
-            await until(lambda: eng.stats().waiting_admission == 2)
+            await state(eng, lambda: eng.stats().waiting_admission == 2)
             with pytest.raises(ss.QueueFull):
                 eng.submit_nowait(operator.add, 1, 1, nbytes=1)  # no jumping the queue either
             assert admitted == []
@@ -184,7 +184,7 @@ async def test_bytes_stay_bounded_under_a_fast_producer() -> None:
             return float(batch[0])
 
         async def open_when_the_producer_blocks() -> None:
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             release.set()  # the producer is held at the limit: now let the consumers go
 
         opener = asyncio.create_task(open_when_the_producer_blocks())
@@ -244,7 +244,7 @@ async def test_nested_submit_while_outside_submitters_wait() -> None:
 
         first = await within(eng.submit(outer))
         waiting = asyncio.create_task(eng.submit(operator.add, 1, 1))
-        await until(lambda: eng.stats().waiting_admission == 1)
+        await state(eng, lambda: eng.stats().waiting_admission == 1)
         go.set()
         assert await within(first) == 42
         assert inner_submitted.is_set()
@@ -256,9 +256,9 @@ async def test_cancelling_a_blocked_submitter_removes_it_from_the_queue() -> Non
         ran: list[str] = []
         async with occupied(eng, 1):
             doomed = asyncio.create_task(eng.submit(ran.append, "doomed"))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             behind = asyncio.create_task(eng.submit(ran.append, "behind"))
-            await until(lambda: eng.stats().waiting_admission == 2)
+            await state(eng, lambda: eng.stats().waiting_admission == 2)
             doomed.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await within(doomed)
@@ -274,13 +274,13 @@ async def test_cancelling_a_blocked_throttle_removes_it_from_the_queue() -> None
     async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
         async with occupied(eng, 1):
             waiter = asyncio.create_task(eng.throttle())
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await within(waiter)
             assert eng.stats().waiting_admission == 0
             behind = asyncio.create_task(eng.submit(operator.add, 2, 2))
-            await until(lambda: eng.stats().waiting_admission >= 1)
+            await state(eng, lambda: eng.stats().waiting_admission >= 1)
         fut = await within(behind)
         assert await within(fut) == 4
         await within(eng.waitall())
@@ -322,7 +322,7 @@ async def test_has_room_is_false_while_a_submission_waits_ahead() -> None:
     async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
         async with occupied(eng, 1):
             waiter = asyncio.create_task(eng.submit(operator.add, 1, 1))
-            await until(lambda: eng.stats().waiting_admission == 1)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
             assert eng.has_room() is False
         assert await within(await within(waiter)) == 2
 

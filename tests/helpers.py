@@ -1,0 +1,158 @@
+"""Deterministic synchronisation for runtime tests: gates, probes and bounded waits, never sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import schedsvc as ss
+
+#: Any wait longer than this is a deadlock: the test fails instead of hanging.
+TIMEOUT = 10.0
+
+T = TypeVar("T")
+
+
+async def within(awaitable: Coroutine[Any, Any, T] | asyncio.Future[T] | Any, timeout: float = TIMEOUT) -> T:
+    """Await with a deadline, so a deadlock fails the test quickly."""
+    return await asyncio.wait_for(awaitable, timeout)
+
+
+async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    """Yield to the event loop until ``condition()`` holds: only for what is not the engine's state (a
+    source's flag, a worker's busy time, garbage collection); the engine's state is awaited with ``state``."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+@asynccontextmanager
+async def started(**options: Any) -> AsyncIterator[ss.Engine]:
+    """``async with ss.Engine(**options)``, with a bounded close: a wedged engine fails the test, never hangs it."""
+    eng = await ss.Engine(**options).start()
+    try:
+        yield eng
+    except BaseException:
+        await within(eng.aclose(cancel_pending=True))
+        raise
+    await within(eng.aclose())
+
+
+async def state(eng: ss.Engine, predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    """Wait until ``predicate()`` -- about the engine's state -- holds: re-checked by the runtime after each
+    scheduling event (``Runtime.until``), never polled."""
+    rt = eng._rt
+    assert rt is not None, f"{eng!r} has not started"
+    await rt.until(predicate, timeout)
+
+
+async def wait_thread_event(event: threading.Event, timeout: float = TIMEOUT) -> None:
+    """Wait for a threading.Event without blocking the event loop."""
+    assert await asyncio.to_thread(event.wait, timeout), "timed out waiting for a worker"
+
+
+class Gate:
+    """Tasks that hold a worker until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def hold(self, then: Callable[[], T] | None = None) -> Callable[[], T | None]:
+        """A task body: say it started, wait for the gate, then run ``then``."""
+
+        def body() -> T | None:
+            self.started.release()
+            if not self.opened.wait(TIMEOUT):
+                raise TimeoutError("the test never opened the gate")
+            return None if then is None else then()
+
+        return body
+
+    async def wait_started(self, n: int) -> None:
+        for _ in range(n):
+            assert await asyncio.to_thread(self.started.acquire, True, TIMEOUT), "a held task never started"
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+@asynccontextmanager
+async def occupied(
+    eng: ss.Engine, n: int, **options: Any
+) -> AsyncIterator[tuple[Gate, list[ss.Future[Any]]]]:
+    """Hold ``n`` workers busy (their tasks have started) until the block exits."""
+    gate = Gate()
+    futures = [eng.submit_nowait(gate.hold(), **options) for _ in range(n)]
+    try:
+        await gate.wait_started(n)
+        yield gate, futures
+    finally:
+        gate.open()
+
+
+async def probe(eng: ss.Engine) -> None:
+    """Run a no-op through the engine and wait for it.
+
+    On a free worker, any task that is (wrongly) ready already is ahead of the no-op in FIFO order, so once
+    the no-op has run, such a task has run too: a hazard violation becomes visible without sleeping.
+    """
+    await within(eng.run(_noop))
+
+
+def _noop() -> None:
+    return None
+
+
+class FileGate:
+    """A gate that works across processes (Dask workers): tasks wait for a file the test creates.
+
+    ``hold`` returns a picklable task body; it records that it started by creating a file
+    in ``started/`` (one per start, so a retried task is seen twice) and waits, bounded by
+    ``TIMEOUT``, until the test calls ``open``.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.opened = os.path.join(directory, "open")
+        self.started_dir = os.path.join(directory, "started")
+        os.makedirs(self.started_dir, exist_ok=True)
+
+    def hold(self, value: Any = None) -> Callable[[], Any]:
+        return functools.partial(_file_gate_body, self.opened, self.started_dir, value)
+
+    def started(self) -> list[int]:
+        """The process ids of the task bodies that have started so far."""
+        return [int(name.split("-")[0]) for name in os.listdir(self.started_dir)]
+
+    async def wait_started(self, n: int, timeout: float = TIMEOUT) -> None:
+        async def poll() -> None:
+            while len(self.started()) < n:  # files written by other processes: nothing to await
+                await asyncio.sleep(0.002)  # yield the loop (and the CPU) to the Dask client
+
+        await asyncio.wait_for(poll(), timeout)
+
+    def open(self) -> None:
+        with open(self.opened, "w"):
+            pass
+
+
+def _file_gate_body(opened: str, started_dir: str, value: Any) -> Any:
+    with open(os.path.join(started_dir, f"{os.getpid()}-{uuid.uuid4().hex}"), "w"):
+        pass
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(opened):  # another process opens it: polling is the only way to see it
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never opened the gate")
+        time.sleep(0.002)
+    return value
