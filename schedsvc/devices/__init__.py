@@ -19,7 +19,16 @@ if TYPE_CHECKING:
     from .._config import Config
     from .._runtime import Runtime
 
-__all__ = ["KINDS", "Executor", "Keyer", "check_config", "check_device", "executor_for", "open_executor", "scheduler_options"]
+__all__ = [
+    "KINDS",
+    "Executor",
+    "Keyer",
+    "check_config",
+    "check_device",
+    "executor_for",
+    "open_executor",
+    "scheduler_options",
+]
 
 #: executor kind -> (module in this package, class): imported on first use
 KINDS: dict[str, tuple[str, str]] = {

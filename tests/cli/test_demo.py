@@ -15,7 +15,7 @@ import pytest
 
 import schedsvc as ss
 from schedsvc.cli import demo, main
-from tests.runtime.helpers import within
+from tests.helpers import within
 
 ALL_ROWS = [(title, row) for title, rows in demo.SECTIONS for row in rows]
 
