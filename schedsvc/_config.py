@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from ._errors import ConfigError, ConfigWarning
+from .devices import is_device_name
 
 __all__ = ["Config", "parse_bytes"]
 
@@ -48,7 +49,6 @@ _UNITS = {
 _WRITE_BYTES = "write a whole number of bytes such as 16777216, or a size such as '16MiB' or '2GB'"
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PREFIX = "SCHEDSVC_"
-_DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("schedsvc_toml", default=None)
 # field -> where its value came from, filled by the sources of the Config being built in this context
 _found: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("schedsvc_found")
@@ -245,7 +245,7 @@ class Config(BaseSettings):
         if not value:
             raise ValueError("name at least one device, e.g. ('cpu',)")
         for device in value:
-            if not _DEVICE_RE.match(device):
+            if not is_device_name(device):
                 raise ValueError(f"{device!r} is not a device; use 'cpu' or 'cuda:N'")
         return tuple(dict.fromkeys(value))
 

@@ -630,10 +630,15 @@ class Runtime:
             after()
         return state
 
-    def launched(self, task: Task) -> None:
+    def launched(self, task: Task, value: Any) -> None:
         """An asynchronous executor queued ``task``'s work on its device (behind its parents' work):
-        dependents on the same device may now be launched behind it."""
-        self.under_lock(self.core.launch, task)
+        dependents on the same device may now be launched behind it, taking ``value`` (a device
+        array whose contents are still being computed) in its place."""
+        self.under_lock(self._launch, task, value)
+
+    def _launch(self, task: Task, value: Any) -> None:
+        task.value = value  # what a dependent launched behind it receives; final at complete
+        self.core.launch(task)
 
     def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
         """A launched task's result is visible to the host (or its device reported ``error``)."""

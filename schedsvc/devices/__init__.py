@@ -9,7 +9,6 @@ device is: what differs is in the executor (``_executor.Executor``).
 from __future__ import annotations
 
 import importlib
-import re
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DeviceError
@@ -20,54 +19,75 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
 
 __all__ = [
+    "BACKENDS",
     "KINDS",
     "Executor",
     "Keyer",
     "check_config",
     "check_device",
+    "executor_class",
     "executor_for",
+    "is_device_name",
     "open_executor",
     "scheduler_options",
+    "unknown_device",
 ]
 
-#: executor kind -> (module in this package, class): imported on first use
+#: executor kind -> (module, class), imported on first use; a module without a dot is one of
+#: this package's.  A device is named by its kind ("cpu", "cuda:0" of kind "cuda").
 KINDS: dict[str, tuple[str, str]] = {
     "cpu": ("cpu", "CpuPool"),
     "dask": ("dask", "DaskExecutor"),
     "cuda": ("cuda", "CudaExecutor"),
 }
+#: kinds that run another kind's device when ``Config.backend`` names them, and name no device
+BACKENDS = {"dask": "cpu"}
 
-_CUDA = re.compile(r"^cuda:(\d+)$")
+
+def unknown_device(name: object) -> DeviceError:
+    return DeviceError(f"unknown device {name!r}: use 'cpu' or 'cuda:N' (e.g. 'cuda:0')")
+
+
+def is_device_name(name: str) -> bool:
+    """Does ``name`` name a device of a known kind: ``cpu``, or ``KIND:N`` for the others?"""
+    kind, sep, index = name.partition(":")
+    if kind not in KINDS or kind in BACKENDS:
+        return False
+    if kind == "cpu":
+        return not sep
+    return bool(sep) and index.isascii() and index.isdigit()
+
+
+def executor_class(kind: str) -> type[Executor]:
+    """The executor class of ``kind`` (its module is imported now)."""
+    module, cls = KINDS[kind]
+    where = module if "." in module else f"{__package__}.{module}"
+    found: type[Executor] = getattr(importlib.import_module(where), cls)
+    return found
 
 
 def check_device(name: str) -> None:
     """Raise DeviceError unless ``name`` is a device this install can run."""
-    if name == "cpu":
-        return
-    match = _CUDA.match(name) if isinstance(name, str) else None
-    if match is None:
-        raise DeviceError(f"unknown device {name!r}: use 'cpu' or 'cuda:N' (e.g. 'cuda:0')")
-    from . import cuda
-
-    cuda.check(int(match.group(1)))
+    kind = name.partition(":")[0] if isinstance(name, str) else None
+    if kind not in KINDS or kind in BACKENDS:
+        raise unknown_device(name)
+    executor_class(kind).check_device(name)
 
 
 def executor_for(name: str, config: Config) -> type[Executor]:
     """The executor class that runs device ``name``'s tasks under ``config`` (imported now)."""
     check_device(name)
-    kind = name.partition(":")[0]  # "cpu", "cuda"
-    if kind == "cpu" and config.backend == "dask":
-        kind = "dask"  # the cluster runs the "cpu" device's tasks
-    module, cls = KINDS[kind]
-    found: type[Executor] = getattr(importlib.import_module(f".{module}", __package__), cls)
-    return found
+    kind = name.partition(":")[0]
+    if BACKENDS.get(config.backend) == kind:
+        kind = config.backend  # the backend runs this device's tasks (Dask: the "cpu" device's)
+    return executor_class(kind)
 
 
 def check_config(config: Config) -> None:
     """Raise if ``config`` asks for what its executors cannot do, naming the field: the backend's
     settings first, then each device (unknown, unavailable)."""
-    if config.backend != "threads":
-        executor_for("cpu", config).check_config(config)
+    if config.backend in BACKENDS:
+        executor_class(config.backend).check_config(config)
     for name in config.devices:
         executor_for(name, config).check_config(config)
 

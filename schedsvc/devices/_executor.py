@@ -88,6 +88,15 @@ class Executor:
         raise NotImplementedError
 
     @classmethod
+    def check_device(cls, name: str) -> None:
+        """Raise ``DeviceError`` unless ``name`` (``kind`` or ``kind:N``) is a device of this kind that
+        this machine can run (say how to make it available)."""
+        if name != cls.kind and not (name.startswith(f"{cls.kind}:") and name[len(cls.kind) + 1 :].isdigit()):
+            from . import unknown_device
+
+            raise unknown_device(name)
+
+    @classmethod
     def check_config(cls, config: Config) -> None:
         """Raise if ``config`` asks for something this kind cannot do (at engine start)."""
 

@@ -99,6 +99,13 @@ class CpuPool(Executor):
         self.stopping = False
 
     @classmethod
+    def check_device(cls, name: str) -> None:
+        if name != "cpu":  # one CPU device: its threads
+            from . import unknown_device
+
+            raise unknown_device(name)
+
+    @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> CpuPool:
         return cls(rt, config.cpu_workers, name)
 

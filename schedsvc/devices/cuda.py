@@ -43,6 +43,16 @@ class CudaExecutor(Executor):
     own_memory = True
 
     @classmethod
+    def check_device(cls, name: str) -> None:
+        """``cuda:N``, with CuPy installed and device N present."""
+        index = name.partition(":")[2]
+        if not index.isdigit() or not index.isascii():
+            from . import unknown_device
+
+            raise unknown_device(name)
+        check(int(index))
+
+    @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> Executor:
         raise DeviceError(
             f"{name} is present, but this schedsvc release has no CUDA stream workers yet; "
