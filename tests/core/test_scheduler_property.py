@@ -1,10 +1,12 @@
 """The core under random event sequences: ``validate()`` after every step, and sequential consistency.
 
-Random tasks (data dependencies, reads and writes of a few buffers, priorities, declared bytes) are
-submitted -- staged or not, through the admission queue when the limits are reached -- while tasks are
-taken, finished, failed and cancelled in a random interleaving.  Whenever a task starts, every earlier
-task it conflicts with (a write and any access of the same buffer) must be final, and every input it
-takes must be done; in the end every task is final and nothing is held.
+Random tasks (data dependencies, reads and writes of a few buffers, priorities, declared bytes, on the
+CPU or on an asynchronous device "gpu") are submitted -- staged or not, through the admission queue when
+the limits are reached -- while tasks are taken, finished, failed, cancelled, launched and completed
+(in any order, successfully or not) in a random interleaving.  Whenever a task is ready or starts, every
+earlier task it conflicts with (a write and any access of the same buffer) must be final -- or launched,
+when both are on the gpu -- and every input it takes must be done (or launched, both on the gpu); in the
+end every task is final, resolved exactly once, and nothing is held.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from hypothesis import strategies as st
 from schedsvc import DependencyError
 from schedsvc._core import FINAL_STATES, Scheduler, Task
 
+GPU = "gpu"  # an asynchronous device: launch, then complete
+
 N_KEYS = 2  # few buffers: many conflicts
 NBYTES = 8
 
@@ -28,6 +32,7 @@ class Spec:
     buffers: dict[int, bool]  # key -> is_write
     priority: int
     nbytes: int
+    gpu: bool
 
 
 specs = st.builds(
@@ -36,11 +41,27 @@ specs = st.builds(
     buffers=st.dictionaries(st.integers(0, N_KEYS - 1), st.booleans(), max_size=2),
     priority=st.integers(-1, 1),
     nbytes=st.integers(0, 16),
+    gpu=st.booleans(),
 )
 
 actions = st.lists(
     st.tuples(
-        st.sampled_from(["submit", "stage", "publish", "take", "finish", "fail", "cancel"]),
+        st.sampled_from(
+            [
+                "submit",
+                "stage",
+                "publish",
+                "take",
+                "finish",
+                "fail",
+                "cancel",
+                "take_gpu",
+                "launch",
+                "launch_fail",
+                "complete",
+                "complete_fail",
+            ]
+        ),
         st.integers(0, 10**6),
     ),
     min_size=20,
@@ -54,7 +75,10 @@ class Driver:
     specs: list[Spec]
     tasks: list[Task] = field(default_factory=list)
     admitted: list[Task] = field(default_factory=list)  # in admission (= submission) order
-    running: list[Task] = field(default_factory=list)
+    running: list[Task] = field(default_factory=list)  # on the cpu
+    launching: list[Task] = field(default_factory=list)  # running on the gpu: being launched
+    launched: list[Task] = field(default_factory=list)
+    resolves: dict[int, int] = field(default_factory=dict)  # id(task) -> ("resolve", task) count
     ran: set[int] = field(default_factory=set)  # ids of tasks that started
     cancelled_by_user: set[int] = field(default_factory=set)
     never_admitted: set[int] = field(default_factory=set)  # cancelled while waiting for admission
@@ -65,8 +89,8 @@ class Driver:
             self.submit_next(stage=kind == "stage")
         elif kind == "publish":
             s.publish()
-        elif kind == "take":
-            task = s.take("cpu")
+        elif kind in ("take", "take_gpu"):
+            task = s.take(GPU if kind == "take_gpu" else "cpu")
             if task is not None:
                 self.started(task)
         elif kind in ("finish", "fail") and self.running:
@@ -75,6 +99,29 @@ class Driver:
             nxt = s.finish(task, value=n, error=error)
             if nxt is not None:
                 self.started(nxt)
+        elif kind == "gpu":  # the asynchronous device's next event, whichever applies
+            if self.launched and n % 3 == 0:
+                self.step("complete_fail" if n % 9 == 0 else "complete", n // 3)
+            elif self.launching:
+                self.step("launch_fail" if n % 17 == 0 else "launch", n)
+            elif s.ready_count(GPU):
+                self.step("take_gpu", n)
+            elif self.launched:
+                self.step("complete", n)
+            return
+        elif kind == "launch" and self.launching:
+            task = self.launching.pop(n % len(self.launching))
+            s.launch(task)
+            self.launched.append(task)
+        elif kind == "launch_fail" and self.launching:
+            task = self.launching.pop(n % len(self.launching))
+            nxt = s.finish(task, error=RuntimeError(f"launch of task {self.tasks.index(task)}"))
+            if nxt is not None:
+                self.started(nxt)
+        elif kind in ("complete", "complete_fail") and self.launched:
+            task = self.launched.pop(n % len(self.launched))
+            error = RuntimeError(f"task {self.tasks.index(task)}") if kind == "complete_fail" else None
+            s.complete(task, value=n, error=error)
         elif kind == "cancel" and self.tasks:
             task = self.tasks[n % len(self.tasks)]
             before = task.state
@@ -84,9 +131,12 @@ class Driver:
                 if before == "admitting":
                     self.never_admitted.add(id(task))
             else:
-                assert task.state == "running" or task.state in FINAL_STATES
+                assert task.state in ("running", "launched") or task.state in FINAL_STATES
         self.absorb(s.drain())
         s.validate()
+        for task in self.tasks:
+            if task.state == "ready":
+                self.may_start(task)
 
     def submit_next(self, stage: bool) -> None:
         index = len(self.tasks)
@@ -95,7 +145,15 @@ class Driver:
         spec = self.specs[index]
         deps = tuple(dict.fromkeys(self.tasks[d % index] for d in spec.deps)) if index else ()
         buffers = tuple((key, NBYTES, write) for key, write in spec.buffers.items())
-        task = Task(name=str(index), deps=deps, buffers=buffers, priority=spec.priority, nbytes=spec.nbytes)
+        device = GPU if spec.gpu else "cpu"
+        task = Task(
+            name=str(index),
+            deps=deps,
+            buffers=buffers,
+            priority=spec.priority,
+            nbytes=spec.nbytes,
+            device=device,
+        )
         task.watchers = []
         self.tasks.append(task)
         if self.s.submit(task, stage=stage):
@@ -110,18 +168,31 @@ class Driver:
             else:
                 assert kind == "resolve", kind
                 assert obj.state in FINAL_STATES
+                self.resolves[id(obj)] = self.resolves.get(id(obj), 0) + 1
 
     def started(self, task: Task) -> None:
-        """A task starts: everything it must follow is final, and its inputs are done."""
+        """A task starts: everything it must follow is final (or launched on its device), its inputs done."""
         assert task.state == "running"
         assert id(task) not in self.ran, "a task started twice"
         self.ran.add(id(task))
-        self.running.append(task)
+        (self.launching if task.device == GPU else self.running).append(task)
+        self.may_start(task)
+
+    def may_start(self, task: Task) -> None:
+        """``task`` is ready or starts: an input or conflicting earlier task on another device (or on
+        the cpu) is final (done, for an input); one on the same asynchronous device may be launched."""
         index = self.tasks.index(task)
         spec = self.specs[index]
+        behind_ok = ("launched",) if task.device == GPU else ()
+
+        def passed(parent: Task, final: tuple[str, ...]) -> bool:
+            return parent.state in final or (parent.device == task.device and parent.state in behind_ok)
+
         for d in spec.deps if index else ():
             parent = self.tasks[d % index]
-            assert parent.state == "done", f"task {index} started before its input {parent} was done"
+            assert passed(parent, ("done",)), (
+                f"task {index} is {task.state} before its input {parent} was done"
+            )
         mine = spec.buffers
         for earlier in self.admitted:
             if earlier is task:
@@ -129,8 +200,8 @@ class Driver:
             theirs = self.specs[self.tasks.index(earlier)].buffers
             for key, write in mine.items():
                 if key in theirs and (write or theirs[key]):
-                    assert earlier.state in FINAL_STATES, (
-                        f"task {index} started while earlier task {earlier} that it conflicts with on "
+                    assert passed(earlier, tuple(FINAL_STATES)), (
+                        f"task {index} is {task.state} while earlier task {earlier} that it conflicts with on "
                         f"buffer {key} is {earlier.state}"
                     )
 
@@ -139,14 +210,20 @@ class Driver:
         while len(self.tasks) < len(self.specs):
             self.step("submit", 0)
         self.step("publish", 0)
-        for _ in range(10 * len(self.specs) + 10):
+        for _ in range(20 * len(self.specs) + 10):
             if self.running:
                 self.step("finish", 0)
+            elif self.launching:
+                self.step("launch", 0)
+            elif self.s.ready_count(GPU):
+                self.step("take_gpu", 0)
             elif self.s.ready_count("cpu"):
                 self.step("take", 0)
+            elif self.launched:
+                self.step("complete", -1)  # the latest first: completions out of order
             else:
                 break
-        assert not self.running
+        assert not self.running and not self.launching and not self.launched
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -155,17 +232,79 @@ class Driver:
     actions,
     st.sampled_from([1, 2, 3, 5, 1000]),
     st.sampled_from([48, 64, 10_000]),
+    st.sampled_from([None, 40, 64]),
 )
 def test_random_event_sequences_keep_sequential_consistency(
-    task_specs: list[Spec], steps: list[tuple[str, int]], max_pending: int, max_pending_bytes: int
+    task_specs: list[Spec],
+    steps: list[tuple[str, int]],
+    max_pending: int,
+    max_pending_bytes: int,
+    gpu_bytes: int | None,
 ) -> None:
-    s = Scheduler(max_pending=max_pending, max_pending_bytes=max_pending_bytes, check=True)
+    run_program(task_specs, steps, max_pending, max_pending_bytes, gpu_bytes)
+
+
+gpu_specs = st.builds(
+    Spec,
+    deps=st.lists(st.integers(0, 10**6), max_size=2),
+    buffers=st.dictionaries(st.integers(0, N_KEYS - 1), st.booleans(), max_size=2),
+    priority=st.integers(-1, 1),
+    nbytes=st.integers(0, 16),
+    gpu=st.sampled_from([True, True, True, False]),
+)
+
+# mostly the asynchronous device's events, so that launches behind launched parents, completions out of
+# order and failures after launch are common
+gpu_actions = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                *("submit", "submit", "submit", "stage", "publish", "take", "finish", "fail", "cancel"),
+                *("gpu",) * 12,
+            ]
+        ),
+        st.integers(0, 10**6),
+    ),
+    min_size=50,
+    max_size=300,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(gpu_specs, min_size=2, max_size=30),
+    gpu_actions,
+    st.sampled_from([2, 5, 1000]),
+    st.sampled_from([None, 40, 10_000]),
+)
+def test_random_asynchronous_programs_keep_sequential_consistency(
+    task_specs: list[Spec], steps: list[tuple[str, int]], max_pending: int, gpu_bytes: int | None
+) -> None:
+    run_program(task_specs, steps, max_pending, 10_000, gpu_bytes)
+
+
+def run_program(
+    task_specs: list[Spec],
+    steps: list[tuple[str, int]],
+    max_pending: int,
+    max_pending_bytes: int,
+    gpu_bytes: int | None,
+) -> None:
+    s = Scheduler(
+        max_pending=max_pending,
+        max_pending_bytes=max_pending_bytes,
+        devices=("cpu", GPU),
+        asynchronous=(GPU,),
+        device_bytes=None if gpu_bytes is None else {GPU: gpu_bytes},
+        check=True,
+    )
     driver = Driver(s, task_specs)
     for kind, n in steps:
         driver.step(kind, n)
     driver.drain_all()
 
-    assert s.pending == 0 and s.running == 0 and s.pending_bytes == 0
+    assert s.pending == 0 and s.running == 0 and s.launched == 0 and s.pending_bytes == 0
+    assert s.device_pending_bytes(GPU) == 0
     assert s.waiting_admission == 0
     assert len(driver.admitted) + len(driver.never_admitted) == len(task_specs)
     for index, task in enumerate(driver.tasks):
@@ -176,8 +315,12 @@ def test_random_event_sequences_keep_sequential_consistency(
             assert id(task) not in driver.ran
         elif task.state == "failed" and isinstance(task.error, DependencyError):
             assert any(p.state == "failed" for p in inputs)
-            assert id(task) not in driver.ran
+            # it did not run, or it was made ready behind an input launched on its device that failed
+            assert id(task) not in driver.ran or any(p.device == GPU == task.device for p in inputs)
         else:
             assert id(task) in driver.ran  # done, or failed by raising: it ran
+            if task.state == "done":
+                assert all(p.state == "done" for p in inputs)
+        assert driver.resolves.get(id(task)) == 1, (index, task.state, driver.resolves.get(id(task)))
     assert s.submitted == len(driver.admitted)
     assert s.completed + s.failed + s.cancelled == len(task_specs)
