@@ -161,6 +161,12 @@ class Config(BaseSettings):
         found = self._sources
         return {name: found.get(name, "default") for name in type(self).model_fields}
 
+    @property
+    def default_device(self) -> str:
+        """Where a task or Tensor runs when it names no device: ``cpu`` if it is one of the
+        ``devices``, else the first."""
+        return "cpu" if "cpu" in self.devices else self.devices[0]
+
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (validated); the other fields keep their values and sources."""
         if not changes:

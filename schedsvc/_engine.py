@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import os
 import sys
-import threading
 import time
 import warnings
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Coroutine, Iterable, Iterator
 from threading import get_ident
 from types import FunctionType, MappingProxyType, TracebackType
@@ -28,13 +28,13 @@ from ._core import Scheduler
 from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
 from ._lifecycle import STARTED, finish, watch_loop_end
-from ._port import LOOP_CLOSED, Port, warn_unclosed
+from ._port import LOOP_CLOSED, Port
 from ._runtime import Runtime, scan
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._validate import ASYNC_CODE, SYNC_KINDS, async_fn, check_fn, submit_while_tracing
 from .compile._state import ACTIVE, tracing
-from .devices import Executor, check_config, open_executor, scheduler_options
+from .devices import Executor, resolve, scheduler_options
 from .tensor import Tensor
 from .tensor._tracking import TensorMemory, asarray, create, shape_arg
 
@@ -63,11 +63,10 @@ class Engine:
         elif overrides:
             config = config.replace(**overrides)
         self.config = config
-        self._port = Port(self, config, TensorMemory())
+        self._port = Port(config, TensorMemory())
         self._sync_mode = config.sync_mode
         self._vet: list[Executor] = []  # executors that check each task at submission (check_task)
         self._closing: asyncio.Future[None] | None = None
-        self._loop_watch: AsyncGenerator[None, None] | None = None  # see watch_loop_end
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
 
     @property
@@ -82,24 +81,24 @@ class Engine:
         port = self._port
         if port.state != "new":
             raise EngineClosed(f"{self!r} was already started; create a new Engine")
-        check_config(self.config)
+        kinds = resolve(self.config)
         timeline = None if self.config.trace_path is None else Timeline(self.config.trace_path)
         core = Scheduler(
             max_pending=self.config.max_pending,
             max_pending_bytes=self.config.max_pending_bytes,
             devices=self.config.devices,
             clock=time.perf_counter,
-            **scheduler_options(self.config),
+            **scheduler_options(kinds, self.config),
         )
-        rt = Runtime(core, asyncio.get_running_loop(), self.config.inline_threshold_us / 1e6, port.refusal)
-        for name in self.config.devices:
-            rt.add_device(name, await open_executor(name, rt, self.config))
+        rt = Runtime(core, asyncio.get_running_loop(), self.config.inline_threshold_us / 1e6, _refusal(port))
+        for name, kind in kinds.items():
+            rt.add_device(name, await kind.open(rt, name, self.config))
         for executor in rt.devices.values():
             executor.start()
         self._vet = [e for e in rt.devices.values() if e.vets_tasks]
         port.rt, port.state = rt, "running"
         STARTED.add(port)  # for a fork: the child's copy refuses work
-        self._loop_watch = watch_loop_end(port)
+        port.loop_watch = watch_loop_end(port)
         if timeline is not None:  # the engine's whole life, written at aclose()
             rt.attach(timeline)
         return self
@@ -137,7 +136,7 @@ class Engine:
         finally:
             port.state = "closed"
             self._closing.set_result(None)
-            finish(self._loop_watch)
+            finish(port.loop_watch)
 
     def _write_life_trace(self, rt: Runtime) -> None:
         """Write ``Config(trace_path=...)``'s trace of the engine's whole life (once)."""
@@ -163,17 +162,6 @@ class Engine:
     @property
     def closed(self) -> bool:
         return self._port.state in ("closing", "closed")
-
-    def __del__(self) -> None:
-        port = getattr(self, "_port", None)
-        if port is None or port.rt is None or port.state != "running":
-            return
-        text = f"unclosed {self!r}"
-        port.state = "closed"
-        # in a thread of its own: the last reference may go while this thread holds the engine's lock
-        with contextlib.suppress(RuntimeError):  # at interpreter exit no thread starts: they die anyway
-            threading.Thread(target=port.rt.stop_when_idle, name="schedsvc-stop", daemon=True).start()
-        warn_unclosed(text, 3, self)
 
     # -- submitting ------------------------------------------------------------
 
@@ -453,10 +441,7 @@ class Engine:
     # -- internals -------------------------------------------------------------
 
     def __repr__(self) -> str:
-        rt = self._port.rt
-        if rt is None:
-            return f"<Engine {self._port.state} cpu_workers={self.config.cpu_workers}>"
-        return f"<Engine {self._port.state} devices={','.join(self.config.devices)} {rt.describe()}>"
+        return self._port.describe()
 
 
 def _task(
@@ -532,3 +517,15 @@ async def _say_what_close_waits_for(port: Port) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _refusal(port: Port) -> Callable[[], EngineClosed]:
+    """Why the engine takes no work, for the runtime to raise with its lock held: the port's
+    side-effect-free message, through a weak reference (the runtime does not keep the port alive)."""
+    ref = weakref.ref(port)
+
+    def refusal() -> EngineClosed:
+        alive = ref()
+        return EngineClosed("the engine is closed") if alive is None else alive.closed_error()
+
+    return refusal

@@ -48,7 +48,7 @@ def _loop_ended(port: Port) -> None:
     """The engine's loop is shutting down (``asyncio.run`` returned) and the engine is still open."""
     if port.rt is not None and port.state == "running":
         port.abandon(LOOP_CLOSED, warn=False)
-        warn_unclosed(f"{port.engine_repr()} was still open when its event loop ended", 4)
+        warn_unclosed(f"{port.describe()} was still open when its event loop ended", 3)
 
 
 def finish(gen: AsyncGenerator[None, None] | None) -> None:

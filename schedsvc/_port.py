@@ -9,13 +9,14 @@ owns the Port and drives its life (``started``, ``closed``, ``abandon``).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DeviceError, EngineClosed, InvalidTask
 from ._runtime._runtime import FORKED
-from .devices import check_device
+from .devices import check_device, executor_for
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -34,25 +35,46 @@ class Port:
 
     __slots__ = (
         "__weakref__",
-        "_engine",
         "abandoned",
         "compile_counts",
         "config",
         "default_device",
+        "loop_watch",
         "rt",
         "state",
         "tensors",
     )
 
-    def __init__(self, engine: Engine, config: Config, tensors: TensorMemory) -> None:
-        self._engine = weakref.ref(engine)  # for messages; Futures keep the port, not the engine, alive
+    def __init__(self, config: Config, tensors: TensorMemory) -> None:
         self.config = config
         self.rt: Runtime | None = None
         self.state = "new"  # new -> running -> closing -> closed
         self.abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
-        self.default_device = "cpu" if "cpu" in config.devices else config.devices[0]
+        self.default_device = config.default_device
         self.tensors = tensors
         self.compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
+        #: a suspended async generator its loop closes when it shuts down (``_lifecycle``)
+        self.loop_watch: Any = None
+
+    def __del__(self) -> None:
+        """The Engine and every Future, Tensor and compiled function of it are gone, and it was
+        never closed: warn, and let its threads finish the queued work and end."""
+        rt = self.rt
+        if rt is None or self.state != "running":
+            return
+        text = f"unclosed {self.describe()}"
+        self.state = "closed"
+        # in a thread of its own: the last reference may go while this thread holds the engine's lock
+        with contextlib.suppress(RuntimeError):  # at interpreter exit no thread starts: they die anyway
+            threading.Thread(target=rt.stop_when_idle, name="schedsvc-stop", daemon=True).start()
+        warn_unclosed(text, 3, self)
+
+    def describe(self) -> str:
+        """The engine, for its repr and messages."""
+        rt = self.rt
+        if rt is None:
+            return f"<Engine {self.state} cpu_workers={self.config.cpu_workers}>"
+        return f"<Engine {self.state} devices={','.join(self.config.devices)} {rt.describe()}>"
 
     # -- asked by the frontend ---------------------------------------------------------
 
@@ -86,7 +108,8 @@ class Port:
     def local(self, what: str) -> None:
         """Raise unless tasks run in this process (Tensors and compiled functions need that)."""
         rt = self.rt
-        if (rt is not None and rt.remote) or (rt is None and self.config.backend == "dask"):
+        remote = rt.remote if rt is not None else not executor_for(self.default_device, self.config).local
+        if remote:
             raise InvalidTask(
                 f"{what}: Tensors and compiled functions run on this process's devices and are not "
                 "available with backend='dask'; submit functions that take and return arrays "
@@ -107,10 +130,6 @@ class Port:
             f"engine at its limits ({rt.limits_text()}): "
             f"{task!r} was not admitted; use '{waiting_form}' to wait for room"
         )
-
-    def engine_repr(self) -> str:
-        engine = self._engine()
-        return "<Engine>" if engine is None else repr(engine)
 
     # -- why it takes no work ------------------------------------------------------------
 
@@ -139,7 +158,7 @@ class Port:
     def abandon(self, why: str, warn: bool = True) -> None:
         """The engine's loop closed while it was open: warn, and let its threads finish what is queued and end."""
         if warn:
-            warn_unclosed(f"{self.engine_repr()} was still open when its event loop closed", 6)
+            warn_unclosed(f"{self.describe()} was still open when its event loop closed", 5)
         self.state, self.abandoned = "closed", why
         if self.rt is not None:
             self.rt.stop_when_idle()

@@ -1032,3 +1032,61 @@ async def test_a_write_refused_by_queue_full_is_not_the_tensors_last_write() -> 
         np.testing.assert_array_equal(await within(t), [0.0, 0.0, 0.0])
         await within(eng.run(a.fill, 1.0, writes=t))  # an admitted write still counts
         np.testing.assert_array_equal(await within(t), [1.0, 1.0, 1.0])
+
+
+# -- i16: found in review of the executor/runtime refactor ---------------------------------------
+
+
+async def _start_and_keep_only_results() -> tuple[ss.Tensor, ss.Future[Any]]:
+    eng = await ss.Engine(cpu_workers=1).start()
+    return eng.asarray(np.ones(3)), eng.submit_nowait(operator.add, 1, 1)
+
+
+async def test_an_engines_tensors_and_futures_keep_it_running_after_the_engine_object_is_gone() -> None:
+    """Futures and Tensors hold the engine's Port; with only them left, the engine still runs their work,
+    and says it was never closed once the last of them is gone."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)  # nothing is unclosed while they live
+        t, f = await _start_and_keep_only_results()
+        gc.collect()
+        np.testing.assert_array_equal(await within(t + 1), [2.0, 2.0, 2.0])
+        assert await within(f) == 2
+    with pytest.warns(ResourceWarning, match="unclosed <Engine running"):
+        del t, f
+        gc.collect()
+    await _join_engine_threads()
+
+
+def test_using_an_engine_whose_loop_was_closed_warns_at_the_callers_line() -> None:
+    loop = asyncio.new_event_loop()
+    eng = loop.run_until_complete(ss.Engine(cpu_workers=1).start())
+    loop.close()
+    with (
+        pytest.warns(ResourceWarning, match="still open when its event loop closed") as caught,
+        pytest.raises(ss.EngineClosed),
+    ):
+        eng.submit_nowait(abs, 1)  # the line the warning names
+    assert caught[0].filename == __file__
+    for thread in engine_threads():  # told to stop when the engine found its loop closed
+        thread.join(TIMEOUT)
+
+
+async def test_each_submitter_cancelled_by_a_close_gets_its_own_error() -> None:
+    eng = await ss.Engine(cpu_workers=1, max_pending=1).start()
+    gate = Gate()
+    await eng.submit(gate.hold())
+    errors: list[BaseException] = []
+
+    async def submit() -> None:
+        try:
+            await eng.submit(abs, 1)
+        except ss.EngineClosed as exc:
+            errors.append(exc)
+
+    waiting = [asyncio.create_task(submit()) for _ in range(2)]
+    await state(eng, lambda: eng.stats().waiting_admission == 2)
+    closing = asyncio.create_task(eng.aclose(cancel_pending=True))
+    await within(asyncio.gather(*waiting))
+    gate.open()
+    await within(closing)
+    assert len(errors) == 2 and errors[0] is not errors[1]  # one exception object per raise

@@ -46,7 +46,7 @@ from ._scan import register_buffer_types, substitute, substitute_args
 if TYPE_CHECKING:
     from ..devices import Executor
 
-__all__ = ["FORKED", "Runtime", "current_worker", "watch"]
+__all__ = ["FORKED", "Runtime", "current_worker", "set_worker", "watch"]
 
 #: what an engine says in a process forked from the one that started it
 FORKED = (
@@ -58,6 +58,11 @@ _SPINS = 16  # GIL yields before a contended acquire blocks
 
 _LockType = type(threading.Lock())
 _local = threading.local()
+
+
+def set_worker(worker: Any) -> None:
+    """This thread is ``worker``'s (an executor's thread): ``current_worker`` returns it here."""
+    _local.worker = worker
 
 
 def current_worker() -> Any:
@@ -84,6 +89,7 @@ class Runtime:
         self.loop = loop
         self.bridge = AsyncioBridge(self, loop)
         #: why a closed engine takes no work (the frontend's message), raised by the submit methods
+        #: with the lock held: it must have no side effect (never take the lock)
         self.refusal: Callable[[], BaseException] = refusal or (lambda: EngineClosed("the engine is closed"))
         self.devices: dict[str, Executor] = {}
         self._pools: list[tuple[Executor, Any]] = []  # (executor, its ready queue), for collect()
@@ -463,7 +469,7 @@ class Runtime:
         executors are told to stop.
         """
         self.close()
-        closed = EngineClosed("the engine closed with cancel_pending=True")
+        closed = functools.partial(EngineClosed, "the engine closed with cancel_pending=True")
         try:
             if cancel_pending:
                 self.cancel_pending(closed)
@@ -505,10 +511,10 @@ class Runtime:
         with self.lock:
             return self.core.running
 
-    def cancel_pending(self, error: BaseException) -> None:
-        """Cancel every task not started; submitters still queued get ``error``."""
+    def cancel_pending(self, error: Callable[[], BaseException]) -> None:
+        """Cancel every task not started; each submitter still queued gets an ``error()`` of its own."""
         for token in self.under_lock(self.core.cancel_pending):
-            settle(token, error)
+            settle(token, error())
         for executor in self.devices.values():
             executor.cancel_all()
 

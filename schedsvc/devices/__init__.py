@@ -1,9 +1,10 @@
 """Executors, one module per kind, found by name and imported only when an engine uses them.
 
-``KINDS`` maps an executor kind to its module and class; ``executor_for``
-picks the kind that serves a device under a config, and ``open_executor``
-builds it.  The engine, the runtime and the core never test which kind a
-device is: what differs is in the executor (``_executor.Executor``).
+``KINDS`` maps an executor kind to its module and class; ``resolve`` checks
+a config and picks the kind that serves each of its devices (``executor_for``),
+whose ``open`` builds the executor.  The engine, the runtime and the core
+never test which kind a device is: what differs is in the executor
+(``_executor.Executor``).
 """
 
 from __future__ import annotations
@@ -16,19 +17,17 @@ from ._executor import Executor, Keyer
 
 if TYPE_CHECKING:
     from .._config import Config
-    from .._runtime import Runtime
 
 __all__ = [
     "BACKENDS",
     "KINDS",
     "Executor",
     "Keyer",
-    "check_config",
     "check_device",
     "executor_class",
     "executor_for",
     "is_device_name",
-    "open_executor",
+    "resolve",
     "scheduler_options",
     "unknown_device",
 ]
@@ -68,10 +67,9 @@ def executor_class(kind: str) -> type[Executor]:
 
 def check_device(name: str) -> None:
     """Raise DeviceError unless ``name`` is a device this install can run."""
-    kind = name.partition(":")[0] if isinstance(name, str) else None
-    if kind not in KINDS or kind in BACKENDS:
+    if not isinstance(name, str) or not is_device_name(name):
         raise unknown_device(name)
-    executor_class(kind).check_device(name)
+    executor_class(name.partition(":")[0]).check_device(name)
 
 
 def executor_for(name: str, config: Config) -> type[Executor]:
@@ -83,26 +81,23 @@ def executor_for(name: str, config: Config) -> type[Executor]:
     return executor_class(kind)
 
 
-def check_config(config: Config) -> None:
-    """Raise if ``config`` asks for what its executors cannot do, naming the field: the backend's
-    settings first, then each device (unknown, unavailable)."""
+def resolve(config: Config) -> dict[str, type[Executor]]:
+    """The executor class of each of ``config``'s devices, once ``config`` is checked: the backend's
+    settings first, then each device (unknown, unavailable), naming the field."""
     if config.backend in BACKENDS:
         executor_class(config.backend).check_config(config)
+    kinds = {}
     for name in config.devices:
-        executor_for(name, config).check_config(config)
+        kinds[name] = executor_for(name, config)
+        kinds[name].check_config(config)
+    return kinds
 
 
-def scheduler_options(config: Config) -> dict[str, Any]:
+def scheduler_options(kinds: dict[str, type[Executor]], config: Config) -> dict[str, Any]:
     """The core's per-device settings its executors ask for: which devices launch asynchronously,
     and the byte budget of each device with memory of its own (``max_device_bytes``)."""
-    kinds = {name: executor_for(name, config) for name in config.devices}
     budget = config.max_device_bytes
     return {
         "asynchronous": tuple(name for name, kind in kinds.items() if kind.asynchronous),
         "device_bytes": {name: budget for name, kind in kinds.items() if kind.own_memory and budget},
     }
-
-
-async def open_executor(name: str, rt: Runtime, config: Config) -> Executor:
-    """Build the executor of device ``name``."""
-    return await executor_for(name, config).open(rt, name, config)

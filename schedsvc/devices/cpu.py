@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._runtime import Runtime, Task
-from .._runtime._runtime import _local
+from .._runtime._runtime import set_worker
 from ._executor import Executor
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class CpuWorker:
         self.thread = threading.Thread(target=self._main, name=f"schedsvc-{self.name}", daemon=True)
 
     def _main(self) -> None:
-        _local.worker = self
+        set_worker(self)
         pool = self.pool
         next_task = pool.rt.next_task
         pool.rt.worker_started()
@@ -97,13 +97,6 @@ class CpuPool(Executor):
         self.live = 0
         self.blocked = 0
         self.stopping = False
-
-    @classmethod
-    def check_device(cls, name: str) -> None:
-        if name != "cpu":  # one CPU device: its threads
-            from . import unknown_device
-
-            raise unknown_device(name)
 
     @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> CpuPool:
@@ -163,6 +156,8 @@ class CpuPool(Executor):
     def notify(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: take parked workers for ``ready`` tasks; return their wake-up."""
         idle = self.idle
+        if not idle:  # (the runtime asks only while hungry, which is kept equal to bool(idle))
+            return None
         if ready == 1 or len(idle) == 1:
             woken: CpuWorker = idle.pop()
             self.hungry = bool(idle)
