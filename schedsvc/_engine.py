@@ -359,8 +359,8 @@ class Engine:
             queue_wait_p50_s=p50,
             queue_wait_p99_s=p99,
             worker_busy_s=MappingProxyType(rt.busy_seconds()),
-            compile_traces=self._port.compile_counts[0],
-            compile_replays=self._port.compile_counts[1],
+            compile_traces=self._port.compile_counts.traces,
+            compile_replays=self._port.compile_counts.replays,
         )
 
     @property

@@ -80,3 +80,10 @@ class TraceError(SchedsvcError, TypeError):
 class LoadError(SchedsvcError, ValueError):
     """``ss.load`` refused a file: not JSON, truncated, nested too deeply, not a saved compiled function,
     or a graph whose shapes and dtypes disagree with what its operations give; the message names the file."""
+
+
+#: what an engine says in a process forked from the one that started it
+FORKED = (
+    "this process was forked from the one that started the engine, and the engine's threads did not "
+    "come along, so its work would never run here; create a new Engine in the child process"
+)

@@ -14,8 +14,8 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ._errors import DeviceError, EngineClosed, InvalidTask
-from ._runtime._runtime import FORKED
+from ._errors import FORKED, DeviceError, EngineClosed, InvalidTask
+from .compile._state import Counts
 from .devices import check_device, executor_for
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Port:
         self.abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
         self.default_device = config.default_device
         self.tensors = tensors
-        self.compile_counts = [0, 0]  # traces, replays of this engine's compiled functions
+        self.compile_counts = Counts()  # traces, replays of this engine's compiled functions
         #: a suspended async generator its loop closes when it shuts down (``_lifecycle``)
         self.loop_watch: Any = None
 

@@ -21,11 +21,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._core import FINAL_STATES
+from .._errors import FORKED, EngineClosed
+
 if TYPE_CHECKING:
     from .._core import Task
     from ._runtime import Runtime
 
-__all__ = ["AsyncioBridge", "fire", "on_loop", "settle"]
+__all__ = ["AsyncioBridge", "fire", "on_loop", "settle", "unwatch", "watch"]
 
 _LockType = type(threading.Lock())
 
@@ -60,12 +63,37 @@ class AsyncioBridge:
             return None
         return asyncio.current_task()
 
+    async def wait(self, task: Task) -> None:
+        """Wait on the event loop until ``task`` is final (``Runtime.wait``)."""
+        rt = self.rt
+        if rt.forked:
+            raise EngineClosed(FORKED)
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        with rt.lock:
+            if task.state in FINAL_STATES:
+                return
+            if loop is not self.loop:
+                rt.other_loops = True  # from now on, collect looks for their waiters
+            watch(task, waiter)
+            if rt.core.staged:
+                rt.core.publish()
+            after = rt.collect()
+        if after is not None:
+            after()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            with rt.lock:
+                unwatch(task, waiter)
+            raise
+
     # -- scheduling on the loop --------------------------------------------------
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    async def wait(self, token: asyncio.Future[None], timeout: float) -> None:
+    async def wait_for(self, token: asyncio.Future[None], timeout: float) -> None:
         """Await ``token`` for at most ``timeout`` seconds (TimeoutError after; the token is cancelled)."""
         await asyncio.wait_for(token, timeout)
 
@@ -122,6 +150,21 @@ class AsyncioBridge:
         """In a forked child: nothing is delivered to a loop that does not run here."""
         self.to_loop = []
         self.drain_scheduled = False
+
+
+def watch(task: Task, watcher: Any) -> None:
+    """Add ``watcher`` (a token, a callback, a thread's gate) to those woken when ``task`` is final."""
+    if task.watchers is None:
+        task.watchers = [watcher]
+    else:
+        task.watchers.append(watcher)
+
+
+def unwatch(task: Task, watcher: Any) -> None:
+    """Take ``watcher`` off ``task``'s (it gave up waiting), unless the task is final already."""
+    if task.watchers is not None and task.state not in FINAL_STATES:
+        with contextlib.suppress(ValueError):
+            task.watchers.remove(watcher)
 
 
 def on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -38,21 +38,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import FINAL_STATES, Scheduler, Task
-from .._errors import EngineClosed, SchedsvcError
+from .._errors import FORKED, EngineClosed, SchedsvcError
 from .._timeline import Timeline
-from ._bridge import AsyncioBridge, fire, settle
+from ._bridge import AsyncioBridge, fire, settle, unwatch, watch
 from ._scan import register_buffer_types, substitute, substitute_args
 
 if TYPE_CHECKING:
     from ..devices import Executor
 
-__all__ = ["FORKED", "Runtime", "current_worker", "set_worker", "watch"]
+__all__ = ["Runtime", "current_worker", "set_worker"]
 
-#: what an engine says in a process forked from the one that started it
-FORKED = (
-    "this process was forked from the one that started the engine, and the engine's threads did not "
-    "come along, so its work would never run here; create a new Engine in the child process"
-)
 
 _SPINS = 16  # GIL yields before a contended acquire blocks
 
@@ -88,6 +83,9 @@ class Runtime:
         self.lock = threading.Lock()
         self.loop = loop
         self.bridge = AsyncioBridge(self, loop)
+        #: ``await rt.wait(task)``: wait on the event loop until ``task`` is final (the bridge's own
+        #: method, bound here: no frame of the runtime's on the path of every await)
+        self.wait = self.bridge.wait
         #: why a closed engine takes no work (the frontend's message), raised by the submit methods
         #: with the lock held: it must have no side effect (never take the lock)
         self.refusal: Callable[[], BaseException] = refusal or (lambda: EngineClosed("the engine is closed"))
@@ -554,7 +552,7 @@ class Runtime:
             if predicate():
                 return
             try:
-                await self.bridge.wait(token, timeout)
+                await self.bridge.wait_for(token, timeout)
             except TimeoutError:
                 raise TimeoutError(f"{predicate!r} did not hold within {timeout} s") from None
         finally:
@@ -661,29 +659,6 @@ class Runtime:
 
     # -- waiting -----------------------------------------------------------------
 
-    async def wait(self, task: Task) -> None:
-        """Wait on the event loop until ``task`` is final."""
-        if self.forked:
-            raise EngineClosed(FORKED)
-        waiter = self.bridge.token()
-        with self.lock:
-            if task.state in FINAL_STATES:
-                return
-            if self.bridge.foreign(waiter):
-                self.other_loops = True  # from now on, collect looks for their waiters
-            watch(task, waiter)
-            if self.core.staged:
-                self.core.publish()
-            after = self.collect()
-        if after is not None:
-            after()
-        try:
-            await waiter
-        except self.bridge.Cancelled:
-            with self.lock:
-                _unwatch(task, waiter)
-            raise
-
     def wait_blocking(self, task: Task, timeout: float | None) -> bool:
         """Block this thread until ``task`` is final; False on timeout.
 
@@ -720,7 +695,7 @@ class Runtime:
                 worker.blocking(-1)
         if not got:
             with self.lock:
-                _unwatch(task, gate)
+                unwatch(task, gate)
             return task.state in FINAL_STATES
         return True
 
@@ -882,20 +857,6 @@ def _without_foreign(items: list[tuple[str, Any]], bridge: AsyncioBridge) -> lis
 def _call_all(calls: list[Callable[[], None]]) -> None:
     for call in calls:
         call()
-
-
-def watch(task: Task, watcher: Any) -> None:
-    """Add ``watcher`` (a token, a callback, a thread's gate) to those woken when ``task`` is final."""
-    if task.watchers is None:
-        task.watchers = [watcher]
-    else:
-        task.watchers.append(watcher)
-
-
-def _unwatch(task: Task, watcher: Any) -> None:
-    if task.watchers is not None and task.state not in FINAL_STATES:
-        with contextlib.suppress(ValueError):
-            task.watchers.remove(watcher)
 
 
 def _leave_queue(core: Scheduler, token: Any) -> None:

@@ -272,7 +272,7 @@ class Compiled:
             self.traces += 1
             thrashing = self._retraced(signature)
             self._store(signature, entry)
-        self._port.compile_counts[0] += 1
+        self._port.compile_counts.traces += 1
         if thrashing:
             warnings.warn(self._thrash_message(), RuntimeWarning, stacklevel=4)  # user -> call -> _lookup
         return entry
@@ -348,7 +348,7 @@ class Compiled:
     def count_replay(self) -> None:
         """One replay admitted (called under the runtime's lock, so the counts stay exact)."""
         self.replays += 1
-        self._port.compile_counts[1] += 1
+        self._port.compile_counts.replays += 1
 
     def __repr__(self) -> str:
         source = "" if self._fn is not None else " (loaded)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["ACTIVE", "tracing"]
+__all__ = ["ACTIVE", "Counts", "tracing"]
 
 
 class _Tracing(threading.local):
@@ -17,6 +17,17 @@ class _Tracing(threading.local):
 
     depth = 0
     trace: Any = None
+
+
+class Counts:
+    """Traces and replays of one engine's compiled functions (``eng.stats()``); changed under the
+    engine's runtime lock (replays) or the compiled function's own (traces)."""
+
+    __slots__ = ("replays", "traces")
+
+    def __init__(self) -> None:
+        self.traces = 0
+        self.replays = 0
 
 
 tracing = _Tracing()
