@@ -147,7 +147,9 @@ def queue_op(
     queue it for admission (FIFO) and append the token to await there.
     """
     tid = get_ident()
-    rt = port.accepting(tid)
+    rt = port.rt  # Port.accepting(tid), inlined: this runs at every Tensor operation
+    if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
+        raise port.refusal()
     args = tuple(args)
     deps: list[Task] = []
     plain = True  # are the deps exactly the operands, in order? (then they share one tuple)
