@@ -13,7 +13,8 @@ import pytest
 from schedsvc import DependencyError, MemoryLimitError
 from schedsvc._core import Scheduler, Task
 
-BIG = 1 << 40
+from .helpers import BIG, R, W, out_of, resolved
+
 GPU, GPU1 = "cuda:0", "cuda:1"
 
 
@@ -37,11 +38,6 @@ def task(name: str, device: str = GPU, **fields: Any) -> Task:
     t = Task(name=name, device=device, **fields)
     t.watchers = []
     return t
-
-
-def out_of(s: Scheduler) -> list[tuple[str, Any]]:
-    s.validate()
-    return s.drain()
 
 
 def submit(s: Scheduler, *tasks: Task) -> None:
@@ -80,18 +76,6 @@ def run(s: Scheduler, t: Task, value: Any = None) -> list[tuple[str, Any]]:
     assert take(s, t.device) is t
     launch(s, t)
     return complete(s, t, value)
-
-
-def resolved(out: list[tuple[str, Any]]) -> list[Task]:
-    return [obj for kind, obj in out if kind == "resolve"]
-
-
-def R(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
-    return (key, nbytes, False)
-
-
-def W(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
-    return (key, nbytes, True)
 
 
 # -- construction --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from schedsvc._core import (
     Task,
 )
 
-BIG = 1 << 40
+from .helpers import BIG, R, W, out_of, resolved
 
 
 def make(
@@ -36,12 +36,6 @@ def task(name: str, **fields: Any) -> Task:
     t = Task(name=name, **fields)
     t.watchers = []
     return t
-
-
-def out_of(s: Scheduler) -> list[tuple[str, Any]]:
-    """The instructions the last event produced; checks the invariants first."""
-    s.validate()
-    return s.drain()
 
 
 def submit(s: Scheduler, *tasks: Task) -> None:
@@ -92,20 +86,8 @@ def take_all(s: Scheduler, device: str = "cpu") -> list[Task]:
     return taken
 
 
-def resolved(out: list[tuple[str, Any]]) -> list[Task]:
-    return [obj for kind, obj in out if kind == "resolve"]
-
-
 def runs(out: list[tuple[str, Any]]) -> list[Task]:
     return [obj for kind, obj in out if kind == "run"]
-
-
-def R(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
-    return (key, nbytes, False)
-
-
-def W(key: int, nbytes: int = 8) -> tuple[int, int, bool]:
-    return (key, nbytes, True)
 
 
 # -- the state table -----------------------------------------------------------
