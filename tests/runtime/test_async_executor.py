@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -23,8 +25,29 @@ import schedsvc as ss
 from schedsvc import devices
 from schedsvc._runtime import Runtime, substitute
 from schedsvc._runtime._scan import substitute_args
-from schedsvc.devices import Executor
+from schedsvc.devices import Executor, Keyer
 from tests.helpers import TIMEOUT, state, wait_thread_event
+
+
+class DeviceArray:
+    """A stand-in for a device array (a CuPy array): memory the scanner does not know by itself."""
+
+    def __init__(self, nbytes: int, base: DeviceArray | None = None) -> None:
+        self.nbytes = nbytes
+        self.base = base
+
+    def view(self) -> DeviceArray:
+        return DeviceArray(self.nbytes, self.base or self)
+
+
+def device_key(array: DeviceArray) -> tuple[int, int]:
+    """A view keys to its base, as the CUDA executor keys a CuPy view."""
+    owner = array.base or array
+    return id(owner), owner.nbytes
+
+
+def fill(value: float, out: DeviceArray) -> DeviceArray:
+    return out
 
 
 class FakeStream(Executor):
@@ -33,6 +56,7 @@ class FakeStream(Executor):
     kind = "fake"
     asynchronous = True
     own_memory = True
+    buffer_types: ClassVar[Mapping[type, Keyer]] = MappingProxyType({DeviceArray: device_key})
 
     def __init__(self, rt: Runtime, name: str) -> None:
         super().__init__(rt, name)
@@ -192,3 +216,19 @@ async def test_a_thread_blocked_on_a_launched_task_is_woken_at_complete(fake_kin
         fake.gate.set()
         await wait_thread_event(done)
         np.testing.assert_array_equal(got[0], [2.0, 2.0])
+
+
+async def test_the_executors_buffer_types_order_tasks_through_views(fake_kind: None) -> None:
+    """A device array is memory because its executor says so (``buffer_types``): a host task reading a
+    view of it waits for the device task that writes it to complete."""
+    async with ss.Engine(devices=("cpu", "fake:0"), cpu_workers=1) as eng:
+        fake = stream(eng)
+        array = DeviceArray(64)
+        try:
+            write = eng.submit_nowait(fill, 1.0, out=array, device="fake:0")
+            read = eng.submit_nowait(lambda a: a.nbytes, array.view())  # on the CPU
+            await state(eng, lambda: write.state == "launched")
+            assert read.state == "waiting"  # ordered after the write, through the view's base
+        finally:
+            fake.gate.set()  # (a failed assertion must not leave the close waiting for the device)
+        assert await asyncio.wait_for(read, TIMEOUT) == 64
