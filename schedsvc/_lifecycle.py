@@ -47,8 +47,9 @@ def watch_loop_end(port: Port) -> AsyncGenerator[None, None]:
 def _loop_ended(port: Port) -> None:
     """The engine's loop is shutting down (``asyncio.run`` returned) and the engine is still open."""
     if port.rt is not None and port.state == "running":
+        what = f"{port.describe()} was still open when its event loop ended"  # (described while running)
         port.abandon(LOOP_CLOSED, warn=False)
-        warn_unclosed(f"{port.describe()} was still open when its event loop ended", 3)
+        warn_unclosed(what)
 
 
 def finish(gen: AsyncGenerator[None, None] | None) -> None:

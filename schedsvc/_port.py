@@ -10,6 +10,8 @@ owns the Port and drives its life (``started``, ``closed``, ``abandon``).
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -67,7 +69,7 @@ class Port:
         # in a thread of its own: the last reference may go while this thread holds the engine's lock
         with contextlib.suppress(RuntimeError):  # at interpreter exit no thread starts: they die anyway
             threading.Thread(target=rt.stop_when_idle, name="schedsvc-stop", daemon=True).start()
-        warn_unclosed(text, 3, self)
+        warn_unclosed(text, self)
 
     def describe(self) -> str:
         """The engine, for its repr and messages."""
@@ -82,14 +84,6 @@ class Port:
         """The runtime of a running engine; EngineClosed (saying why) otherwise."""
         rt = self.rt
         if rt is None or self.state != "running" or rt.bridge.closed():
-            raise self.refusal()
-        return rt
-
-    def accepting(self, tid: int) -> Runtime:
-        """The runtime, if thread ``tid`` may submit now: the engine runs, or ``tid`` runs one of its
-        tasks (nested work gets in while the engine closes)."""
-        rt = self.rt
-        if rt is None or (self.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise self.refusal()
         return rt
 
@@ -108,7 +102,11 @@ class Port:
     def local(self, what: str) -> None:
         """Raise unless tasks run in this process (Tensors and compiled functions need that)."""
         rt = self.rt
-        remote = rt.remote if rt is not None else not executor_for(self.default_device, self.config).local
+        remote = (
+            rt.remote
+            if rt is not None
+            else not executor_for(self.default_device, self.config, check=False).local
+        )
         if remote:
             raise InvalidTask(
                 f"{what}: Tensors and compiled functions run on this process's devices and are not "
@@ -158,7 +156,7 @@ class Port:
     def abandon(self, why: str, warn: bool = True) -> None:
         """The engine's loop closed while it was open: warn, and let its threads finish what is queued and end."""
         if warn:
-            warn_unclosed(f"{self.describe()} was still open when its event loop closed", 5)
+            warn_unclosed(f"{self.describe()} was still open when its event loop closed")
         self.state, self.abandoned = "closed", why
         if self.rt is not None:
             self.rt.stop_when_idle()
@@ -170,15 +168,30 @@ class Port:
             self.rt.after_fork()
 
 
-def warn_unclosed(what: str, stacklevel: int, source: Any = None) -> None:
-    """The one ResourceWarning of an engine left open (its loop ended or closed, or it was collected)."""
+def warn_unclosed(what: str, source: Any = None) -> None:
+    """The one ResourceWarning of an engine left open (its loop ended or closed, or it was collected),
+    attributed to the first frame outside schedsvc: the user's line that found it out."""
     warnings.warn(
         f"{what}; its worker threads stop once the queued tasks ran. Close an engine with "
         "'async with ss.Engine() as eng' or 'await eng.aclose()'",
         ResourceWarning,
-        stacklevel,
+        _outside(),
         source=source,
     )
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _outside() -> int:
+    """The ``stacklevel`` of ``warnings.warn`` (called from ``warn_unclosed``) that names the first
+    frame outside this package (``skip_file_prefixes`` needs Python 3.12)."""
+    frame = sys._getframe(2)  # warn_unclosed's caller
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def port_of(engine: Engine) -> Port:

@@ -1057,7 +1057,22 @@ async def test_an_engines_tensors_and_futures_keep_it_running_after_the_engine_o
     await _join_engine_threads()
 
 
-def test_using_an_engine_whose_loop_was_closed_warns_at_the_callers_line() -> None:
+async def _throttle(eng: ss.Engine) -> None:
+    await eng.throttle()  # a user's coroutine: the warning names this line
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda eng: eng.submit_nowait(abs, 1),
+        lambda eng: eng.asarray(np.ones(2)),
+        lambda eng: asyncio.run(_throttle(eng)),
+    ],
+    ids=["submit_nowait", "asarray", "throttle"],
+)
+def test_using_an_engine_whose_loop_was_closed_warns_at_the_callers_line(
+    use: Callable[[ss.Engine], Any],
+) -> None:
     loop = asyncio.new_event_loop()
     eng = loop.run_until_complete(ss.Engine(cpu_workers=1).start())
     loop.close()
@@ -1065,10 +1080,25 @@ def test_using_an_engine_whose_loop_was_closed_warns_at_the_callers_line() -> No
         pytest.warns(ResourceWarning, match="still open when its event loop closed") as caught,
         pytest.raises(ss.EngineClosed),
     ):
-        eng.submit_nowait(abs, 1)  # the line the warning names
+        use(eng)  # the line the warning names: the first outside schedsvc
     assert caught[0].filename == __file__
     for thread in engine_threads():  # told to stop when the engine found its loop closed
         thread.join(TIMEOUT)
+
+
+async def test_a_failed_task_does_not_keep_its_engine_alive_until_a_garbage_collection() -> None:
+    """A task's error no longer holds the runtime frame that ran it (whose `task` is the failed future)."""
+    eng = await ss.Engine(cpu_workers=1).start()
+    failed = await eng.submit(int, "x")
+    await within(failed.wait())
+    assert isinstance(failed.exception(), ValueError)
+    gc.disable()
+    try:
+        with pytest.warns(ResourceWarning, match="unclosed <Engine running"):
+            del eng, failed  # freed by reference counting alone
+    finally:
+        gc.enable()
+    await _join_engine_threads()
 
 
 async def test_each_submitter_cancelled_by_a_close_gets_its_own_error() -> None:
@@ -1090,3 +1120,12 @@ async def test_each_submitter_cancelled_by_a_close_gets_its_own_error() -> None:
     gate.open()
     await within(closing)
     assert len(errors) == 2 and errors[0] is not errors[1]  # one exception object per raise
+
+
+def test_an_engine_not_started_does_not_look_for_its_devices() -> None:
+    """Compiling, or making a Tensor, before start neither checks a device (on a GPU machine that would
+    start CUDA, say before a fork) nor says anything but that the engine has not started."""
+    eng = ss.Engine(devices=("cuda:0",))  # CuPy is not installed in CI: a check would raise DeviceError
+    assert eng.compile(lambda x: x + 1) is not None
+    with pytest.raises(ss.EngineClosed, match="has not started"):
+        eng.zeros(3)

@@ -786,6 +786,8 @@ class Runtime:
             error = None
         except BaseException as exc:  # the task's failure is its result, whatever it is
             value, error = None, exc
+            if exc.__traceback__ is not None:  # without this frame, whose `task` would make a cycle
+                exc.__traceback__ = exc.__traceback__.tb_next  # (error -> frame -> task -> error)
         if guest:
             self.worker_threads.discard(get_ident())
         timeline = self.timeline

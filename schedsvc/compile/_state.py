@@ -20,8 +20,9 @@ class _Tracing(threading.local):
 
 
 class Counts:
-    """Traces and replays of one engine's compiled functions (``eng.stats()``); changed under the
-    engine's runtime lock (replays) or the compiled function's own (traces)."""
+    """Traces and replays of one engine's compiled functions (``eng.stats()``).  Replays are counted
+    under the runtime's lock; traces without a shared lock, so two traces at the same moment on two
+    threads may count once (a figure for stats, not for control)."""
 
     __slots__ = ("replays", "traces")
 
