@@ -52,6 +52,7 @@ import numpy as np
 
 from .._core import FINAL_STATES, Task, name_of
 from .._errors import DeviceError, InvalidTask, SchedsvcError
+from .._runtime._bridge import on_loop
 from .._runtime._remote import Remote
 from .._timeline import describe
 from ._executor import Executor
@@ -380,7 +381,7 @@ class DaskExecutor(Executor):
     def _schedule_pump(self) -> None:
         loop = self.rt.loop
         try:
-            if _on_loop(loop):
+            if on_loop(loop):
                 loop.call_soon(self._pump)
             else:
                 loop.call_soon_threadsafe(self._pump)
@@ -404,7 +405,7 @@ class DaskExecutor(Executor):
         writes ``out=``, which is written back here in order) waits for the core.
         """
         loop = self.rt.loop
-        if not _on_loop(loop):
+        if not on_loop(loop):
             loop.call_soon_threadsafe(self.forward, task)
             return
         if task in self.sent or isinstance((task.kwargs or {}).get("out"), np.ndarray):
@@ -559,7 +560,7 @@ class DaskExecutor(Executor):
 
     def _call_on_loop(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self.rt.loop
-        if _on_loop(loop):
+        if on_loop(loop):
             fn(*args)
         else:
             loop.call_soon_threadsafe(fn, *args)
@@ -750,10 +751,3 @@ def _to_dask(obj: Any, sent: dict[Task, DaskFuture]) -> Any:
                 new[key] = _to_dask(value, sent)
         return new
     return obj
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
