@@ -1,0 +1,185 @@
+"""The narrow CUDA API the CUDA executor is written against, bound to CuPy or to the simulator.
+
+Everything the executor needs from CUDA goes through one ``CudaApi`` object:
+devices, streams, events, host callbacks, pinned and device memory, copies,
+graph capture, the error classes, and the array module kernels run with.
+Two bindings implement it:
+
+- ``_cupy.CupyApi`` -- CuPy itself (the only module that imports CuPy);
+- ``cudasim.SimApi`` -- the CUDA simulator (``Config(cuda_simulator=True)``):
+  strict and asynchronous, a thread per stream, no host view of device
+  memory, an enqueue-time race detector (``cudasim/__init__.py``).
+
+Streams, events and graphs are the binding's own objects, used with CuPy's
+names and meaning, and nothing more:
+
+``Stream`` (``api.stream(device)``, made non-blocking on that device)
+    ``with stream:`` makes it this thread's current stream (kernels and
+    allocations go to it); ``stream.wait_event(event)`` orders the stream's
+    later work after the event's *current* record (a never-recorded event: no
+    wait); ``stream.launch_host_func(fn, arg)`` runs ``fn(arg)`` on a driver
+    thread when the stream gets there (no CUDA call may be made in it; it
+    blocks the stream until it returns; its exceptions are lost);
+    ``stream.synchronize()`` (a host sync); ``stream.begin_capture()`` and
+    ``stream.end_capture() -> Graph``.
+
+``Event`` (``api.event()``: ``Event(block=True, disable_timing=True)``)
+    ``event.record(stream)``; ``event.synchronize()`` blocks the calling
+    thread without spinning until the last record passed (a host sync: not on
+    a launching thread); ``event.done`` (True for a never-recorded event).
+
+``Graph`` (from ``end_capture``)
+    ``graph.launch(stream)`` replays the captured work on ``stream``.
+
+Device arrays are the binding's ``ndarray`` (``cupy.ndarray`` or the
+simulator's).  They have ``shape``, ``dtype``, ``nbytes``, ``base`` (the array
+a view was made from), ``device.id``, ``data.ptr`` (device address: views of
+one allocation share its memory, keyed by ``api.buffer_key``), and
+``get``/``set`` as CuPy has them.  ``numpy.asarray`` of one raises
+``TypeError``; ``item()``, ``get()``, ``float()``, ``bool()``, ``repr()`` are
+host syncs.  The array module ``xp`` has CuPy's names for what it covers
+(ufuncs, ``matmul``/``dot``, reductions, ``reshape``/``transpose``,
+``concatenate``/``stack``, ``where``/``clip``, creation functions,
+``asarray``, ``asnumpy``); its functions enqueue on the current stream of the
+current device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["CudaApi", "load"]
+
+
+class CudaApi:
+    """What the CUDA executor may use; one instance per process and binding."""
+
+    #: "cupy" or "simulator"
+    name: ClassVar[str] = ""
+    #: the array module kernels run with (``cupy``, or the simulator's)
+    xp: Any
+    #: the device array type (a buffer type of the executor)
+    ndarray: type
+    #: errors: a CUDA call failed (``.status``); the device memory pool could not allocate
+    #: (a ``MemoryError``); the driver failed
+    CUDARuntimeError: type[Exception]
+    OutOfMemoryError: type[MemoryError]
+
+    # -- devices -----------------------------------------------------------------
+
+    def version(self) -> str:
+        """What runs the devices, for ``schedsvc info`` ("CuPy 14.2.0, CUDA runtime 13020")."""
+        raise NotImplementedError
+
+    def device_count(self) -> int:
+        """How many devices there are (raises ``CUDARuntimeError`` without a driver)."""
+        raise NotImplementedError
+
+    def device_name(self, device: int) -> str:
+        """The device's name ("NVIDIA H100 80GB HBM3", "simulated device 0")."""
+        raise NotImplementedError
+
+    def device_memory(self, device: int) -> int:
+        """Total bytes of device memory."""
+        raise NotImplementedError
+
+    def use_device(self, device: int) -> None:
+        """Make ``device`` current on this thread (every launching and watching thread calls it)."""
+        raise NotImplementedError
+
+    def launching_thread(self) -> None:
+        """This thread launches work: it must never wait for the device (the simulator can forbid and
+        counts its host syncs; CuPy: nothing)."""
+
+    def device_of(self, array: Any) -> int:
+        """The device a device array lives on."""
+        return int(array.device.id)
+
+    # -- streams and events ------------------------------------------------------
+
+    def stream(self, device: int) -> Any:
+        """A new non-blocking stream on ``device``."""
+        raise NotImplementedError
+
+    def event(self) -> Any:
+        """A new ``Event(block=True, disable_timing=True)``: a waiter sleeps, it does not spin."""
+        raise NotImplementedError
+
+    def current_stream(self) -> Any:
+        """This thread's current stream."""
+        raise NotImplementedError
+
+    # -- memory and copies -------------------------------------------------------
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A device array on the current device, allocated from the pool on the current stream."""
+        return self.xp.empty(shape, dtype)
+
+    def empty_pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
+        """A NumPy array in pinned (page-locked) host memory: copies from or to it are asynchronous."""
+        raise NotImplementedError
+
+    def h2d(self, dst: Any, src: np.ndarray[Any, Any], stream: Any) -> None:
+        """Enqueue the copy of pinned ``src`` into device array ``dst`` on ``stream``; it reads ``src``
+        when it runs (keep ``src`` alive and unwritten until an event after it passed)."""
+        dst.set(src, stream=stream)
+
+    def d2h(self, src: Any, dst: np.ndarray[Any, Any], stream: Any) -> None:
+        """Enqueue the copy of device array ``src`` into pinned ``dst`` on ``stream`` (asynchronous:
+        ``dst`` holds it once an event after it passed)."""
+        src.get(out=dst, blocking=False, stream=stream)
+
+    def copy(self, src: Any) -> Any:
+        """A copy of ``src`` on the current device and stream (across devices: a peer copy; the
+        source must be complete)."""
+        return self.xp.array(src, copy=True)
+
+    def buffer_key(self, array: Any) -> tuple[int, int]:
+        """(key, nbytes) of the allocation ``array`` lives in: the same for every view of it."""
+        owner = array
+        while owner.base is not None:
+            owner = owner.base
+        return owner.data.ptr, owner.nbytes
+
+    def set_pool_limit(self, device: int, nbytes: int | None) -> None:
+        """Cap ``device``'s memory pool (``None``: no cap beyond the device)."""
+        raise NotImplementedError
+
+    def pool_used(self, device: int) -> int:
+        """Bytes of ``device``'s pool in use by live arrays."""
+        raise NotImplementedError
+
+    def free_cached(self, device: int) -> None:
+        """Give ``device``'s cached free blocks back (a host sync: never on a launching thread)."""
+        raise NotImplementedError
+
+    # -- capture -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def capturing(self, stream: Any) -> Iterator[list[Any]]:
+        """Capture the work enqueued on ``stream`` in the block; the list then holds the ``Graph``."""
+        out: list[Any] = []
+        stream.begin_capture()
+        try:
+            yield out
+        finally:
+            out.append(stream.end_capture())
+
+
+def load(simulated: bool) -> CudaApi:
+    """The process's binding: the simulator's, or CuPy's (raises ImportError without CuPy)."""
+    if simulated:
+        from .cudasim import api as sim_api
+
+        return sim_api()
+    from ._cupy import api as cupy_api
+
+    return cupy_api()
+
+
+#: a callable run on a driver thread by ``launch_host_func``
+HostFunc = Callable[[Any], None]
