@@ -103,6 +103,7 @@ class Scheduler:
     # slots: more than 30 instance attributes would leave the shared-key dict and slow every access
     __slots__ = (
         "_admission",
+        "_ahead",
         "_barriers",
         "_behind",
         "_behind_of",
@@ -199,6 +200,7 @@ class Scheduler:
         # asynchronous devices: edges passed at a parent's launch, held until it completes
         self._behind: dict[Task, int] = {}  # task -> edges from launched, incomplete parents on its device
         self._behind_of: dict[Task, list[Task]] = {}  # launched task -> its dependents on its device
+        self._ahead: dict[Task, list[Task]] = {}  # task -> the launched parents it may launch behind
         self._held: dict[Task, tuple[Any, BaseException | None]] = {}  # completed before those parents
         self._doomed: dict[Task, Task] = {}  # running/launched task -> its input whose result failed
         #: while a timeline is recorded: every edge made, as (parent seq, child seq)
@@ -369,11 +371,18 @@ class Scheduler:
         if behind:
             rest = [child for child in dependents if child.device != device]  # type: ignore[union-attr]
             task.dependents = rest or None
+            ahead = self._ahead
             for child in behind:
                 self._behind[child] = self._behind.get(child, 0) + 1
+                ahead.setdefault(child, []).append(task)
                 child.n_waiting -= 1
                 if child.n_waiting == 0 and child.state == "waiting":
                     self._ready_behind(child)
+
+    def ahead(self, task: Task) -> list[Task]:
+        """The launched parents (on its device, not complete) that ``task`` was made ready behind: its
+        executor orders its work after theirs on the device.  (A query, not an event.)"""
+        return self._ahead.get(task, [])
 
     def complete(self, task: Task, value: Any = None, error: BaseException | None = None) -> None:
         """A launched task's result is visible to the host (launched -> done | failed).
@@ -623,6 +632,7 @@ class Scheduler:
         if parent.state == "launched" and parent.device == child.device:
             self._behind_of[parent].append(child)  # the child may launch behind it: no wait
             self._behind[child] = self._behind.get(child, 0) + 1
+            self._ahead.setdefault(child, []).append(parent)
         else:
             if parent.dependents is None:
                 parent.dependents = [child]
@@ -850,8 +860,10 @@ class Scheduler:
                 left = behind[child] - 1
                 if left:
                     behind[child] = left
+                    self._ahead[child].remove(task)
                     continue
                 del behind[child]
+                del self._ahead[child]
                 if child.n_waiting:
                     continue  # still waiting for others (or final, and released by them)
                 outcome = held.pop(child, None)
@@ -946,6 +958,7 @@ class Scheduler:
                 assert child in live and child.device == parent.device, (parent, child)
                 counts[child] = counts.get(child, 0) + 1
         assert counts == self._behind, (counts, self._behind)
+        assert {c: len(p) for c, p in self._ahead.items()} == self._behind, (self._ahead, self._behind)
         for task in self._held:
             assert task.state == "launched" and task in self._behind, task
         for task, parent in self._doomed.items():
