@@ -127,6 +127,9 @@ class Config(BaseSettings):
     """Bytes that unfinished tasks hold (array arguments once each, plus declared outputs)."""
     max_device_bytes: int | None = Field(default=None, ge=1)
     """Per-CUDA-device byte budget; None: no limit beyond the device's memory."""
+    cuda_simulator: bool = False
+    """Run ``cuda:N`` devices on the CUDA simulator: strict, asynchronous simulated streams, for
+    testing GPU pipelines where there is no GPU (``schedsvc.devices.cudasim``)."""
     inline_threshold_us: float = Field(default=20.0, ge=0.0, allow_inf_nan=False)
     """An awaited task of a kind known to take less than this runs in the awaiting
     coroutine, since handing it to a thread and back costs more; 0 turns this off."""

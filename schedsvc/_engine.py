@@ -476,7 +476,8 @@ def _task(
         raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
     if vet:  # (no iterator made per submission when no executor checks tasks)
         for executor in vet:
-            executor.check_task(fn, kwargs, writes)
+            if executor.name == device:
+                executor.check_task(fn, kwargs, writes)
     deps, buffers = scan(args, kwargs, reads, writes)
     # hot path: plain loops, no generator per submission
     tensors = False

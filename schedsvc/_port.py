@@ -92,7 +92,7 @@ class Port:
         if device is None:
             return self.default_device
         if device not in self.config.devices:
-            check_device(device)  # an unknown or unavailable device says so first
+            check_device(device, self.config)  # an unknown or unavailable device says so first
             raise DeviceError(
                 f"device {device!r} is not one of this engine's devices {self.config.devices}; "
                 f"add it with Config(devices=(..., {device!r}))"

@@ -41,6 +41,7 @@ from .._core import FINAL_STATES, Scheduler, Task
 from .._errors import FORKED, EngineClosed, SchedsvcError
 from .._timeline import Timeline
 from ._bridge import AsyncioBridge, fire, settle, unwatch, watch
+from ._copies import Copies
 from ._scan import register_buffer_types, substitute, substitute_args
 
 if TYPE_CHECKING:
@@ -93,6 +94,10 @@ class Runtime:
         self._pools: list[tuple[Executor, Any]] = []  # (executor, its ready queue), for collect()
         self.anywhere: set[str] = set()  # devices whose queued task any thread may run itself
         self.forwarding: dict[str, Executor] = {}  # executors told of tasks admitted waiting (admitted)
+        #: executors whose devices have memory of their own, which rewrite tasks at submission so their
+        #: arguments are copied in (and device values copied out for other devices' tasks): ``prepare``
+        self.preparers: dict[str, Executor] = {}
+        self.copies: Copies | None = None
         self.timeline: Timeline | None = None  # set while a trace is recorded (eng.trace)
         self.worker_threads: set[int] = set()  # idents of threads that run tasks
         self.loop_thread = threading.get_ident()
@@ -119,6 +124,9 @@ class Runtime:
             self.anywhere.add(name)
         if executor.forwards:
             self.forwarding[name] = executor
+        if executor.prepares:
+            self.preparers[name] = executor
+            self.copies = Copies()
         if not executor.local:
             self.remote = True
             self.inline_threshold_s = 0.0  # no task runs in this process: none runs inline
@@ -231,6 +239,8 @@ class Runtime:
         with self.lock:
             if self.closed and not task.nested:
                 raise self.refusal()
+            if self.preparers:
+                self._prepare(task)
             stage = tid == self.loop_thread and self.stage_next(priority)
             admitted = self.core.submit(task, task.nested, stage) or self._use_reserved(task, tid, stage)
             if not admitted:
@@ -246,6 +256,8 @@ class Runtime:
         with self.lock:
             if self.closed:
                 raise self.refusal()
+            if self.preparers:
+                self._prepare(task)
             stage = tid == self.loop_thread and self.stage_next(priority)
             if not self.core.submit(task, task.nested, stage) and not self._use_reserved(task, tid, stage):
                 token = self.bridge.token()
@@ -270,6 +282,8 @@ class Runtime:
         with self.lock:
             if self.closed and not task.nested:
                 raise self.refusal()
+            if self.preparers:
+                self._prepare(task)
             stage = tid == self.loop_thread and self.stage_next(0)
             core = self.core
             if not limits:
@@ -291,6 +305,41 @@ class Runtime:
         if after is not None:
             after()
         return admitted
+
+    def _prepare(self, task: Task) -> None:
+        """With the lock held, before ``task`` is admitted, on an engine with devices of their own memory:
+        its device's executor moves host arguments in as copy tasks; a task elsewhere taking such a
+        device's value gets a copy task out instead; a write drops the copies of what it writes."""
+        copies = self.copies
+        assert copies is not None
+        if task.buffers:
+            copies.written(task)
+        preparer = self.preparers.get(task.device)
+        if preparer is not None:
+            preparer.prepare(task, self._submit_copy, copies)
+            return
+        deps = task.deps
+        for dep in deps:
+            owner = self.preparers.get(dep.device)
+            if owner is not None and task.fn != owner.to_host:  # (a copy out is not copied out again)
+                break
+        else:
+            return
+        swapped: dict[Task, Task] = {}
+        for dep in deps:
+            owner = self.preparers.get(dep.device)
+            if owner is not None and dep not in swapped:
+                swapped[dep] = copy = owner.host_copy(dep, task)
+                self._submit_copy(copy)
+        task.args = _swap_tasks(task.args, swapped)
+        if task.kwargs:
+            task.kwargs = _swap_tasks(task.kwargs, swapped)
+        task.deps = tuple(swapped.get(d, d) for d in deps)
+
+    def _submit_copy(self, copy: Task) -> None:
+        """With the lock held: admit a copy task a submission needs, over the limits (it is part of
+        that submission, which is checked against them)."""
+        self.core.submit(copy, force=True)
 
     def admitted(self, task: Task) -> None:
         """``task`` was admitted waiting for parents: an executor that sends work ahead may send it."""
@@ -644,6 +693,11 @@ class Runtime:
         task.value = value  # what a dependent launched behind it receives; final at complete
         self.core.launch(task)
 
+    def ahead(self, task: Task) -> list[Task]:
+        """The launched parents on its device that a ready or running ``task`` launches behind."""
+        with self.lock:
+            return list(self.core.ahead(task))
+
     def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
         """A launched task's result is visible to the host (or its device reported ``error``)."""
         self.under_lock(self.core.complete, task, value, error)
@@ -854,6 +908,19 @@ def _cost_key(task: Task) -> tuple[Any, int]:
 def _without_foreign(items: list[tuple[str, Any]], bridge: AsyncioBridge) -> list[tuple[str, Any]]:
     """The instructions for the engine's loop: tokens of other loops are woken there directly."""
     return [item for item in items if item[0] == "resolve" or not bridge.foreign(item[1])]
+
+
+def _swap_tasks(obj: Any, swapped: dict[Task, Task]) -> Any:
+    """``obj`` with the tasks in ``swapped`` replaced (in lists, tuples and dicts too)."""
+    if isinstance(obj, Task):
+        return swapped.get(obj, obj)
+    if type(obj) is tuple:
+        return tuple(_swap_tasks(x, swapped) for x in obj)
+    if type(obj) is list:
+        return [_swap_tasks(x, swapped) for x in obj]
+    if type(obj) is dict:
+        return {k: _swap_tasks(v, swapped) for k, v in obj.items()}
+    return obj
 
 
 def _call_all(calls: list[Callable[[], None]]) -> None:

@@ -65,18 +65,19 @@ def executor_class(kind: str) -> type[Executor]:
     return found
 
 
-def check_device(name: str) -> None:
-    """Raise DeviceError unless ``name`` is a device this install can run."""
+def check_device(name: str, config: Config | None = None) -> None:
+    """Raise DeviceError unless ``name`` is a device this install can run (under ``config``: the CUDA
+    simulator runs any ``cuda:N``)."""
     if not isinstance(name, str) or not is_device_name(name):
         raise unknown_device(name)
-    executor_class(name.partition(":")[0]).check_device(name)
+    executor_class(name.partition(":")[0]).check_device(name, config)
 
 
 def executor_for(name: str, config: Config, check: bool = True) -> type[Executor]:
     """The executor class that runs device ``name``'s tasks under ``config`` (imported now);
     ``check``: raise DeviceError unless this machine can run the device (``check_device``)."""
     if check:
-        check_device(name)
+        check_device(name, config)
     kind = name.partition(":")[0]
     if BACKENDS.get(config.backend) == kind:
         kind = config.backend  # the backend runs this device's tasks (Dask: the "cpu" device's)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .._config import Config
     from .._core import Task
     from .._runtime import Runtime
+    from .._runtime._copies import Copies
 
 __all__ = ["Executor", "Keyer"]
 
@@ -67,7 +68,7 @@ class Executor:
     own_memory: ClassVar[bool] = False
     #: argument types it understands as memory, beyond NumPy arrays and the buffer protocol
     #: (which every engine scans), with how to key them
-    buffer_types: ClassVar[Mapping[type, Keyer]] = {}
+    buffer_types: Mapping[type, Keyer] = {}
 
     def __init__(self, rt: Runtime, name: str) -> None:
         self.rt = rt
@@ -88,7 +89,7 @@ class Executor:
         raise NotImplementedError
 
     @classmethod
-    def check_device(cls, name: str) -> None:
+    def check_device(cls, name: str, config: Config | None = None) -> None:
         """Raise ``DeviceError`` unless this machine can run device ``name`` of this kind (its name is
         well formed already: ``cpu``, or ``KIND:N``); say how to make it available."""
 
@@ -126,6 +127,22 @@ class Executor:
 
     #: does ``admitted`` do anything?  (Otherwise the engine does not call it per submission.)
     forwards: ClassVar[bool] = False
+
+    #: does it ``prepare`` tasks at submission (a device with memory of its own: host arguments are
+    #: copied in as tasks of their own, its values copied out for other devices' tasks)?
+    prepares: ClassVar[bool] = False
+
+    def prepare(self, task: Task, submit: Callable[[Task], None], copies: Copies) -> None:
+        """With the runtime's lock held, before ``task`` (of its device) is admitted: replace host
+        arguments with copy tasks, ``submit``ting each first (``copies`` finds one again)."""
+
+    def to_host(self, value: Any) -> Any:
+        """Run on a host thread: ``value`` (of its device) copied to host memory."""
+        return value
+
+    def host_copy(self, parent: Task, task: Task) -> Task:
+        """A task on ``task``'s device that copies ``parent``'s value (on this device) to the host."""
+        raise NotImplementedError
 
     #: tasks it runs at once (threads, streams, a cluster's threads when the engine started)
     concurrency: int = 1

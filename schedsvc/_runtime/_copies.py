@@ -1,0 +1,45 @@
+"""Host-to-device copy tasks, found again for the same buffer version while one is in flight."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .._core import Task
+
+__all__ = ["Copies"]
+
+
+class Copies:
+    """Host-to-device copy tasks shared by the tasks in flight that read one buffer version.
+
+    A copy is found again while it is alive (a pending task still takes it) and its host array is
+    the same object; any write the engine sees to that memory (a task's ``out=``/``writes=``, a
+    Tensor op) drops it, so a later reader copies the new version.
+    """
+
+    def __init__(self) -> None:
+        self.by_key: dict[int, dict[str, tuple[weakref.ref[Any], weakref.ref[Task]]]] = {}
+
+    def find(self, array: np.ndarray[Any, Any], device: str) -> Task | None:
+        entry = self.by_key.get(id(array), {}).get(device)
+        if entry is None:
+            return None
+        copy = entry[1]()
+        if entry[0]() is not array or copy is None or copy.state in ("failed", "cancelled"):
+            return None
+        return copy
+
+    def add(self, array: np.ndarray[Any, Any], device: str, copy: Task) -> None:
+        self.by_key.setdefault(id(array), {})[device] = (weakref.ref(array), weakref.ref(copy))
+
+    def written(self, task: Task) -> None:
+        by_key = self.by_key
+        for key, _, write in task.buffers:
+            if write:
+                by_key.pop(key, None)
+        if len(by_key) > 4096:  # forget entries whose copies are gone
+            for key in [k for k, v in by_key.items() if all(c() is None for _, c in v.values())]:
+                del by_key[key]
