@@ -382,6 +382,13 @@ class Tensor(ArrayOps, Future[Any]):
             raise last.error
         return value
 
+    def to(self, device: str) -> Tensor:
+        """This Tensor on ``device`` (``"cpu"``, ``"cuda:0"``): copied there by a task of its own, on the
+        device's copy streams; itself if it is there already.  ``await t.to("cpu")`` gives NumPy."""
+        from ._tracking import to
+
+        return to(self._port, self, device)
+
     def wait_to_read(self, timeout: float | None = None) -> Any:
         """Block this thread until the value (and every queued write to it) is there; return it."""
         last = self.owner._last_write
@@ -443,6 +450,8 @@ class Tensor(ArrayOps, Future[Any]):
         last = self.owner._last_write
         settled = last is None or last.state in FINAL_STATES
         if self.state == "done" and settled:
+            if not isinstance(self.value, np.ndarray):  # a device array: showing it would wait for the device
+                return f"{head}, done)"
             return f"{head},\n       {np.asarray(self.value)!r})"
         if self.state == "failed" and self.error is not None:
             return f"{head}, failed: {type(self.error).__name__})"
@@ -472,13 +481,14 @@ def _operand(obj: Any, op: Op) -> tuple[Any, Any, Port | None]:
     return array, (array.shape, array.dtype), None
 
 
-def concrete(port: Port, array: np.ndarray, device: str) -> Tensor:
-    """A Tensor that is already computed: ``array`` itself (no copy)."""
+def concrete(port: Port, array: Any, device: str, memory: tuple[int, int] | None = None) -> Tensor:
+    """A Tensor that is already computed: ``array`` itself (no copy); ``memory``: its (key, nbytes)
+    when it is not a NumPy array."""
     t = Tensor(port, None, (), None, device, 0, array.nbytes, (), (), "asarray", False)
     t.state = "done"
     t.value = array
     t.shape, t.dtype = array.shape, array.dtype
-    key, nbytes = buffer_of(array)
+    key, nbytes = buffer_of(array) if memory is None else memory
     t.memory = (key, nbytes, False)
     t._root = None
     t._last_write = None

@@ -25,7 +25,9 @@ from .._core import Buffer, Task
 from .._errors import QueueFull
 from .._future import Future
 from .._runtime import buffer_of
+from .._runtime._scan import _KEYERS
 from ..compile._state import ACTIVE, tracing
+from ..devices._transfer import to_device
 from ._ops import OPS, Op
 from ._tensor import Tensor, concrete
 
@@ -90,13 +92,49 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
         return obj if dtype is None or np.dtype(dtype) == obj.dtype else obj.astype(dtype)
     if isinstance(obj, Future):
         return _future_tensor(port, obj, dtype, shape, device)
-    array = np.asarray(obj, dtype=dtype)
     port.running()
+    rt = port.rt
+    assert rt is not None
+    keyer = _KEYERS.get(type(obj))
+    if keyer is not None:  # a device array (CuPy's, the simulator's): used as it is, on its device
+        if dtype is not None and np.dtype(dtype) != obj.dtype:
+            raise TypeError(
+                f"eng.asarray: a device array of dtype {obj.dtype} cannot become {np.dtype(dtype)} here; use t.astype()"
+            )
+        return _device_tensor(port, obj, device, keyer(obj))
+    array = np.asarray(obj, dtype=dtype)
+    if device in rt.preparers:  # a device with memory of its own: copied there by a task of its own
+        if shape is not None and tuple(shape) != array.shape:
+            raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
+        return queue_op(port, TO_DEVICE, [array], None, array.shape, array.dtype, None, None, device=device)
     if shape is not None and tuple(shape) != array.shape:
         raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
     tensor = concrete(port, array, device)
     port.tensors.adopt(tensor)
     return tensor
+
+
+def _device_tensor(port: Port, array: Any, device: str, memory: tuple[int, int]) -> Tensor:
+    """A done Tensor over a device array (no copy)."""
+    tensor = concrete(port, array, device, memory)
+    port.tensors.adopt(tensor)
+    return tensor
+
+
+def to(port: Port, tensor: Tensor, device: str) -> Tensor:
+    """``t.to(device)``: ``t`` copied to ``device`` by a task of its own (``t`` itself if it is there)."""
+    device = port.device(device)
+    if device == tensor.device:
+        return tensor
+    rt = port.rt
+    if rt is None:
+        raise port.refusal()
+    if device in rt.preparers:  # host -> device, or device -> device: the H2D copy task
+        op = TO_DEVICE
+    else:  # device -> host: the D2H copy, run on the host's side
+        source = rt.preparers.get(tensor.device)
+        op = TO_DEVICE if source is None else Op("to_host", source.to_host, TO_DEVICE.infer)
+    return queue_op(port, op, [tensor], None, tensor.shape, tensor.dtype, None, None, device=device)
 
 
 def create(port: Port, name: str, device: str | None, **attrs: Any) -> Tensor:
@@ -262,7 +300,7 @@ def shape_arg(shape: Any) -> tuple[int, ...]:
 
 def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
     """The value of a Future made a Tensor: it must have the shape and dtype declared for it."""
-    array = np.asarray(value)
+    array = value if type(value) in _KEYERS else np.asarray(value)  # a device array stays there
     if array.shape != shape or array.dtype != dtype:
         raise TypeError(
             f"eng.asarray(future, shape={shape}, dtype={dtype}): the future's value has "
@@ -272,3 +310,5 @@ def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
 
 
 _CHECKED = Op("asarray", _checked, lambda metas, attrs: (attrs["shape"], attrs["dtype"], False))
+#: a copy onto a device (``eng.asarray(a, device=...)``, ``t.to(device)``), launched on its H2D stream
+TO_DEVICE = Op("to_device", to_device, lambda metas, attrs: (metas[0][0], metas[0][1], False))

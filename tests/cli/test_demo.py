@@ -136,7 +136,7 @@ def test_gpu_found_but_engine_without_cuda_workers_is_skipped(monkeypatch: pytes
     async def not_built(cls: Any, rt: Any, name: str, config: Any) -> Any:
         raise ss.DeviceError(f"{name} is present, but this engine cannot run cuda tasks")
 
-    monkeypatch.setattr(cuda, "check", lambda index: None)
+    monkeypatch.setattr(cuda, "check", lambda index, simulated=False: None)
     monkeypatch.setattr(cuda.CudaExecutor, "open", classmethod(not_built))
     assert demo._skips() == {
         "cpu_gpu": "cuda:0 is present, but this engine cannot run cuda tasks",
