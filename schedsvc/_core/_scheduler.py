@@ -860,7 +860,8 @@ class Scheduler:
                 left = behind[child] - 1
                 if left:
                     behind[child] = left
-                    self._ahead[child].remove(task)
+                    ahead = self._ahead[child]  # (by identity: a Tensor's == is an operation)
+                    del ahead[next(i for i, t in enumerate(ahead) if t is task)]
                     continue
                 del behind[child]
                 del self._ahead[child]

@@ -518,6 +518,15 @@ def _swap(
             copies.add(obj, executor.name, copy)
         moved[id(obj)] = copy
         return copy
+    if isinstance(obj, executor.api.ndarray):
+        where = executor.api.device_of(obj)
+        if where != executor.index:
+            raise InvalidTask(
+                f"an argument lives on cuda:{where}, but the task runs on {executor.name}: device "
+                f"arrays are not moved between devices implicitly; pass a Tensor moved with "
+                f"t.to({executor.name!r}) or the result of a task on {executor.name}"
+            )
+        return obj
     if type(obj) is tuple or type(obj) is list:
         new = [_swap(x, executor, task, submit, copies, moved) for x in obj]
         if all(a is b for a, b in zip(new, obj, strict=True)):

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The one command for a GPU machine that reaches no package index: the CUDA conformance suite on CuPy,
+# every gpu-marked test, the CUDA executor's tests on real CuPy, and the demo.  Every output goes under
+# $OUT when it is set (else ./gpu-check-out).  Exit status: non-zero if any step failed.
+#
+# The machine needs Python >= 3.11 with CuPy, NumPy, anyio, pytest, hypothesis; the other dependencies
+# come as wheels from .whl/ (copied from ../shared/gpu-wheels/ next to the checkout) or that folder.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-check-out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+status=0
+
+step() {  # step NAME COMMAND...: run it, keep its output in $OUT/NAME.log, remember a failure
+    local name="$1"
+    shift
+    echo "== $name: $*" | tee -a "$OUT/summary.txt"
+    "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$OUT/$name.log"
+    echo "== $name: exit $rc" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+wheels=""
+for dir in .whl ../shared/gpu-wheels; do
+    if compgen -G "$dir/*.whl" >/dev/null; then wheels="$dir"; break; fi
+done
+if [ -n "$wheels" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$HOME/site" "$wheels"/*.whl || { echo "installing the wheels failed" >&2; exit 1; }
+    export PYTHONPATH="$HOME/site:$PWD"
+else
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+{
+    date -u
+    nvidia-smi 2>&1 | head -n 15
+    "$PY" -c 'import sys, numpy, cupy; print(sys.version); print("numpy", numpy.__version__); cupy.show_config()'
+} >"$OUT/environment.txt" 2>&1
+cat "$OUT/environment.txt"
+
+# the conformance suite (simulator and CuPy against the same expectations) and every gpu-marked test
+step gpu-tests "$PY" -m pytest -p no:cacheprovider -m gpu -rA -q tests
+# the CUDA executor's tests, on real CuPy instead of the simulator
+step executor-on-cupy env SCHEDSVC_TEST_CUDA=cupy "$PY" -m pytest -p no:cacheprovider -rA -q \
+    tests/devices/test_cuda_executor.py tests/devices/test_cuda_conformance.py
+step info "$PY" -m schedsvc.cli info
+step demo "$PY" -m schedsvc.cli demo --quick --json "$OUT/demo.json"
+cat "$OUT/summary.txt"
+exit "$status"
