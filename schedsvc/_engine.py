@@ -359,6 +359,7 @@ class Engine:
             queue_wait_p50_s=p50,
             queue_wait_p99_s=p99,
             worker_busy_s=MappingProxyType(rt.busy_seconds()),
+            stream_launches=MappingProxyType(rt.launches()),
             compile_traces=self._port.compile_counts.traces,
             compile_replays=self._port.compile_counts.replays,
         )

@@ -47,6 +47,7 @@ METRICS: dict[str, tuple[str, Kind, str]] = {
 QUEUE_WAIT = ("queue_wait_seconds", "Seconds from ready to started over recent tasks, by quantile.")
 QUANTILES = {"queue_wait_p50_s": "0.5", "queue_wait_p99_s": "0.99"}
 WORKER_BUSY = ("worker_busy_seconds", "Seconds each worker spent running tasks.")
+STREAM_LAUNCHES = ("stream_launches", "Tasks launched on each CUDA stream.")
 
 
 class PrometheusCollector:
@@ -112,6 +113,9 @@ def _families(labelled: bool) -> dict[str, Any]:
     families[WORKER_BUSY[0]] = CounterMetricFamily(
         PREFIX + WORKER_BUSY[0], WORKER_BUSY[1], labels=[*engine, "worker"]
     )
+    families[STREAM_LAUNCHES[0]] = CounterMetricFamily(
+        PREFIX + STREAM_LAUNCHES[0], STREAM_LAUNCHES[1], labels=[*engine, "stream"]
+    )
     return families
 
 
@@ -122,3 +126,5 @@ def _add(families: dict[str, Any], stats: Stats, engine: list[str]) -> None:
         families[QUEUE_WAIT[0]].add_metric([*engine, quantile], getattr(stats, field))
     for worker, seconds in stats.worker_busy_s.items():
         families[WORKER_BUSY[0]].add_metric([*engine, worker], seconds)
+    for stream, launches in stats.stream_launches.items():
+        families[STREAM_LAUNCHES[0]].add_metric([*engine, stream], launches)

@@ -38,6 +38,10 @@ class Stats:
     """Seconds each worker spent running tasks.  A worker adds its time when it ends a run of
     tasks (it takes the next one without stopping), so the figure trails a just-resolved future by
     microseconds; surplus stand-in threads that ended share the entry ``retired``."""
+    stream_launches: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Tasks launched on each CUDA stream (``cuda:0/s0``, ``cuda:0/h2d``...); their busy seconds, from
+    launch (or the stream's previous completion) to completion as the host saw it, are in
+    ``worker_busy_s``."""
     compile_traces: int = 0
     """Traces of compiled functions (one per new signature, and after an eviction)."""
     compile_replays: int = 0
@@ -53,6 +57,7 @@ class Stats:
         """The figures as a plain dict (``worker_busy_s`` a dict too), ready for ``json.dumps``."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["worker_busy_s"] = dict(self.worker_busy_s)
+        out["stream_launches"] = dict(self.stream_launches)
         return out
 
     def to_json(self, **dumps_options: Any) -> str:
@@ -64,6 +69,7 @@ class Stats:
         """A Stats from ``as_dict()`` output, or from ``json.loads(stats.to_json())``."""
         values = dict(figures)
         values["worker_busy_s"] = MappingProxyType(dict(values.get("worker_busy_s", {})))
+        values["stream_launches"] = MappingProxyType(dict(values.get("stream_launches", {})))
         return cls(**values)
 
 

@@ -76,10 +76,10 @@ async def test_as_dict_is_a_copy() -> None:
 
 
 def test_from_dict_without_worker_times() -> None:
-    figures = {name: 0 for name in STATS_FIELDS if name != "worker_busy_s"}
+    figures = {name: 0 for name in STATS_FIELDS if name not in ("worker_busy_s", "stream_launches")}
     stats = ss.Stats.from_dict(figures)
     assert dict(stats.worker_busy_s) == {}
-    assert json.loads(stats.to_json()) == {**figures, "worker_busy_s": {}}
+    assert json.loads(stats.to_json()) == {**figures, "worker_busy_s": {}, "stream_launches": {}}
 
 
 def test_str_is_one_figure_a_line_with_units() -> None:
@@ -90,6 +90,7 @@ def test_str_is_one_figure_a_line_with_units() -> None:
         "queue_wait_p50_s": 2.5e-5,
         "queue_wait_p99_s": 0.0042,
         "worker_busy_s": {"cpu-0": 1.5, "cpu-1": 0.0},
+        "stream_launches": {},
     }
     stats = ss.Stats.from_dict(figures)
     lines = str(stats).splitlines()
@@ -104,7 +105,7 @@ def test_str_is_one_figure_a_line_with_units() -> None:
 
 
 def test_from_dict_rejects_unknown_figures() -> None:
-    figures = {name: 0 for name in STATS_FIELDS} | {"worker_busy_s": {}, "bogus": 1}
+    figures = {name: 0 for name in STATS_FIELDS} | {"worker_busy_s": {}, "stream_launches": {}, "bogus": 1}
     with pytest.raises(TypeError, match="bogus"):
         ss.Stats.from_dict(figures)
 
@@ -174,7 +175,7 @@ async def test_exposition_matches_stats() -> None:
 
 def test_every_stats_field_is_exported() -> None:
     """A field added to Stats must be added to the exposition too."""
-    exported = set(_prometheus.METRICS) | set(_prometheus.QUANTILES) | {"worker_busy_s"}
+    exported = set(_prometheus.METRICS) | set(_prometheus.QUANTILES) | {"worker_busy_s", "stream_launches"}
     assert exported == set(STATS_FIELDS)
 
 

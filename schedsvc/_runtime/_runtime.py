@@ -875,6 +875,12 @@ class Runtime:
         self.worker_threads.add(ident)
         return True
 
+    def launches(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for device in self.devices.values():
+            found.update(device.launches())
+        return found
+
     def busy_seconds(self) -> dict[str, float]:
         busy: dict[str, float] = {}
         for device in self.devices.values():

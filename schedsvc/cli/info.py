@@ -113,6 +113,21 @@ def collect(config: Config, config_file: str | None = None) -> dict[str, Any]:
 
 def _devices(config: Config) -> list[dict[str, Any]]:
     cpu = {"name": "cpu", "available": True, "detail": f"{config.cpu_workers} worker threads"}
+    if config.cuda_simulator:  # cuda:N run on the simulator: the devices named are the ones there are
+        simulated = [
+            {
+                "name": name,
+                "available": True,
+                "detail": f"simulated by the CUDA simulator (no GPU used); {config.streams_per_device} "
+                "compute streams + H2D + D2H",
+            }
+            for name in config.devices
+            if name.startswith("cuda:")
+        ]
+        found = [cpu, *simulated]
+        for device in found:
+            device["in_config"] = device["name"] in config.devices
+        return found
     found = [cpu, *_cuda_devices()]
     names = {d["name"] for d in found}
     missing = [_probe(name) for name in config.devices if name not in names]  # configured, not found: why

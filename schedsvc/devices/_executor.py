@@ -173,3 +173,7 @@ class Executor:
     def busy_seconds(self) -> dict[str, float]:
         """Seconds spent running tasks, per worker track (thread, stream, remote worker)."""
         return {}
+
+    def launches(self) -> dict[str, int]:
+        """Tasks launched per stream (an asynchronous device's)."""
+        return {}

@@ -250,13 +250,8 @@ class CudaExecutor(Executor):
     def busy_seconds(self) -> dict[str, float]:
         return {track.name: track.busy for track in self.tracks}
 
-    def stream_stats(self) -> dict[str, dict[str, float]]:
-        """Per stream: launches, busy seconds (from launch or the previous completion to completion,
-        as the host saw it), tasks in flight."""
-        return {
-            t.name: {"launches": t.launches, "busy_s": t.busy, "in_flight": t.in_flight()}
-            for t in self.tracks
-        }
+    def launches(self) -> dict[str, int]:
+        return {track.name: track.launches for track in self.tracks}
 
     # -- launching -----------------------------------------------------------------
 
