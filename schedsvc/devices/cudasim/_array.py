@@ -685,7 +685,11 @@ def _scatter(array: ndarray, key: Any, value: Any) -> None:
         dummy_key, real_key, indices = _index_parts(key)
         target_shape = _dummy(array)[dummy_key].shape
     value_shape = value.shape if isinstance(value, ndarray) else np.shape(value)
-    if np.broadcast_shapes(value_shape, target_shape) != tuple(target_shape):
+    try:
+        fits = np.broadcast_shapes(value_shape, target_shape) == tuple(target_shape)
+    except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(
             f"could not broadcast input array from shape {value_shape} into shape {target_shape}"
         )

@@ -270,8 +270,8 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None, out: ndarray | None = Non
     return _generic(np.clip, (_require(a), a_min, a_max), {})
 
 
-def reshape(a: Any, newshape: Any, order: str = "C") -> ndarray:
-    result: ndarray = _require(a).reshape(newshape, order=order)
+def reshape(a: Any, shape: Any = None, order: str = "C", *, newshape: Any = None) -> ndarray:
+    result: ndarray = _require(a).reshape(shape if newshape is None else newshape, order=order)
     return result
 
 
