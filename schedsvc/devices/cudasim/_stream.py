@@ -412,7 +412,10 @@ class Event:
         last = self._last
         if last is None:
             return True
-        return last[0].passed and not last[0].failed()
+        if last[0].passed and not last[0].failed():
+            simulator().observe(last[1])  # the host saw it complete: later work is ordered after it
+            return True
+        return False
 
     def synchronize(self) -> None:
         """Block (without spinning) until the record current at call time passed (a host sync)."""
