@@ -429,12 +429,17 @@ class CudaExecutor(Executor):
             array: Any = value
             api.use_device(self.index)
             pinned = api.empty_pinned(array.shape, array.dtype)
-            stream = self.d2h.stream
+            track = self.d2h
+            stream = track.stream
+            t0 = time.perf_counter()
             with stream:
                 api.d2h(array, pinned, stream)
                 event = api.event()
                 event.record(stream)
-            event.synchronize()
+            event.synchronize()  # (a CPU thread: it may wait; launching threads never do)
+            with track.more:
+                track.launches += 1
+                track.busy += time.perf_counter() - t0
             return pinned
         if isinstance(value, list):
             return [self.to_host(x) for x in value]
