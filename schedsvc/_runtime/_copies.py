@@ -9,7 +9,16 @@ import numpy as np
 
 from .._core import Task
 
-__all__ = ["Copies"]
+__all__ = ["Copies", "CopyTask"]
+
+
+class CopyTask(Task):
+    """A copy between host and device memory that a submission needed (a task the engine made)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_IN_FLIGHT = frozenset({"waiting", "ready", "running", "launched"})
 
 
 class Copies:
@@ -24,15 +33,17 @@ class Copies:
         self.by_key: dict[int, dict[str, tuple[weakref.ref[Any], weakref.ref[Task]]]] = {}
 
     def find(self, array: np.ndarray[Any, Any], device: str) -> Task | None:
+        """The copy of ``array`` to ``device`` still in flight, if any: once a copy has completed, the
+        host may have written the array (without the engine seeing it), so a later reader copies again."""
         entry = self.by_key.get(id(array), {}).get(device)
         if entry is None:
             return None
         copy = entry[1]()
-        if entry[0]() is not array or copy is None or copy.state in ("failed", "cancelled"):
+        if entry[0]() is not array or copy is None or copy.state not in _IN_FLIGHT:
             return None
         return copy
 
-    def add(self, array: np.ndarray[Any, Any], device: str, copy: Task) -> None:
+    def add(self, array: np.ndarray[Any, Any], device: str, copy: CopyTask) -> None:
         self.by_key.setdefault(id(array), {})[device] = (weakref.ref(array), weakref.ref(copy))
 
     def written(self, task: Task) -> None:

@@ -41,7 +41,7 @@ import numpy as np
 
 from .._errors import DeviceError, InvalidTask, MemoryLimitError
 from .._runtime import Runtime, Task
-from .._runtime._copies import Copies
+from .._runtime._copies import Copies, CopyTask
 from .._runtime._scan import substitute, substitute_args
 from ._cudaapi import CudaApi, load
 from ._executor import Executor
@@ -92,12 +92,24 @@ def check(index: int, simulated: bool = False) -> None:
         raise DeviceError(f"cuda:{index} does not exist: this machine has {count} CUDA device(s)")
 
 
+_OOM_WAIT_S = 30.0  # the longest an allocation that failed waits for the device's work in flight
+
+
+class _OutOfMemory(Exception):
+    """A launch ran out of device memory (``error``) on ``track``: retried there once."""
+
+    def __init__(self, error: BaseException, track: Track) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.track = track
+
+
 class Flight:
     """A task launched on a stream, until its event passed: what it holds alive meanwhile."""
 
     __slots__ = ("event", "held", "t0", "task", "track", "value")
 
-    def __init__(self, task: Task, track: Track, event: Any, value: Any, held: Any, t0: float) -> None:
+    def __init__(self, task: Task | None, track: Track, event: Any, value: Any, held: Any, t0: float) -> None:
         self.task = task
         self.track = track
         self.event = event
@@ -157,6 +169,7 @@ class Track:
                     done.extend(flights)
                     flights.clear()
             executor.completed(self, done, error)
+            del head, done  # holds nothing while it sleeps: a result lives as long as its users keep it
 
 
 class CudaExecutor(Executor):
@@ -269,27 +282,29 @@ class CudaExecutor(Executor):
             if not isinstance(task, Task):  # False: the engine is closing
                 return
             self._launch_task(task)
-            del task
+            del task  # (parked with no reference: a result lives as long as its users keep it)
 
     def _launch_task(self, task: Task) -> None:
-        """Launch ``task``; one allocation failure waits for work in flight to complete and retries."""
-        seen = self.completed_count
+        """Launch ``task``.  If the device is out of memory, wait for the work in flight on it to
+        complete (freeing what it held), then retry once on the same stream -- unless the task writes
+        memory in place (its first try may have), then it fails -- and then fail it."""
         try:
-            self._launch(task)
+            self._launch(task, None)
             return
-        except self.api.OutOfMemoryError:
-            pass
+        except _OutOfMemory as oom:
+            first = oom
         except BaseException as exc:
             self._failed(task, exc)
             return
-        # out of device memory: wait for a completion (frees what it held), then once more
+        if any(b[2] for b in task.buffers):  # re-running it could apply its in-place writes twice
+            self._failed(task, self._memory_error(task, first.error, retried=False))
+            return
         with self.completions:
-            if self.flying:
-                self.completions.wait_for(lambda: self.completed_count != seen or not self.flying, 30.0)
+            self.completions.wait_for(lambda: not self.flying, _OOM_WAIT_S)
         try:
-            self._launch(task)
-        except self.api.OutOfMemoryError as exc:
-            self._failed(task, self._memory_error(task, exc))
+            self._launch(task, first.track)
+        except _OutOfMemory as oom:
+            self._failed(task, self._memory_error(task, oom.error, retried=True))
         except BaseException as exc:
             self._failed(task, exc)
 
@@ -298,12 +313,17 @@ class CudaExecutor(Executor):
             exc.__traceback__ = exc.__traceback__.tb_next
         self.rt.finish(task, None, exc)
 
-    def _memory_error(self, task: Task, exc: BaseException) -> MemoryLimitError:
+    def _memory_error(self, task: Task, exc: BaseException, retried: bool) -> MemoryLimitError:
         used = self.api.pool_used(self.index)
+        when = (
+            "even after the work in flight on it completed"
+            if retried
+            else "(not retried: it writes memory in place, and its first try may have)"
+        )
         error = MemoryLimitError(
-            f"{task.label} on {self.name} could not allocate device memory, even after the work in "
-            f"flight completed: {exc} ({used:,} bytes in use by live arrays). Lower max_pending or "
-            "the batch size, free device arrays you keep, or raise max_device_bytes"
+            f"{task.label} on {self.name} could not allocate device memory {when}: {exc} ({used:,} "
+            "bytes in use by live arrays). Lower max_pending or the batch size, free device arrays "
+            "you keep, or raise max_device_bytes"
         )
         error.__cause__ = exc
         return error
@@ -322,12 +342,14 @@ class CudaExecutor(Executor):
                 best = track
         return best
 
-    def _launch(self, task: Task) -> None:
+    def _launch(self, task: Task, track: Track | None) -> None:
+        """Enqueue ``task`` (on ``track``, or the stream ``_pick`` chooses) and report it launched."""
         api = self.api
         t0 = time.perf_counter()
         flying = self.flying
         parents = [f for d in self.rt.ahead(task) if (f := flying.get(d)) is not None]
-        track = self._pick(task, parents)
+        if track is None:
+            track = self._pick(task, parents)
         stream = track.stream
         for flight in parents:
             if flight.track is not track:
@@ -335,19 +357,28 @@ class CudaExecutor(Executor):
         args = substitute_args(task.args) if task.deps else list(task.args)
         kwargs = substitute(task.kwargs) if task.kwargs else {}
         staged: list[Any] = []
-        if self._foreign(args) or self._foreign(kwargs):
-            args = self._onto_device(args, stream, track, staged)
-            kwargs = self._onto_device(kwargs, stream, track, staged)
         fn = task.fn
-        with stream:
-            if fn is to_device:
-                value = args[0]  # (copied in by _onto_device)
-            else:
-                with contextlib.suppress(TypeError):  # an unhashable callable is not NumPy's
-                    fn = self.translate.get(fn, fn)
-                value = fn(*args, **kwargs)
-            event = self.events.pop() if self.events else api.event()
-            event.record(stream)
+        try:
+            if self._foreign(args) or self._foreign(kwargs):
+                args = self._onto_device(args, stream, track, staged)
+                kwargs = self._onto_device(kwargs, stream, track, staged)
+            with stream:
+                if fn is to_device:
+                    value = args[0]  # (copied in by _onto_device)
+                else:
+                    with contextlib.suppress(TypeError):  # an unhashable callable is not NumPy's
+                        fn = self.translate.get(fn, fn)
+                    value = fn(*args, **kwargs)
+                event = self.events.pop() if self.events else api.event()
+                event.record(stream)
+        except BaseException as exc:
+            if staged or args or kwargs:  # copies may be queued: what they read lives until they passed
+                keep = api.event()
+                keep.record(stream)
+                track.push(Flight(None, track, keep, None, (args, kwargs, staged), t0))
+            if isinstance(exc, api.OutOfMemoryError):
+                raise _OutOfMemory(exc, track) from exc
+            raise
         flight = Flight(task, track, event, value, (args, kwargs, staged), t0)
         flying[task] = flight
         self.rt.launched(task, value)
@@ -406,15 +437,18 @@ class CudaExecutor(Executor):
             track.busy += now - start
             track.last_end = now
             task = flight.task
-            if timeline is not None:
+            if timeline is not None and task is not None:
                 timeline.span(task, start, now, error)
+            if task is None:  # a failed launch's staging, kept until its copies passed
+                flight.held = None
+                continue
             self.flying.pop(task, None)
             if error is None:
                 self.events.append(flight.event)
                 rt.complete(task, flight.value)
             else:
                 rt.complete(task, None, error)
-            flight.held = flight.value = None  # let go of what the task touched: its event passed
+            flight.held = flight.value = flight.task = None  # let go of what it touched: its event passed
         with self.completions:
             self.completed_count += 1
             self.completions.notify_all()
@@ -465,16 +499,16 @@ class CudaExecutor(Executor):
         # the host memory is read by the copies now, not by the task: a later host write waits for them
         task.buffers = tuple(b for b in task.buffers if b[0] not in moved or b[2])
 
-    def host_copy(self, parent: Task, task: Task) -> Task:
+    def host_copy(self, parent: Task, task: Task) -> CopyTask:
         """A CPU task (on ``task``'s device) copying ``parent``'s device value back to the host."""
-        return Task(
+        return CopyTask(
             self.to_host, (parent,), None, task.device, task.priority, 0, (), (parent,), "d2h", task.nested
         )
 
-    def copy_task(self, array: np.ndarray[Any, Any], task: Task) -> Task:
+    def copy_task(self, array: np.ndarray[Any, Any], task: Task) -> CopyTask:
         """A new H2D copy task of ``array`` for ``task``."""
         nbytes = array.nbytes
-        return Task(
+        return CopyTask(
             to_device,
             (array,),
             None,
