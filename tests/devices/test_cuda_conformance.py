@@ -13,6 +13,8 @@ at a time: host callbacks may share one driver thread.
 from __future__ import annotations
 
 import contextlib
+import gc
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -357,7 +359,9 @@ def test_a_cuda_call_in_a_host_callback_raises_status_800(api: CudaApi) -> None:
     assert synced(recorded(api, s))
     [error] = caught
     assert isinstance(error, api.CUDARuntimeError)
+    assert isinstance(error, RuntimeError)
     assert getattr(error, "status", None) == 800
+    assert str(error).startswith("cudaErrorNotPermitted: ")
 
 
 def test_a_host_callback_exception_is_lost_and_the_stream_goes_on(api: CudaApi) -> None:
@@ -380,14 +384,22 @@ def test_a_host_callback_exception_is_lost_and_the_stream_goes_on(api: CudaApi) 
 
 def test_allocating_over_the_pool_limit_raises_out_of_memory(api: CudaApi) -> None:
     """Over the limit: ``OutOfMemoryError``, a ``MemoryError``, "Out of memory allocating ..."."""
-    api.set_pool_limit(0, api.pool_used(0) + 64 * MiB)
+    gc.collect()  # no garbage array freed behind the test's back
+    limit = api.pool_used(0) + 64 * MiB
+    api.set_pool_limit(0, limit)
     with pytest.raises(api.OutOfMemoryError, match=r"^Out of memory allocating ") as info:
         api.empty((128 * MiB,), np.uint8)
     assert isinstance(info.value, MemoryError)
+    assert re.fullmatch(
+        rf"Out of memory allocating 134,217,728 bytes \(allocated so far: [\d,]+ bytes, "
+        rf"limit set to: {limit:,} bytes\)\.",
+        str(info.value),
+    )
 
 
 def test_cached_blocks_are_freed_and_the_allocation_retried_under_the_limit(api: CudaApi) -> None:
     """A freed block stays cached; an allocation it would push over the limit frees it and succeeds."""
+    gc.collect()  # CuPy's retry collects garbage: none may be left to change pool_used
     base = api.pool_used(0)
     api.set_pool_limit(0, base + 64 * MiB)
     first = api.empty((40 * MiB,), np.uint8)
@@ -397,6 +409,22 @@ def test_cached_blocks_are_freed_and_the_allocation_retried_under_the_limit(api:
     second = api.empty((48 * MiB,), np.uint8)
     assert second.nbytes == 48 * MiB
     assert api.pool_used(0) == base + 48 * MiB
+
+
+def test_a_freed_block_is_reused_at_once_on_its_own_streams_arena_only(api: CudaApi) -> None:
+    """One arena per stream: a freed block goes to the stream it was allocated on; an allocation of
+    its size on another stream does not get it, the next one on that stream does."""
+    s1, s2 = api.stream(0), api.stream(0)
+    with s1:
+        freed = api.xp.empty((4 * MiB,), dtype=np.uint8)
+    address = freed.data.ptr
+    del freed
+    with s2:
+        elsewhere = api.xp.empty((4 * MiB,), dtype=np.uint8)
+    with s1:
+        again = api.xp.empty((4 * MiB,), dtype=np.uint8)
+    assert elsewhere.data.ptr != address
+    assert again.data.ptr == address
 
 
 # -- graph capture -------------------------------------------------------------------
@@ -417,6 +445,40 @@ def test_captured_work_runs_only_when_the_graph_is_launched(api: CudaApi) -> Non
     assert fetch(api, a, s)[0] == 3.0
 
 
+def test_host_callbacks_of_a_graph_run_on_each_replay_only(api: CudaApi) -> None:
+    """A callback captured in a graph does not run at capture, and runs once per ``launch``."""
+    s = api.stream(0)
+    calls: list[object] = []
+    with s, api.capturing(s) as captured:
+        s.launch_host_func(calls.append, 7)
+    [graph] = captured
+    assert synced(recorded(api, s))
+    assert calls == []
+    for _ in range(3):
+        graph.launch(s)
+    assert synced(recorded(api, s))
+    assert calls == [7, 7, 7]
+
+
+def test_reading_a_device_array_during_capture_raises_and_keeps_the_capture(api: CudaApi) -> None:
+    """``get()``/``item()`` on the capturing stream raise CuPy's RuntimeError; the capture stays valid,
+    and syncing another stream is allowed."""
+    s, other = api.stream(0), api.stream(0)
+    with s:
+        a = api.xp.zeros((1,), dtype=np.float32)
+    assert synced(recorded(api, s))
+    with s, api.capturing(s) as captured:
+        a += 1
+        with pytest.raises(RuntimeError, match="capturing"):
+            a.get()
+        with pytest.raises(RuntimeError, match="capturing"):
+            a.item()
+        other.synchronize()
+    [graph] = captured
+    graph.launch(s)
+    assert fetch(api, a, s)[0] == 1.0
+
+
 def test_synchronizing_the_capturing_stream_raises_900_then_end_capture_901(api: CudaApi) -> None:
     """A sync of the capturing stream fails (900) and invalidates the capture (901); the stream
     works afterwards."""
@@ -432,10 +494,12 @@ def test_synchronizing_the_capturing_stream_raises_900_then_end_capture_901(api:
             with pytest.raises(api.CUDARuntimeError) as sync_error:
                 s.synchronize()
             assert getattr(sync_error.value, "status", None) == 900
+            assert str(sync_error.value).startswith("cudaErrorStreamCaptureUnsupported: ")
             ended = True
             with pytest.raises(api.CUDARuntimeError) as end_error:
                 s.end_capture()
             assert getattr(end_error.value, "status", None) == 901
+            assert str(end_error.value).startswith("cudaErrorStreamCaptureInvalidated: ")
     finally:
         if not ended:
             with contextlib.suppress(Exception):
@@ -581,5 +645,11 @@ def test_the_binding_describes_its_devices(api: CudaApi) -> None:
     assert api.device_memory(0) > 0
     assert api.device_of(api.xp.zeros((2,), dtype=np.float32)) == 0
     s = api.stream(0)
+    elsewhere: list[bool] = []
     with s:
         assert api.current_stream() == s
+        seen = threading.Thread(target=lambda: elsewhere.append(api.current_stream() == s))
+        seen.start()
+        seen.join(WAIT_S)
+    assert elsewhere == [False]  # the current stream is per host thread
+    assert api.current_stream() != s
