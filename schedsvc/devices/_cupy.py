@@ -41,7 +41,7 @@ class CupyApi(CudaApi):
     # -- devices -----------------------------------------------------------------
 
     def version(self) -> str:
-        """"CuPy 14.2.0, CUDA runtime 13020"."""
+        """What runs the devices: "CuPy 14.2.0, CUDA runtime 13020"."""
         return f"CuPy {cupy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}"
 
     def device_count(self) -> int:
