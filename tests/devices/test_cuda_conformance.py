@@ -239,6 +239,40 @@ def test_event_synchronize_waits_for_the_record(api: CudaApi) -> None:
     np.testing.assert_array_equal(fetch(api, a, s), np.full(4, 5.0, np.float32))
 
 
+def test_stream_synchronize_waits_for_the_streams_work(api: CudaApi) -> None:
+    """``Stream.synchronize`` returns only once the stream's work before the call ran."""
+    s = api.stream(0)
+    with hold(s) as held:
+        waiting = _synchronizing(s)
+        assert held.entered.wait(WAIT_S)
+        assert not waiting.wait(0.2)
+    assert waiting.wait(WAIT_S)
+
+
+def _synchronizing(stream: Any) -> threading.Event:
+    """Set once ``stream.synchronize()``, called on a helper thread, returned."""
+    returned = threading.Event()
+
+    def wait() -> None:
+        stream.synchronize()
+        returned.set()
+
+    threading.Thread(target=wait, name="conformance-sync", daemon=True).start()
+    return returned
+
+
+def test_record_without_a_stream_records_on_the_current_stream(api: CudaApi) -> None:
+    """``event.record()`` inside ``with s:`` marks s's work so far."""
+    s = api.stream(0)
+    e = api.event()
+    with hold(s) as held:
+        with s:
+            e.record()
+        assert held.entered.wait(WAIT_S)
+        assert not e.done
+    assert synced(e)
+
+
 # -- no host view; host reads ---------------------------------------------------------
 
 
@@ -274,6 +308,22 @@ def test_get_item_and_float_return_the_value(api: CudaApi) -> None:
     assert float(a[3]) == 6.0
     assert a.sum().item() == 12.0
     assert bool(a[1])
+
+
+def test_host_reads_wait_for_the_current_stream(api: CudaApi) -> None:
+    """``get()``, ``item()``, ``float()`` and ``asnumpy`` inside ``with s:`` see s's kernels."""
+    s = api.stream(0)
+    with s:
+        a = api.xp.zeros((2,), dtype=np.float32)
+        a += 5
+        assert a.get().tolist() == [5.0, 5.0]
+        a *= 2
+        assert a[0].item() == 10.0
+        a -= 1
+        assert float(a[1]) == 9.0
+        a += 1
+        assert api.xp.asnumpy(a).tolist() == [10.0, 10.0]
+    assert a.get(stream=s).tolist() == [10.0, 10.0]
 
 
 # -- copies through pinned memory -------------------------------------------------------
@@ -409,6 +459,8 @@ def test_cached_blocks_are_freed_and_the_allocation_retried_under_the_limit(api:
     second = api.empty((48 * MiB,), np.uint8)
     assert second.nbytes == 48 * MiB
     assert api.pool_used(0) == base + 48 * MiB
+    api.free_cached(0)  # live arrays are not cached blocks
+    assert api.pool_used(0) == base + 48 * MiB
 
 
 def test_a_freed_block_is_reused_at_once_on_its_own_streams_arena_only(api: CudaApi) -> None:
@@ -462,11 +514,12 @@ def test_host_callbacks_of_a_graph_run_on_each_replay_only(api: CudaApi) -> None
 
 def test_reading_a_device_array_during_capture_raises_and_keeps_the_capture(api: CudaApi) -> None:
     """``get()``/``item()`` on the capturing stream raise CuPy's RuntimeError; the capture stays valid,
-    and syncing another stream is allowed."""
+    and syncing another stream or its event, or querying the event, is allowed (relaxed mode)."""
     s, other = api.stream(0), api.stream(0)
     with s:
         a = api.xp.zeros((1,), dtype=np.float32)
     assert synced(recorded(api, s))
+    other_done = recorded(api, other)
     with s, api.capturing(s) as captured:
         a += 1
         with pytest.raises(RuntimeError, match="capturing"):
@@ -474,6 +527,8 @@ def test_reading_a_device_array_during_capture_raises_and_keeps_the_capture(api:
         with pytest.raises(RuntimeError, match="capturing"):
             a.item()
         other.synchronize()
+        other_done.synchronize()
+        assert other_done.done
     [graph] = captured
     graph.launch(s)
     assert fetch(api, a, s)[0] == 1.0
@@ -631,6 +686,9 @@ def test_views_share_the_buffer_key_of_their_base(api: CudaApi) -> None:
     for view in (a[1], a[:, 1:3], a.T, a.reshape(4, 3), a[1][2:], a.ravel()):
         assert api.buffer_key(view) == key
     assert api.buffer_key(a.copy()) != key
+    copied = api.copy(a)
+    assert api.buffer_key(copied) != key
+    assert api.xp.asnumpy(copied).tolist() == api.xp.asnumpy(a).tolist()
 
 
 # -- devices ------------------------------------------------------------------------
