@@ -184,6 +184,8 @@ def test_wait_event_waits_for_the_record_made_before_the_call(api: CudaApi) -> N
     s1, s2 = api.stream(0), api.stream(0)
     e = api.event()
     with hold(s1) as first:
+        # s2 first waits for s1's first hold, so it reaches its wait on ``e`` only after the re-record
+        s2.wait_event(recorded(api, s1))
         e.record(s1)
         s2.wait_event(e)
         with hold(s1) as second:
@@ -394,14 +396,32 @@ def test_a_host_callback_blocks_only_its_own_stream(api: CudaApi) -> None:
     np.testing.assert_array_equal(fetch(api, b, s2), np.full(16, 4.0, np.float32))
 
 
-def test_a_cuda_call_in_a_host_callback_raises_status_800(api: CudaApi) -> None:
+#: CUDA calls a host callback may not make (each raised 800 in a callback on the H100)
+CALLS_IN_CALLBACK: dict[str, Callable[[CudaApi, Any, Any], object]] = {
+    "new event": lambda api, other, x: api.event(),
+    "record on another stream": lambda api, other, x: api.event().record(other),
+    "kernel on another stream": lambda api, other, x: _add_one_on(other, x),
+    "synchronize another stream": lambda api, other, x: other.synchronize(),
+}
+
+
+def _add_one_on(stream: Any, x: Any) -> None:
+    with stream:
+        x += 1
+
+
+@pytest.mark.parametrize("call", list(CALLS_IN_CALLBACK))
+def test_a_cuda_call_in_a_host_callback_raises_status_800(api: CudaApi, call: str) -> None:
     """No CUDA call may be made in a callback: it raises ``CUDARuntimeError`` 800 at once."""
-    s = api.stream(0)
+    s, other = api.stream(0), api.stream(0)
+    with other:
+        x = api.xp.zeros((4,), dtype=np.float32)
+    assert synced(recorded(api, other))
     caught: list[BaseException] = []
 
     def call_cuda(_: object) -> None:
         try:
-            api.event()
+            CALLS_IN_CALLBACK[call](api, other, x)
         except BaseException as exc:
             caught.append(exc)
 
@@ -412,6 +432,7 @@ def test_a_cuda_call_in_a_host_callback_raises_status_800(api: CudaApi) -> None:
     assert isinstance(error, RuntimeError)
     assert getattr(error, "status", None) == 800
     assert str(error).startswith("cudaErrorNotPermitted: ")
+    assert fetch(api, x, other).tolist() == [0.0] * 4  # the process goes on; nothing ran
 
 
 def test_a_host_callback_exception_is_lost_and_the_stream_goes_on(api: CudaApi) -> None:
