@@ -28,6 +28,10 @@ from schedsvc.devices._cudaapi import CudaApi, load
 #: bound of every wait: far above any real wait, far below the per-test timeout
 WAIT_S = 10.0
 MiB = 1 << 20
+#: CuPy 14.2's messages (docs/cuda-facts.md)
+NO_HOST_VIEW = r"^Implicit conversion to a NumPy array is not allowed"
+D2H_IN_CAPTURE = r"^the current stream is capturing, so D2H transfers are disallowed"
+CUBLAS_IN_CAPTURE = r"^calling cuBLAS API during stream capture is currently unsupported"
 
 
 def _cupy_available() -> str | None:
@@ -285,16 +289,16 @@ def test_numpy_asarray_of_a_device_array_raises_type_error(api: CudaApi) -> None
     # what is checked here (and this suite turns warnings into errors)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=NO_HOST_VIEW):
             np.asarray(a)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=NO_HOST_VIEW):
             np.array(a)
 
 
 def test_int_converts_a_0d_array_only(api: CudaApi) -> None:
     """``int()`` of a size-1 1-d array raises TypeError (CuPy 14.2 with NumPy 2); of a 0-d works."""
     a = api.xp.full((1,), 7, dtype=np.int64)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="only 0-dimensional arrays can be converted to Python scalars"):
         int(a)
     assert int(a[0]) == 7
     assert int(a.reshape(())) == 7
@@ -362,6 +366,26 @@ def test_d2h_fills_its_target_only_when_the_copy_runs(api: CudaApi) -> None:
         assert held.entered.wait(WAIT_S)
         assert not (dst == 3.0).any()
     assert synced(done)
+    np.testing.assert_array_equal(dst, np.full(64, 3.0, np.float32))
+
+
+def test_d2h_to_pageable_memory_waits_for_the_copy(api: CudaApi) -> None:
+    """Into a pageable (non-pinned) target the copy is synchronous: it returns with the data."""
+    s = api.stream(0)
+    with s:
+        a = api.xp.full((64,), 3.0, dtype=np.float32)
+    dst = np.full(64, -1.0, dtype=np.float32)
+    returned = threading.Event()
+
+    def copy() -> None:
+        api.d2h(a, dst, s)
+        returned.set()
+
+    with hold(s) as held:
+        threading.Thread(target=copy, name="conformance-d2h", daemon=True).start()
+        assert held.entered.wait(WAIT_S)
+        assert not returned.wait(0.2)
+    assert returned.wait(WAIT_S)
     np.testing.assert_array_equal(dst, np.full(64, 3.0, np.float32))
 
 
@@ -433,6 +457,30 @@ def test_a_cuda_call_in_a_host_callback_raises_status_800(api: CudaApi, call: st
     assert getattr(error, "status", None) == 800
     assert str(error).startswith("cudaErrorNotPermitted: ")
     assert fetch(api, x, other).tolist() == [0.0] * 4  # the process goes on; nothing ran
+
+
+def test_dropping_a_device_array_in_a_host_callback_is_allowed(api: CudaApi) -> None:
+    """The last reference to a device array may go in a callback: its block goes back to the pool."""
+    s = api.stream(0)
+    gc.collect()
+    base = api.pool_used(0)
+    with s:
+        kept = {"array": api.xp.ones((MiB,), dtype=np.float32)}
+    assert synced(recorded(api, s))
+    assert api.pool_used(0) == base + 4 * MiB
+    caught: list[BaseException] = []
+
+    def drop(_: object) -> None:
+        try:
+            del kept["array"]
+        except BaseException as exc:
+            caught.append(exc)
+
+    s.launch_host_func(drop, 0)
+    assert synced(recorded(api, s))
+    assert caught == []
+    assert kept == {}
+    assert api.pool_used(0) == base
 
 
 def test_a_host_callback_exception_is_lost_and_the_stream_goes_on(api: CudaApi) -> None:
@@ -543,9 +591,9 @@ def test_reading_a_device_array_during_capture_raises_and_keeps_the_capture(api:
     other_done = recorded(api, other)
     with s, api.capturing(s) as captured:
         a += 1
-        with pytest.raises(RuntimeError, match="capturing"):
+        with pytest.raises(RuntimeError, match=D2H_IN_CAPTURE):
             a.get()
-        with pytest.raises(RuntimeError, match="capturing"):
+        with pytest.raises(RuntimeError, match=D2H_IN_CAPTURE):
             a.item()
         other.synchronize()
         other_done.synchronize()
@@ -595,12 +643,27 @@ def test_matmul_during_capture_raises_not_implemented(api: CudaApi) -> None:
     with s:
         s.begin_capture()
         try:
-            with pytest.raises(NotImplementedError, match="stream capture"):
+            with pytest.raises(NotImplementedError, match=CUBLAS_IN_CAPTURE):
                 m @ m
-            with pytest.raises(NotImplementedError, match="stream capture"):
+            with pytest.raises(NotImplementedError, match=CUBLAS_IN_CAPTURE):
                 api.xp.matmul(m, m)
         finally:
             s.end_capture()
+
+
+def test_a_new_allocation_during_capture_keeps_the_capture_valid(api: CudaApi) -> None:
+    """Allocating a new block while capturing is allowed; the graph then replays."""
+    s = api.stream(0)
+    with s:
+        a = api.xp.zeros((1,), dtype=np.float32)
+    assert synced(recorded(api, s))
+    with s, api.capturing(s) as captured:
+        fresh = api.xp.empty((64 * MiB,), dtype=np.uint8)
+        a += 1
+    assert fresh.nbytes == 64 * MiB
+    [graph] = captured
+    graph.launch(s)
+    assert fetch(api, a, s)[0] == 1.0
 
 
 # -- the array module ----------------------------------------------------------------
