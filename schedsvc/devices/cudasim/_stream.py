@@ -198,7 +198,7 @@ class Stream:
         sim = simulator()
         sim.check_thread()
         self._worker.state.check()
-        if op.kind == "kernel":
+        if op.kind.startswith("kernel"):
             sim.take_launch_failure()
         if self._capture is not None:
             self._capture.nodes.append(lambda stream: stream.submit(_again(op)))
