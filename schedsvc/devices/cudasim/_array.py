@@ -271,10 +271,11 @@ class ndarray:
             _check_host_target(self, out)
             target = out
         asynchronous = out is not None and not blocking and is_pinned(out)
-        if asynchronous:
-            sentinel_fill(target)
         source = self._np
-        stream.submit(Op("device-to-host copy", lambda: np.copyto(target, source), reads=(self._block,)))
+        op = Op("device-to-host copy", lambda: np.copyto(target, source), reads=(self._block,))
+        if asynchronous:
+            op.on_enqueue = lambda: sentinel_fill(target)
+        stream.submit(op)
         if not asynchronous:
             stream.host_sync()
         return target
@@ -615,18 +616,21 @@ def _checksum(array: NDArray) -> int:
 
 def _h2d_op(target: NDArray, source: NDArray, block: Block) -> Op:
     """The asynchronous copy from pinned ``source``: checksummed now, checked when it runs."""
-    expected = _checksum(source)
+    expected = [0]
     site = caller_site()
 
+    def checksum() -> None:
+        expected[0] = _checksum(source)
+
     def run() -> None:
-        if _checksum(source) != expected:
+        if _checksum(source) != expected[0]:
             raise RuntimeError(
                 f"the pinned source of the host-to-device copy enqueued at {site} changed before the copy ran "
                 "(keep it unwritten until an event after the copy passed)"
             )
         np.copyto(target, source)
 
-    return Op("host-to-device copy", run, (), (block,), site)
+    return Op("host-to-device copy", run, (), (block,), site, on_enqueue=checksum)
 
 
 def _check_host_target(array: ndarray, out: Any) -> None:
