@@ -100,6 +100,8 @@ def allocate(nbytes: int, stream: Stream) -> Block:
     sim.check_thread()
     state = sim.device(stream.device_id)
     state.check()
+    if nbytes == 0:  # as CuPy: no memory, address 0, never pooled
+        return Block(state.id, 0, 0, stream.id, generation=-1)
     size = rounded(nbytes)
     sim.take_allocation_failure(size, state.id)
     pool = state.pool

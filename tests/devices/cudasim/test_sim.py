@@ -711,3 +711,10 @@ def test_captured_copies_check_their_host_memory_at_each_launch(cuda: SimApi, si
         s.synchronize()
         assert out.tolist() == [2 * value] * 3
     assert sim.faults == []
+
+
+def test_empty_arrays_take_no_memory(cuda: SimApi) -> None:
+    before = cuda.pool_used(0)
+    a = cuda.xp.zeros((0, 3))
+    assert a.data.ptr == 0 and cuda.pool_used(0) == before
+    assert a.sum(axis=0).tolist() == [0.0, 0.0, 0.0]
