@@ -150,12 +150,13 @@ class Pool:
 # -- pinned host memory ----------------------------------------------------------
 
 _pinned: dict[int, int] = {}
+_pinned_dead: deque[int] = deque()  # appended by finalisers (any thread, any time), applied under the lock
 _pinned_lock = threading.Lock()
 
 
-def _unregister(start: int) -> None:
-    with _pinned_lock:
-        _pinned.pop(start, None)
+def _collect_dead() -> None:
+    while _pinned_dead:
+        _pinned.pop(_pinned_dead.popleft(), None)
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
@@ -165,8 +166,9 @@ def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
     raw = np.empty(max(nbytes, 1), dtype=np.uint8)
     start = int(raw.ctypes.data)
     with _pinned_lock:
+        _collect_dead()
         _pinned[start] = start + raw.nbytes
-    weakref.finalize(raw, _unregister, start)
+    weakref.finalize(raw, _pinned_dead.append, start)
     pinned: np.ndarray[Any, Any] = raw[:nbytes].view(dt).reshape(shape)
     return pinned
 
@@ -175,4 +177,6 @@ def is_pinned(array: np.ndarray[Any, Any]) -> bool:
     """Whether ``array``'s memory lies in a live pinned allocation."""
     address = int(array.__array_interface__["data"][0])
     with _pinned_lock:
-        return any(start <= address < end for start, end in _pinned.items())
+        _collect_dead()
+        ranges = list(_pinned.items())
+    return any(start <= address < end for start, end in ranges)

@@ -270,8 +270,8 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None, out: ndarray | None = Non
     return _generic(np.clip, (_require(a), a_min, a_max), {})
 
 
-def reshape(a: Any, newshape: Any, order: str = "C") -> ndarray:
-    result: ndarray = _require(a).reshape(newshape, order=order)
+def reshape(a: Any, shape: Any = None, order: str = "C", *, newshape: Any = None) -> ndarray:
+    result: ndarray = _require(a).reshape(shape if newshape is None else newshape, order=order)
     return result
 
 
@@ -417,8 +417,9 @@ def _peer_copy(src: ndarray, out: ndarray) -> None:
     from ._stream import Op
 
     source, target = src._np, out._np
+    kind = "kernel copy" if src._block.device == out._block.device else "peer copy"
     current_stream().submit(
-        Op("peer copy", lambda: np.copyto(target, source, casting="unsafe"), (src._block,), (out._block,))
+        Op(kind, lambda: np.copyto(target, source, casting="unsafe"), (src._block,), (out._block,))
     )
 
 

@@ -568,3 +568,153 @@ def test_api_defaults(cuda: SimApi) -> None:
     y = cuda.copy(cuda.xp.ones(3))
     assert y.tolist() == [1.0, 1.0, 1.0]
     assert cuda.buffer_key(y.reshape(3, 1))[0] == y.data.ptr
+
+
+# -- more: threads, graphs, indexing, reset -------------------------------------------------------------
+
+
+def test_stream_threads_end_with_their_streams(cuda: SimApi) -> None:
+    s = cuda.stream(0)
+    with s:
+        cuda.xp.ones(3).sum()
+    thread = s._worker.thread
+    assert thread.is_alive() and thread.daemon
+    del s
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_host_callbacks_share_one_driver_thread(cuda: SimApi) -> None:
+    seen: list[int] = []
+    streams = [cuda.stream(0), cuda.stream(1)]
+    for s in streams:
+        s.launch_host_func(lambda _: seen.append(threading.get_ident()), None)
+    for s in streams:
+        s.synchronize()
+    assert len(seen) == 2 and seen[0] == seen[1] != threading.get_ident()
+
+
+def test_graph_replay_is_race_checked(cuda: SimApi, sim: Simulator) -> None:
+    xp, a, s = cuda.xp, cuda.stream(0), cuda.stream(0)
+    with s:
+        x = xp.zeros(4)
+    s.synchronize()
+    s.begin_capture()
+    with s:
+        x += 1
+    graph = s.end_capture()
+    with a:
+        x *= 2  # a writes x, and s is not ordered after it
+    with pytest.raises(RaceError, match=r"graph node captured at test_sim\.py"):
+        graph.launch(s)
+    assert len(sim.races) == 1
+
+
+def test_arrays_allocated_during_capture_live_with_the_graph(cuda: SimApi) -> None:
+    xp, s = cuda.xp, cuda.stream(0)
+    before = cuda.pool_used(0)
+    s.begin_capture()
+    with s:
+        tmp = xp.empty(1 << 20, dtype=xp.uint8)
+    graph = s.end_capture()
+    del tmp
+    gc.collect()
+    assert cuda.pool_used(0) == before + (1 << 20)
+    del graph
+    gc.collect()
+    assert cuda.pool_used(0) == before
+
+
+def test_device_synchronize_during_capture_invalidates_it(cuda: SimApi) -> None:
+    s = cuda.stream(0)
+    s.begin_capture()
+    with pytest.raises(CUDARuntimeError) as info:
+        cuda.xp.cuda.Device(0).synchronize()
+    assert info.value.status == 900
+    with pytest.raises(CUDARuntimeError) as info:
+        s.end_capture()
+    assert info.value.status == 901
+
+
+def test_other_syncs_do_not_invalidate_a_capture(cuda: SimApi) -> None:
+    s, other, e = cuda.stream(0), cuda.stream(0), cuda.event()
+    e.record(other)
+    s.begin_capture()
+    other.synchronize()
+    e.synchronize()
+    assert e.done
+    s.end_capture()
+
+
+def test_indexing(cuda: SimApi) -> None:
+    xp = cuda.xp
+    a = xp.arange(10) * 10
+    assert a[xp.asarray([3, 1])].tolist() == [30, 10]
+    assert a[a > 60].tolist() == [70, 80, 90]
+    a[xp.asarray([0, 9])] = -1
+    a[2:4] = xp.asarray([5, 6])
+    assert a.tolist() == [-1, 10, 5, 6, 40, 50, 60, 70, 80, -1]
+    with pytest.raises(ValueError, match="could not broadcast"):
+        a[0:3] = xp.ones(2, dtype=a.dtype)
+    m = xp.zeros((2, 3))
+    m[1] = 7
+    assert m.sum().item() == 21.0 and len(m) == 2
+
+
+def test_shape_errors_raise_at_enqueue(cuda: SimApi, sim: Simulator) -> None:
+    xp = cuda.xp
+    with pytest.raises(ValueError):
+        xp.ones((2, 3)) @ xp.ones((2, 3))
+    with pytest.raises(ValueError):
+        xp.ones(2) + xp.ones(3)
+    with pytest.raises(ValueError):
+        xp.ones(0).max()
+    assert sim.faults == []
+
+
+def test_reset_releases_a_stream_waiting_on_dropped_work(
+    cuda: SimApi, gate: GateMaker, sim: Simulator
+) -> None:
+    a, b, e = cuda.stream(0), cuda.stream(0), cuda.event()
+    g = gate()
+    g.hold(a)
+    e.record(a)
+    b.wait_event(e)
+    assert g.reached.wait(10)
+    sim.reset()
+    b.synchronize()  # does not hang: the record b waited for was dropped
+    g.open()
+    a.synchronize()
+
+
+def test_captured_copies_check_their_host_memory_at_each_launch(cuda: SimApi, sim: Simulator) -> None:
+    s = cuda.stream(0)
+    with s:
+        x = cuda.xp.zeros(3)
+    s.synchronize()
+    src = cuda.empty_pinned((3,), np.float64)
+    out = cuda.empty_pinned((3,), np.float64)
+    src[:] = 1.0
+    out[:] = 0.0
+    with cuda.capturing(s) as graph:
+        cuda.h2d(x, src, s)
+        with s:
+            y = x * 2
+        with pytest.raises(RuntimeError, match="D2H transfers are disallowed"):
+            cuda.d2h(y, out, s)  # CuPy refuses even an asynchronous D2H during capture
+    assert out.tolist() == [0.0, 0.0, 0.0]
+    for value in (1.0, 4.0):
+        src[:] = value  # a new input between launches is no fault: the checksum is taken at launch
+        graph[0].launch(s)
+        cuda.d2h(y, out, s)
+        s.synchronize()
+        assert out.tolist() == [2 * value] * 3
+    assert sim.faults == []
+
+
+def test_empty_arrays_take_no_memory(cuda: SimApi) -> None:
+    before = cuda.pool_used(0)
+    a = cuda.xp.zeros((0, 3))
+    assert a.data.ptr == 0 and cuda.pool_used(0) == before
+    assert a.sum(axis=0).tolist() == [0.0, 0.0, 0.0]
