@@ -712,6 +712,12 @@ ARRAY_CASES: list[Case] = [
     ("clip", lambda xp, a, b: xp.clip(b, -1, 1)),
     ("astype", lambda xp, a, b: a.astype(np.int32)),
     ("getitem", lambda xp, a, b: a[1:, ::2]),
+    ("fancy_index", lambda xp, a, b: a[[0, 2]]),
+    ("boolean_mask", lambda xp, a, b: a[a > 5]),
+    ("setitem_row", lambda xp, a, b: _assigned(a.copy(), (1,), 5.0)),
+    ("setitem_column", lambda xp, a, b: _assigned(a.copy(), (slice(None), 0), b[:, 1])),
+    ("inplace", lambda xp, a, b: _added_in_place(a.copy(), b)),
+    ("linspace", lambda xp, a, b: xp.linspace(0.0, 1.0, 5)),
     ("zeros", lambda xp, a, b: xp.zeros((2, 3), dtype=np.float32)),
     ("ones", lambda xp, a, b: xp.ones((5,), dtype=np.int64)),
     ("full", lambda xp, a, b: xp.full((2, 2), 7.5)),
@@ -722,6 +728,17 @@ ARRAY_CASES: list[Case] = [
     ("full_like", lambda xp, a, b: xp.full_like(a, 2.5)),
     ("empty_shape", lambda xp, a, b: xp.empty((3, 2), dtype=np.float32).shape),
 ]
+
+
+def _assigned(target: Any, index: Any, value: Any) -> Any:
+    target[index] = value
+    return target
+
+
+def _added_in_place(target: Any, other: Any) -> Any:
+    target += other
+    target *= 2
+    return target
 
 
 def _inputs() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -760,6 +777,17 @@ def test_numpy_functions_on_device_arrays_return_device_arrays(api: CudaApi) -> 
     assert type(total) is api.ndarray
     np.testing.assert_allclose(api.xp.asnumpy(added), a + b)
     assert float(total) == float(a.sum())
+
+
+def test_mixing_a_numpy_array_with_a_device_array_raises_type_error(api: CudaApi) -> None:
+    """No implicit host-to-device copy in an operation: CuPy raises TypeError ("Unsupported type";
+    from CuPy's source and documentation, not from the H100 run)."""
+    a, _ = _inputs()
+    da = api.xp.asarray(a)
+    with pytest.raises(TypeError):
+        da + a
+    with pytest.raises(TypeError):
+        np.add(a, da)
 
 
 def test_views_share_the_buffer_key_of_their_base(api: CudaApi) -> None:
