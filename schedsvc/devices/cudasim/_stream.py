@@ -161,12 +161,11 @@ class Stream:
         self._worker.rng.seed((0 if seed is None else seed) + self.id)
 
     def _reset(self) -> None:
+        """``Simulator.reset``: forget the capture and the queued work; follow a re-made device."""
         self._capture = None
-        self._worker.state = (
-            simulator().device(self.device_id)
-            if self.device_id < len(simulator().devices)
-            else self._worker.state
-        )
+        devices = simulator().devices
+        if self.device_id < len(devices):
+            self._worker.state = devices[self.device_id]
         self._worker.drop()
 
     # -- current stream ----------------------------------------------------------------
