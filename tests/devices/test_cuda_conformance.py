@@ -1,7 +1,8 @@
 """One set of expectations for both bindings of the narrow CUDA API: the simulator and CuPy.
 
-Each test states what CuPy 14.2 did on an H100 (``docs/cuda-facts.md``); the
-simulator must do the same.  The ``api`` fixture runs every test on the
+Each test states what CuPy 14.2 did on an H100 (``docs/cuda-facts.md``), or,
+where its docstring says so or for the array module's results, what CuPy's
+documentation and NumPy's results say; the simulator must do the same.  The ``api`` fixture runs every test on the
 simulator, and on CuPy where a GPU is present (``-m gpu`` selects those).
 
 No test sleeps to wait for something: a stream is held by a host callback
