@@ -100,6 +100,8 @@ def allocate(nbytes: int, stream: Stream) -> Block:
     sim.check_thread()
     state = sim.device(stream.device_id)
     state.check()
+    if nbytes == 0:  # as CuPy: no memory, address 0, never pooled
+        return Block(state.id, 0, 0, stream.id, generation=-1)
     size = rounded(nbytes)
     sim.take_allocation_failure(size, state.id)
     pool = state.pool
@@ -160,47 +162,58 @@ class ndarray:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
         return tuple(self._np.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The element type."""
         return np.dtype(self._np.dtype)
 
     @property
     def strides(self) -> tuple[int, ...]:
+        """Bytes to step in each dimension."""
         return tuple(self._np.strides)
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return int(self._np.ndim)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(self._np.size)
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element."""
         return int(self._np.itemsize)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the elements."""
         return int(self._np.nbytes)
 
     @property
     def device(self) -> Device:
+        """The device the array lives on."""
         return Device(self._block.device)
 
     @property
     def data(self) -> MemoryPointer:
+        """The (fake) device address of the first element."""
         offset = int(self._np.__array_interface__["data"][0]) - int(self._block.buffer.ctypes.data)
         return MemoryPointer(self._block.ptr + offset, self._block.device)
 
     @property
     def T(self) -> ndarray:
+        """The transposed view."""
         return self.transpose()
 
     @property
     def flags(self) -> Any:
+        """NumPy's flags of the view (contiguity)."""
         return self._np.flags
 
     def __len__(self) -> int:
@@ -260,10 +273,11 @@ class ndarray:
             _check_host_target(self, out)
             target = out
         asynchronous = out is not None and not blocking and is_pinned(out)
-        if asynchronous:
-            sentinel_fill(target)
         source = self._np
-        stream.submit(Op("device-to-host copy", lambda: np.copyto(target, source), reads=(self._block,)))
+        op = Op("device-to-host copy", lambda: np.copyto(target, source), reads=(self._block,))
+        if asynchronous:
+            op.on_enqueue = lambda: sentinel_fill(target)
+        stream.submit(op)
         if not asynchronous:
             stream.host_sync()
         return target
@@ -348,18 +362,23 @@ class ndarray:
         return self._view(self._np.transpose(spec))
 
     def swapaxes(self, a: int, b: int) -> ndarray:
+        """A view with two axes swapped."""
         return self._view(self._np.swapaxes(a, b))
 
     def squeeze(self, axis: Any = None) -> ndarray:
+        """A view without length-1 axes."""
         return self._view(self._np.squeeze(axis))
 
     def view(self, dtype: Any = None) -> ndarray:
+        """A view, reinterpreted as ``dtype`` if given."""
         return self._view(self._np.view() if dtype is None else self._np.view(dtype))
 
     def ravel(self, order: str = "C") -> ndarray:
+        """A 1-d view if possible, else a copy."""
         return self.reshape(-1, order=order)
 
     def flatten(self, order: str = "C") -> ndarray:
+        """A 1-d copy."""
         return self.copy(order=order).reshape(-1)
 
     def __getitem__(self, key: Any) -> ndarray:
@@ -393,6 +412,7 @@ class ndarray:
         launch("fill", lambda: value, (), {}, self, reads=())
 
     def get_device(self) -> Device:
+        """The device the array lives on."""
         return self.device
 
     def _method(name: str) -> Callable[..., Any]:  # type: ignore[misc]
@@ -576,8 +596,7 @@ def launch(
     def run() -> None:
         np.copyto(target, fn(*np_args, **np_kwargs), casting="unsafe")
 
-    stream.submit(Op("kernel", run, tuple(a._block for a in inputs), (out._block,), caller_site()))
-    _ = kind
+    stream.submit(Op(f"kernel {kind}", run, tuple(a._block for a in inputs), (out._block,), caller_site()))
 
 
 def sentinel_fill(array: NDArray) -> None:
@@ -599,18 +618,21 @@ def _checksum(array: NDArray) -> int:
 
 def _h2d_op(target: NDArray, source: NDArray, block: Block) -> Op:
     """The asynchronous copy from pinned ``source``: checksummed now, checked when it runs."""
-    expected = _checksum(source)
+    expected = [0]
     site = caller_site()
 
+    def checksum() -> None:
+        expected[0] = _checksum(source)
+
     def run() -> None:
-        if _checksum(source) != expected:
+        if _checksum(source) != expected[0]:
             raise RuntimeError(
                 f"the pinned source of the host-to-device copy enqueued at {site} changed before the copy ran "
                 "(keep it unwritten until an event after the copy passed)"
             )
         np.copyto(target, source)
 
-    return Op("host-to-device copy", run, (), (block,), site)
+    return Op("host-to-device copy", run, (), (block,), site, on_enqueue=checksum)
 
 
 def _check_host_target(array: ndarray, out: Any) -> None:
@@ -701,4 +723,4 @@ def _scatter(array: ndarray, key: Any, value: Any) -> None:
     def run() -> None:
         target[np_key] = np_value
 
-    stream.submit(Op("kernel", run, tuple(a._block for a in inputs), (array._block,), caller_site()))
+    stream.submit(Op("kernel setitem", run, tuple(a._block for a in inputs), (array._block,), caller_site()))

@@ -42,6 +42,9 @@ class Op:
     writes: tuple[Block, ...] = ()
     site: str = field(default_factory=caller_site)
     device: int = -1
+    #: run on the host when the operation is really enqueued (not when captured): a copy's checksum
+    #: or sentinel, taken again at each graph launch
+    on_enqueue: Callable[[], object] | None = None
 
 
 class _Worker:
@@ -158,12 +161,11 @@ class Stream:
         self._worker.rng.seed((0 if seed is None else seed) + self.id)
 
     def _reset(self) -> None:
+        """``Simulator.reset``: forget the capture and the queued work; follow a re-made device."""
         self._capture = None
-        self._worker.state = (
-            simulator().device(self.device_id)
-            if self.device_id < len(simulator().devices)
-            else self._worker.state
-        )
+        devices = simulator().devices
+        if self.device_id < len(devices):
+            self._worker.state = devices[self.device_id]
         self._worker.drop()
 
     # -- current stream ----------------------------------------------------------------
@@ -198,13 +200,15 @@ class Stream:
         sim = simulator()
         sim.check_thread()
         self._worker.state.check()
-        if op.kind == "kernel":
+        if op.kind.startswith("kernel"):
             sim.take_launch_failure()
         if self._capture is not None:
             self._capture.nodes.append(lambda stream: stream.submit(_again(op)))
             return
         with sim.lock:
             order(self, op.reads, op.writes, op.site, op.kind)
+            if op.on_enqueue is not None:
+                op.on_enqueue()
             self._worker.push(op)
 
     def launch_host_func(self, fn: Callable[[Any], object], arg: Any) -> None:
@@ -293,7 +297,8 @@ class Stream:
 
 def _again(op: Op) -> Op:
     """A fresh copy of a captured operation, enqueued at the launch's site."""
-    return Op(op.kind, op.run, op.reads, op.writes, f"{caller_site()} (graph node captured at {op.site})")
+    site = f"{caller_site()} (graph node captured at {op.site})"
+    return Op(op.kind, op.run, op.reads, op.writes, site, op.device, op.on_enqueue)
 
 
 def order(stream: Stream, reads: Iterable[Block], writes: Iterable[Block], site: str, kind: str) -> None:

@@ -417,8 +417,9 @@ def _peer_copy(src: ndarray, out: ndarray) -> None:
     from ._stream import Op
 
     source, target = src._np, out._np
+    kind = "kernel copy" if src._block.device == out._block.device else "peer copy"
     current_stream().submit(
-        Op("peer copy", lambda: np.copyto(target, source, casting="unsafe"), (src._block,), (out._block,))
+        Op(kind, lambda: np.copyto(target, source, casting="unsafe"), (src._block,), (out._block,))
     )
 
 

@@ -686,3 +686,35 @@ def test_reset_releases_a_stream_waiting_on_dropped_work(
     b.synchronize()  # does not hang: the record b waited for was dropped
     g.open()
     a.synchronize()
+
+
+def test_captured_copies_check_their_host_memory_at_each_launch(cuda: SimApi, sim: Simulator) -> None:
+    s = cuda.stream(0)
+    with s:
+        x = cuda.xp.zeros(3)
+    s.synchronize()
+    src = cuda.empty_pinned((3,), np.float64)
+    out = cuda.empty_pinned((3,), np.float64)
+    src[:] = 1.0
+    out[:] = 0.0
+    with cuda.capturing(s) as graph:
+        cuda.h2d(x, src, s)
+        with s:
+            y = x * 2
+        with pytest.raises(RuntimeError, match="D2H transfers are disallowed"):
+            cuda.d2h(y, out, s)  # CuPy refuses even an asynchronous D2H during capture
+    assert out.tolist() == [0.0, 0.0, 0.0]
+    for value in (1.0, 4.0):
+        src[:] = value  # a new input between launches is no fault: the checksum is taken at launch
+        graph[0].launch(s)
+        cuda.d2h(y, out, s)
+        s.synchronize()
+        assert out.tolist() == [2 * value] * 3
+    assert sim.faults == []
+
+
+def test_empty_arrays_take_no_memory(cuda: SimApi) -> None:
+    before = cuda.pool_used(0)
+    a = cuda.xp.zeros((0, 3))
+    assert a.data.ptr == 0 and cuda.pool_used(0) == before
+    assert a.sum(axis=0).tolist() == [0.0, 0.0, 0.0]
