@@ -16,12 +16,19 @@ import threading
 from typing import Any, ClassVar
 
 import cupy
-import cupyx
 import numpy as np
 
 from ._cudaapi import CudaApi
 
-__all__ = ["CupyApi", "api"]
+__all__ = ["CupyApi", "api", "device_count"]
+
+
+def device_count() -> int:
+    """CUDA devices CuPy finds (raises CuPy's error without a driver): the availability check, which
+    touches nothing else of CuPy's.  ImportError without CuPy (asked anew at each call)."""
+    import cupy as found
+
+    return int(found.cuda.runtime.getDeviceCount())
 
 
 class CupyApi(CudaApi):
@@ -80,6 +87,8 @@ class CupyApi(CudaApi):
 
     def empty_pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
         """A NumPy array over pinned host memory (from CuPy's pinned pool)."""
+        import cupyx  # (CuPy's extras: imported with the first staging buffer)
+
         array: np.ndarray[Any, Any] = cupyx.empty_pinned(shape, dtype=dtype)
         return array
 

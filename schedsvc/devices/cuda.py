@@ -77,15 +77,15 @@ def check(index: int, simulated: bool = False) -> None:
             sim.configure(devices=index + 1)
         return
     try:
-        import cupy  # (only the binding, _cupy, uses it; this asks whether it is there)
+        from ._cupy import device_count  # the binding: the one module that imports CuPy
+
+        count = device_count()
     except ImportError as exc:
         raise DeviceError(
             f"cuda:{index} is unavailable: CuPy is not installed; pip install 'schedsvc[cuda12]' "
             "(or [cuda13]) on a machine with an NVIDIA GPU, or run cuda devices on the CUDA simulator "
             "(Config(cuda_simulator=True) or SCHEDSVC_CUDA_SIMULATOR=1)"
         ) from exc
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDA driver missing or broken
         raise DeviceError(f"cuda:{index} is unavailable: CUDA reports {exc}") from exc
     if index >= count:
