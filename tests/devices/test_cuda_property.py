@@ -56,6 +56,11 @@ def store(x: Any, *, out: np.ndarray[Any, Any]) -> None:
     np.remainder(x, MOD, out=out)
 
 
+def add_tensor(x: Any, y: Any, *, out: Any) -> None:
+    np.add(x, y, out=out)
+    np.remainder(out, MOD, out=out)
+
+
 def total(x: np.ndarray[Any, Any]) -> int:
     return int(np.sum(x))
 
@@ -77,9 +82,18 @@ OPERATIONS = st.one_of(
     st.tuples(st.just("move"), tensor_ref, device),  # t = t.to(device)
     st.tuples(st.just("read"), tensor_ref),  # t.sum().to("cpu")
     st.tuples(st.just("cpu_read"), tensor_ref),  # CPU task: total(t.to("cpu"))
+    # a cuda task taking t (as such: on cpu that is the D2H bug below): t + c
+    st.tuples(st.just("xdev"), tensor_ref, st.sampled_from(DEVICES[1:]), small),
+    st.tuples(st.just("setitem"), tensor_ref, st.integers(0, SIZE - 1), small),  # t[i] = c
+    st.tuples(st.just("host_in"), tensor_ref, host_ref),  # task on t's device: t = t + asarray(host)
 )
 programs = st.lists(OPERATIONS, min_size=10, max_size=40)
 starts = st.lists(device, min_size=N_TENSORS, max_size=N_TENSORS)
+ENGINES = [  # backpressure (a small max_pending), one stream, many streams
+    {"max_pending": 16},
+    {"max_pending": 3, "streams_per_device": 1},
+    {"max_pending": 64, "streams_per_device": 4, "cpu_workers": 1},
+]
 
 
 def fresh_host() -> list[np.ndarray[Any, Any]]:
@@ -110,11 +124,17 @@ def run_sequentially(program: list[tuple[Any, ...]]) -> tuple[list[int], list[An
             tensors[op[1]] = (tensors[op[1]] + op[2]) % MOD
         elif kind == "read" or kind == "cpu_read":
             results.append(int(tensors[op[1]].sum()))
+        elif kind == "xdev":
+            results.append(int((tensors[op[1]] + op[3]).sum()))
+        elif kind == "setitem":
+            tensors[op[1]][op[2]] = op[3]
+        elif kind == "host_in":
+            add_tensor(tensors[op[1]], host[op[2]], out=tensors[op[1]])
     return results, host, tensors
 
 
 async def run_on_engine(
-    program: list[tuple[Any, ...]], start: list[str], seed: int
+    program: list[tuple[Any, ...]], start: list[str], seed: int, options: dict[str, Any]
 ) -> tuple[list[int], list[Any], list[Any]]:
     simulator = sim()
     simulator.reset()
@@ -122,7 +142,7 @@ async def run_on_engine(
     host = fresh_host()
     pending: list[Any] = []
     with simulator.forbid_host_sync():
-        async with ss.Engine(**engine_options(max_pending=16)) as eng:
+        async with ss.Engine(**engine_options(**options)) as eng:
             tensors = [eng.asarray(fresh_tensor(j), device=start[j]) for j in range(N_TENSORS)]
             for op in program:
                 kind = op[0]
@@ -151,6 +171,14 @@ async def run_on_engine(
                     pending.append(tensors[op[1]].sum().to("cpu"))
                 elif kind == "cpu_read":
                     pending.append(await eng.submit(total, tensors[op[1]].to("cpu"), device="cpu"))
+                elif kind == "xdev":
+                    other = await eng.submit(np.add, tensors[op[1]], op[3], device=op[2])
+                    pending.append(await eng.submit(total, other, device="cpu"))
+                elif kind == "setitem":
+                    tensors[op[1]][op[2]] = op[3]
+                elif kind == "host_in":
+                    t = tensors[op[1]]
+                    await eng.submit(add_tensor, t, eng.asarray(host[op[2]]), out=t, device=t.device)
             results = [int(await asyncio.wait_for(p, TIMEOUT)) for p in pending]
             finals = [await asyncio.wait_for(t.to("cpu"), TIMEOUT) for t in tensors]
             await asyncio.wait_for(eng.waitall(), TIMEOUT)
@@ -165,14 +193,14 @@ async def run_on_engine(
     phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(programs, starts, st.integers(0, 2**16))
+@given(programs, starts, st.integers(0, 2**16), st.sampled_from(ENGINES))
 def test_cuda_engine_equals_sequential_numpy(
-    program: list[tuple[Any, ...]], start: list[str], seed: int
+    program: list[tuple[Any, ...]], start: list[str], seed: int, options: dict[str, Any]
 ) -> None:
     if CUPY_MISSING:
         pytest.skip(CUPY_MISSING)
     want_results, want_host, want_tensors = run_sequentially(program)
-    got_results, got_host, got_tensors = asyncio.run(run_on_engine(program, start, seed))
+    got_results, got_host, got_tensors = asyncio.run(run_on_engine(program, start, seed, options))
     assert got_results == want_results
     for k, (got, want) in enumerate(zip(got_host, want_host, strict=True)):
         np.testing.assert_array_equal(got, want, err_msg=f"host array {k}")
