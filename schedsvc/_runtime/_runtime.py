@@ -318,23 +318,45 @@ class Runtime:
         if preparer is not None:
             preparer.prepare(task, self._submit_copy, copies)
             return
-        deps = task.deps
-        for dep in deps:
-            owner = self.preparers.get(dep.device)
-            if owner is not None and task.fn != owner.to_host:  # (a copy out is not copied out again)
-                break
-        else:
+        for owner in self.preparers.values():
+            if task.fn == owner.to_host:  # a copy out is not copied out again
+                return
+        # the values it takes that live on such a device (its results, or its arrays passed as they
+        # are) are copied out first, each by a copy task that reads that memory (so it is ordered
+        # after writes to it); its other dependencies on them only order it
+        swapped: dict[int, Task] = {}
+        args = self._out_of_devices(task.args, task, swapped)
+        kwargs = self._out_of_devices(task.kwargs, task, swapped) if task.kwargs else task.kwargs
+        if not swapped:
             return
-        swapped: dict[Task, Task] = {}
-        for dep in deps:
-            owner = self.preparers.get(dep.device)
-            if owner is not None and dep not in swapped:
-                swapped[dep] = copy = owner.host_copy(dep, task)
-                self._submit_copy(copy)
-        task.args = _swap_tasks(task.args, swapped)
-        if task.kwargs:
-            task.kwargs = _swap_tasks(task.kwargs, swapped)
-        task.deps = tuple(swapped.get(d, d) for d in deps)
+        task.args, task.kwargs = args, kwargs
+        task.deps = (*(d for d in task.deps if id(d) not in swapped), *swapped.values())
+
+    def _out_of_devices(self, obj: Any, task: Task, swapped: dict[int, Task]) -> Any:
+        """``obj`` with each value that lives on a device of its own memory replaced by a copy task
+        bringing it to the host (one per value, kept in ``swapped`` by the id of what it copies)."""
+        if isinstance(obj, Task):
+            owner = self.preparers.get(obj.device)
+            if owner is None:
+                return obj
+            return self._copy_out(owner, obj, task, swapped)
+        kind = type(obj)
+        if kind is tuple or kind is list:
+            new = [self._out_of_devices(x, task, swapped) for x in obj]
+            return tuple(new) if kind is tuple else new
+        if kind is dict:
+            return {k: self._out_of_devices(v, task, swapped) for k, v in obj.items()}
+        for owner in self.preparers.values():
+            if owner.holds(obj):  # a device array passed as it is
+                return self._copy_out(owner, obj, task, swapped)
+        return obj
+
+    def _copy_out(self, owner: Executor, value: Any, task: Task, swapped: dict[int, Task]) -> Task:
+        copy = swapped.get(id(value))
+        if copy is None:
+            copy = swapped[id(value)] = owner.host_copy(value, task)
+            self._submit_copy(copy)
+        return copy
 
     def _submit_copy(self, copy: Task) -> None:
         """With the lock held: admit a copy task a submission needs, over the limits (it is part of

@@ -140,9 +140,14 @@ class Executor:
         """Run on a host thread: ``value`` (of its device) copied to host memory."""
         return value
 
-    def host_copy(self, parent: Task, task: Task) -> Task:
-        """A task on ``task``'s device that copies ``parent``'s value (on this device) to the host."""
+    def host_copy(self, value: Any, task: Task) -> Task:
+        """A task on ``task``'s device that copies ``value`` (a task of this device, or one of its
+        arrays) to the host, reading its memory."""
         raise NotImplementedError
+
+    def holds(self, obj: Any) -> bool:
+        """Is ``obj`` an array in this device's memory?"""
+        return False
 
     #: tasks it runs at once (threads, streams, a cluster's threads when the engine started)
     concurrency: int = 1

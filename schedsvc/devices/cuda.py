@@ -95,19 +95,22 @@ def check(index: int, simulated: bool = False) -> None:
 _OOM_WAIT_S = 30.0  # the longest an allocation that failed waits for the device's work in flight
 
 
-class _OutOfMemory(Exception):
-    """A launch ran out of device memory (``error``) on ``track``: retried there once."""
+class _LaunchFailed(Exception):
+    """A launch raised ``error`` on ``track``; ``event`` passes after whatever it queued."""
 
-    def __init__(self, error: BaseException, track: Track) -> None:
+    def __init__(self, error: BaseException, track: Track, event: Any, held: Any, t0: float) -> None:
         super().__init__(str(error))
         self.error = error
         self.track = track
+        self.event = event
+        self.held = held
+        self.t0 = t0
 
 
 class Flight:
     """A task launched on a stream, until its event passed: what it holds alive meanwhile."""
 
-    __slots__ = ("event", "held", "t0", "task", "track", "value")
+    __slots__ = ("error", "event", "held", "t0", "task", "track", "value")
 
     def __init__(self, task: Task | None, track: Track, event: Any, value: Any, held: Any, t0: float) -> None:
         self.task = task
@@ -116,6 +119,7 @@ class Flight:
         self.value = value
         self.held = held  # arguments, staging buffers: alive until the event passed
         self.t0 = t0
+        self.error: BaseException | None = None  # it failed while launching
 
 
 class Track:
@@ -287,26 +291,44 @@ class CudaExecutor(Executor):
     def _launch_task(self, task: Task) -> None:
         """Launch ``task``.  If the device is out of memory, wait for the work in flight on it to
         complete (freeing what it held), then retry once on the same stream -- unless the task writes
-        memory in place (its first try may have), then it fails -- and then fail it."""
+        memory in place (its first try may have), then it fails.  A launch that fails may have queued
+        work already: its failure is reported once an event after that work passed."""
         try:
             self._launch(task, None)
             return
-        except _OutOfMemory as oom:
-            first = oom
-        except BaseException as exc:
+        except _LaunchFailed as failed:
+            first = failed
+        except BaseException as exc:  # before anything was queued (finding its parents, its stream)
             self._failed(task, exc)
             return
-        if any(b[2] for b in task.buffers):  # re-running it could apply its in-place writes twice
-            self._failed(task, self._memory_error(task, first.error, retried=False))
+        oom = isinstance(first.error, self.api.OutOfMemoryError)
+        if not oom or any(b[2] for b in task.buffers):  # a retry could apply in-place writes twice
+            error = self._memory_error(task, first.error, retried=False) if oom else first.error
+            self._fail_after(task, first, error)
             return
+        first.track.push(Flight(None, first.track, first.event, None, first.held, first.t0))
         with self.completions:
             self.completions.wait_for(lambda: not self.flying, _OOM_WAIT_S)
         try:
             self._launch(task, first.track)
-        except _OutOfMemory as oom:
-            self._failed(task, self._memory_error(task, oom.error, retried=True))
         except BaseException as exc:
-            self._failed(task, exc)
+            if not isinstance(exc, _LaunchFailed):
+                self._failed(task, exc)
+                return
+            error = exc.error
+            if isinstance(error, self.api.OutOfMemoryError):
+                error = self._memory_error(task, error, retried=True)
+            self._fail_after(task, exc, error)
+
+    def _fail_after(self, task: Task, failed: _LaunchFailed, error: BaseException) -> None:
+        """``task`` failed while launching: it fails once what it may have queued has run."""
+        if error.__traceback__ is not None:
+            error.__traceback__ = error.__traceback__.tb_next
+        flight = Flight(task, failed.track, failed.event, None, failed.held, failed.t0)
+        flight.error = error
+        self.flying[task] = flight
+        self.rt.launched(task, None)
+        failed.track.push(flight)
 
     def _failed(self, task: Task, exc: BaseException) -> None:
         if exc.__traceback__ is not None:
@@ -371,14 +393,10 @@ class CudaExecutor(Executor):
                     value = fn(*args, **kwargs)
                 event = self.events.pop() if self.events else api.event()
                 event.record(stream)
-        except BaseException as exc:
-            if staged or args or kwargs:  # copies may be queued: what they read lives until they passed
-                keep = api.event()
-                keep.record(stream)
-                track.push(Flight(None, track, keep, None, (args, kwargs, staged), t0))
-            if isinstance(exc, api.OutOfMemoryError):
-                raise _OutOfMemory(exc, track) from exc
-            raise
+        except BaseException as exc:  # what it queued may still run: keep what that reads alive
+            keep = api.event()
+            keep.record(stream)
+            raise _LaunchFailed(exc, track, keep, (args, kwargs, staged), t0) from exc
         flight = Flight(task, track, event, value, (args, kwargs, staged), t0)
         flying[task] = flight
         self.rt.launched(task, value)
@@ -438,16 +456,16 @@ class CudaExecutor(Executor):
             track.last_end = now
             task = flight.task
             if timeline is not None and task is not None:
-                timeline.span(task, start, now, error)
+                timeline.span(task, start, now, error or flight.error)
             if task is None:  # a failed launch's staging, kept until its copies passed
                 flight.held = None
                 continue
             self.flying.pop(task, None)
-            if error is None:
+            if error is None and flight.error is None:
                 self.events.append(flight.event)
                 rt.complete(task, flight.value)
             else:
-                rt.complete(task, None, error)
+                rt.complete(task, None, error or flight.error)
             flight.held = flight.value = flight.task = None  # let go of what it touched: its event passed
         with self.completions:
             self.completed_count += 1
@@ -499,11 +517,22 @@ class CudaExecutor(Executor):
         # the host memory is read by the copies now, not by the task: a later host write waits for them
         task.buffers = tuple(b for b in task.buffers if b[0] not in moved or b[2])
 
-    def host_copy(self, parent: Task, task: Task) -> CopyTask:
-        """A CPU task (on ``task``'s device) copying ``parent``'s device value back to the host."""
+    def host_copy(self, value: Any, task: Task) -> CopyTask:
+        """A CPU task (on ``task``'s device) copying ``value`` -- a task of this device, or one of its
+        arrays -- back to the host; it reads that memory, so it is ordered after writes to it."""
+        if isinstance(value, Task):
+            memory = value.memory
+            buffers = () if memory is None else (memory,)
+            deps: tuple[Task, ...] = (value,)
+        else:
+            key, nbytes = self.api.buffer_key(value)
+            buffers, deps = ((key, nbytes, False),), ()
         return CopyTask(
-            self.to_host, (parent,), None, task.device, task.priority, 0, (), (parent,), "d2h", task.nested
+            self.to_host, (value,), None, task.device, task.priority, 0, buffers, deps, "d2h", task.nested
         )
+
+    def holds(self, obj: Any) -> bool:
+        return isinstance(obj, self.api.ndarray) and self.api.device_of(obj) == self.index
 
     def copy_task(self, array: np.ndarray[Any, Any], task: Task) -> CopyTask:
         """A new H2D copy task of ``array`` for ``task``."""

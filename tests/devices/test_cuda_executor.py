@@ -30,16 +30,6 @@ from tests.devices.cuda_helpers import (
 )
 from tests.helpers import TIMEOUT, within
 
-#: Bug: ``Copies.add`` takes a ``weakref.ref`` of the H2D copy task, but ``Task`` has ``__slots__`` without
-#: ``__weakref__``: every submission of a cuda task with a NumPy argument (owning its memory) raises
-#: ``TypeError: cannot create weak reference to 'Task' object`` -- after the copy task was admitted.
-host_argument_bug = pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="bug: Copies.add cannot weakref a Task (NumPy argument of a cuda task)",
-)
-
-
 @pytest.fixture(autouse=True)
 def _simulator(request: pytest.FixtureRequest) -> Iterator[None]:
     yield from checked_simulator(request)
@@ -109,7 +99,6 @@ async def test_numpy_function_on_device_arrays_gives_a_device_array() -> None:
         np.testing.assert_array_equal(host(value), np.arange(6.0) * 2)
 
 
-@host_argument_bug
 async def test_numpy_function_on_a_host_array_copies_it_in() -> None:
     async with cuda_engine() as eng:
         a = np.arange(6.0)
@@ -294,7 +283,6 @@ async def test_round_trip_cpu_cuda0_cuda1_cpu() -> None:
         np.testing.assert_array_equal(back, a * 2 + 1)
 
 
-@host_argument_bug
 async def test_host_arrays_in_kwargs_lists_and_views_are_copied_in() -> None:
     a = np.arange(6.0)
     async with cuda_engine() as eng:
@@ -316,13 +304,6 @@ async def test_future_of_another_device_is_copied_across() -> None:
         np.testing.assert_array_equal(host(value), np.full(3, 5.0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: a device array passed as such (not as a Future/Tensor) to a CPU task reaches it as "
-    "a device array: no D2H copy, and what the task does with it runs on its thread's null stream, "
-    "unordered with the executor's streams",
-)
 async def test_cpu_task_taking_a_device_array_gets_numpy() -> None:
     async with cuda_engine() as eng:
         x = await within(await eng.submit(np.zeros, 4, device="cuda:0"))
@@ -332,9 +313,6 @@ async def test_cpu_task_taking_a_device_array_gets_numpy() -> None:
 
 @simulator_only
 @pytest.mark.usefixtures("delays")
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="bug: same as test_cpu_task_taking_a_device_array_gets_numpy"
-)
 async def test_cpu_reads_of_a_device_array_and_cuda_writes_do_not_race() -> None:
     async with cuda_engine() as eng:
         x = await within(await eng.submit(np.zeros, 4, device="cuda:0"))
@@ -352,13 +330,6 @@ async def test_cpu_reads_of_a_device_array_and_cuda_writes_do_not_race() -> None
 
 
 @simulator_only
-@pytest.mark.xfail(
-    strict=True,
-    raises=ss.DependencyError,
-    reason="bug: the D2H copy task made for a CPU task taking a device Tensor (Runtime._prepare -> "
-    "host_copy) depends on the Tensor's creating task only, not on its memory: it copies before an "
-    "in-place write of the Tensor completes (RaceError on the simulator, stale values on a GPU)",
-)
 async def test_cpu_task_taking_a_tensor_written_in_place_sees_the_write() -> None:
     gate = StreamGate()
 
@@ -407,7 +378,6 @@ async def test_device_fault_fails_work_in_flight_and_dependents_and_the_other_de
 # -- 3. transfers ------------------------------------------------------------------------------------
 
 
-@host_argument_bug
 @pytest.mark.usefixtures("delays")
 async def test_one_host_array_read_by_five_tasks_is_one_copy() -> None:
     a = np.arange(16.0)
@@ -418,7 +388,6 @@ async def test_one_host_array_read_by_five_tasks_is_one_copy() -> None:
             np.testing.assert_array_equal(host(await within(fut)), np.arange(16.0) * k)
 
 
-@host_argument_bug
 @pytest.mark.usefixtures("delays")
 async def test_host_write_waits_for_the_copy_and_a_later_task_sees_the_new_values() -> None:
     a = np.arange(16.0)
@@ -504,14 +473,8 @@ async def test_allocation_failing_twice_fails_the_task_with_sizes_and_the_engine
 
 
 @simulator_only
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: the OOM retry calls the task's function again after its first attempt already "
-    "enqueued kernels: an in-place write before the failed allocation is applied twice (and, with "
-    "several streams, the retry's stream is not ordered after the first attempt's: a race)",
-)
-async def test_oom_retry_does_not_apply_an_in_place_write_twice() -> None:
+async def test_oom_in_a_task_that_writes_in_place_is_not_retried() -> None:
+    """Its first try may have written already: running it again could apply the write twice."""
     async with cuda_engine(streams_per_device=1) as eng:
         x = await within(await eng.submit(np.zeros, 4, device="cuda:0"))
 
@@ -520,8 +483,11 @@ async def test_oom_retry_does_not_apply_an_in_place_write_twice() -> None:
             return a * 2  # allocates: the injected failure
 
         sim().fail_allocations(1)
-        await within(await eng.submit(bump_then_allocate, x, out=x, device="cuda:0"))
-        np.testing.assert_array_equal(host(x), np.ones(4))
+        fut = await eng.submit(bump_then_allocate, x, out=x, device="cuda:0")
+        with pytest.raises(ss.MemoryLimitError, match="not retried"):
+            await within(fut)
+        np.testing.assert_array_equal(host(x), np.ones(4))  # applied once
+        assert await within(eng.run(np.add, x, 1.0, device="cuda:0")) is not None  # still serving
 
 
 # -- 6. cancel and close -----------------------------------------------------------------------------
@@ -659,16 +625,15 @@ async def _copy_in_and_out(eng: ss.Engine) -> None:
     await within(eng.waitall())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: D2H copies run in to_host on a CPU worker and are never pushed on the d2h Track: "
-    "worker_busy_s['cuda:0/d2h'] stays 0 and stream_stats() counts no launch",
-)
 async def test_d2h_stream_busy_time_counts_copies_out() -> None:
     async with cuda_engine() as eng:
         await _copy_in_and_out(eng)
         assert eng.stats().worker_busy_s["cuda:0/d2h"] > 0
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    events = json.loads(path.read_text())
+    return events["traceEvents"] if isinstance(events, dict) else events  # type: ignore[no-any-return]
 
 
 def _thread_names(path: Path) -> set[str]:
@@ -688,14 +653,12 @@ async def test_trace_has_a_track_per_stream_that_ran_work(tmp_path: Path) -> Non
     assert not any("cuda:1" in n for n in names), names
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: the D2H copy is traced on the CPU worker that ran to_host, not on cuda:0/d2h",
-)
-async def test_trace_has_the_d2h_track(tmp_path: Path) -> None:
+async def test_trace_shows_the_copy_out(tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
     async with cuda_engine() as eng:
         with eng.trace(path):
             await _copy_in_and_out(eng)
-    assert "cuda:0/d2h" in _thread_names(path)
+    # a copy out runs on the CPU thread of the task taking it (it waits for its D2H event there:
+    # launching threads never wait), as a task named "d2h" on that thread's track
+    names = {e.get("name") for e in _events(path) if e.get("ph") == "X"}
+    assert "d2h" in names, names
