@@ -30,6 +30,7 @@ from tests.devices.cuda_helpers import (
 )
 from tests.helpers import TIMEOUT, within
 
+
 @pytest.fixture(autouse=True)
 def _simulator(request: pytest.FixtureRequest) -> Iterator[None]:
     yield from checked_simulator(request)
