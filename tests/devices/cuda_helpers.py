@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from tests.helpers import within
+from tests.helpers import started
 
 #: "cupy": a real GPU through CuPy; anything else: the CUDA simulator.
 ON_CUPY = os.environ.get("SCHEDSVC_TEST_CUDA", "") == "cupy"
@@ -90,13 +90,8 @@ async def cuda_engine(**overrides: Any) -> AsyncIterator[ss.Engine]:
     """A started engine on cpu, cuda:0, cuda:1 with a bounded close (a wedged engine fails the test)."""
     if CUPY_MISSING:
         pytest.skip(CUPY_MISSING)
-    eng = await ss.Engine(**engine_options(**overrides)).start()
-    try:
+    async with started(**engine_options(**overrides)) as eng:
         yield eng
-    except BaseException:
-        await within(eng.aclose(cancel_pending=True))
-        raise
-    await within(eng.aclose())
 
 
 def checked_simulator(request: pytest.FixtureRequest) -> Iterator[None]:
