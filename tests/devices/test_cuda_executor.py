@@ -491,6 +491,45 @@ async def test_oom_in_a_task_that_writes_in_place_is_not_retried() -> None:
         assert await within(eng.run(np.add, x, 1.0, device="cuda:0")) is not None  # still serving
 
 
+@simulator_only
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="bug: an allocation over max_device_bytes makes the pool free its cached blocks (a host "
+    "sync, as CuPy's free_all_blocks) on the launching thread: the launcher waits for the device, and "
+    "inside forbid_host_sync() the task fails with HostSyncError instead of MemoryLimitError",
+)
+async def test_memory_pressure_makes_no_host_sync_on_the_launching_thread() -> None:
+    outcome: BaseException | None = None
+    with sim().forbid_host_sync():
+        async with cuda_engine(max_device_bytes=1_000_000) as eng:
+            kept = await within(await eng.submit(np.ones, 100_000, device="cuda:0"))  # 800 KB alive
+            over = await eng.submit(np.ones, 50_000, device="cuda:0")  # 400 KB more: over the limit
+            try:
+                await within(over)
+            except Exception as exc:
+                outcome = exc
+            del kept
+    assert isinstance(outcome, ss.MemoryLimitError), repr(outcome)
+    assert sim().launcher_syncs() == 0
+
+
+async def test_backpressure_counts_launched_gpu_work_until_it_completes() -> None:
+    gate = StreamGate()
+    async with cuda_engine(max_pending=2) as eng:
+        x = await within(await eng.submit(np.arange, 4.0, device="cuda:0"))
+        held = eng.submit_nowait(gate.hold, x, device="cuda:0")
+        behind = eng.submit_nowait(np.add, held, 1.0, device="cuda:0")
+        await gate.wait_reached()
+        assert eng.stats().pending == 2
+        with pytest.raises(ss.QueueFull):
+            eng.submit_nowait(np.add, x, 2.0, device="cuda:0")
+        gate.open()
+        np.testing.assert_array_equal(host(await within(behind)), np.arange(4.0) + 1)
+        await within(eng.waitall())
+        assert eng.stats().pending == 0
+
+
 # -- 6. cancel and close -----------------------------------------------------------------------------
 
 
