@@ -28,7 +28,7 @@ from tests.devices.cuda_helpers import (
     simulator_only,
     xp,
 )
-from tests.helpers import TIMEOUT, within
+from tests.helpers import TIMEOUT, state, within
 
 
 @pytest.fixture(autouse=True)
@@ -340,14 +340,40 @@ async def test_cpu_task_taking_a_tensor_written_in_place_sees_the_write() -> Non
 
     async with cuda_engine() as eng:
         t = eng.asarray(np.zeros(4), device="cuda:0")
-        await eng.submit(gated_add, t, out=t, device="cuda:0")
+        await within(t)  # created: a copy out ordered after the creation only would run at once
+        writer = await eng.submit(gated_add, t, out=t, device="cuda:0")
+        await state(eng, lambda: writer.state == "launched")
         copied = await eng.submit(lambda x: x.copy(), t, device="cpu")
-        await gate.wait_reached()
+        await _copy_out_settled(eng, copied)
         gate.open()
-        try:
-            np.testing.assert_array_equal(await within(copied), np.ones(4))
-        finally:
-            sim().races.clear()  # (the race is this bug; the fixture checks the others)
+        np.testing.assert_array_equal(await within(copied), np.ones(4))
+
+
+@simulator_only
+async def test_cpu_tensor_op_on_a_cuda_tensor_written_in_place_sees_the_write() -> None:
+    gate = StreamGate()
+
+    def gated_add(x: Any, *, out: Any) -> None:
+        gate.hold(x)
+        np.add(x, 1, out=out)
+
+    async with cuda_engine() as eng:
+        t = eng.asarray(np.zeros(4), device="cuda:0")
+        await within(t)
+        writer = await eng.submit(gated_add, t, out=t, device="cuda:0")
+        await state(eng, lambda: writer.state == "launched")
+        mixed = eng.asarray(np.zeros(4)) + t  # a cpu op: t is copied out first
+        assert mixed.device == "cpu"
+        await _copy_out_settled(eng, mixed)
+        gate.open()
+        np.testing.assert_array_equal(await within(mixed.to("cpu")), np.ones(4))
+
+
+async def _copy_out_settled(eng: ss.Engine, consumer: Any) -> None:
+    """Until the D2H copy task feeding ``consumer`` has either run (wrongly: before the in-place
+    write held at the gate) or waits (for that write, as it should): deterministic either way."""
+    (copy,) = [d for d in consumer.deps if d.name == "d2h"]
+    await state(eng, lambda: copy.state not in ("ready", "running"))
 
 
 @simulator_only
@@ -366,9 +392,11 @@ async def test_device_fault_fails_work_in_flight_and_dependents_and_the_other_de
         on_cpu = await eng.submit(np.sum, behind[-1], device="cpu")
         with pytest.raises(cuda_api().CUDARuntimeError):
             await within(bad)
-        for fut in [*behind, on_cpu]:
-            with pytest.raises(ss.DependencyError):
+        for fut in behind:  # launched behind it on its stream: the device's error; else DependencyError
+            with pytest.raises((ss.DependencyError, cuda_api().CUDARuntimeError)):
                 await within(fut)
+        with pytest.raises(ss.DependencyError):
+            await within(on_cpu)
         with pytest.raises(cuda_api().CUDARuntimeError):  # sticky, as CUDA's 719
             await within(await eng.submit(np.ones, 2, device="cuda:0"))
         other = await eng.submit(np.ones, 2, device="cuda:1")
