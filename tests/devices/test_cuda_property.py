@@ -7,9 +7,8 @@ It runs on the engine, with the simulator's seeded random delays on every stream
 ``forbid_host_sync()``; every result and the final arrays must equal the same program run
 sequentially in NumPy, with no race found and no host sync on a launching thread.
 
-CPU tasks take device Tensors through ``t.to("cpu")``: a device Tensor taken as such gets a D2H copy
-task that is not ordered after the in-place writes of the Tensor (a bug, see
-``test_cuda_executor.py::test_cpu_task_taking_a_tensor_written_in_place_sees_the_write``).
+CPU tasks take device Tensors both as such (a D2H copy task ordered after the Tensor's in-place
+writes) and through ``t.to("cpu")``; cuda tasks take the shared host arrays as such (H2D copy tasks).
 """
 
 from __future__ import annotations
@@ -77,13 +76,13 @@ OPERATIONS = st.one_of(
     st.tuples(st.just("t_iadd"), tensor_ref, small),  # t += c; t %= MOD
     st.tuples(st.just("t_mix"), tensor_ref, tensor_ref),  # t[j] += t[i].to(t[j].device)
     st.tuples(st.just("h2t"), tensor_ref, host_ref),  # t[j] += asarray(host[k]).to(device)
-    st.tuples(st.just("t2h"), tensor_ref, host_ref),  # CPU task: host[k] = t[j].to("cpu") % MOD
+    st.tuples(st.just("t2h"), tensor_ref, host_ref, st.booleans()),  # CPU task: host[k] = t[j] % MOD
     st.tuples(st.just("dev_add"), tensor_ref, small),  # task on t's device: t = t + c (out=t)
     st.tuples(st.just("move"), tensor_ref, device),  # t = t.to(device)
     st.tuples(st.just("read"), tensor_ref),  # t.sum().to("cpu")
-    st.tuples(st.just("cpu_read"), tensor_ref),  # CPU task: total(t.to("cpu"))
-    # a cuda task taking t (as such: on cpu that is the D2H bug below): t + c
-    st.tuples(st.just("xdev"), tensor_ref, st.sampled_from(DEVICES[1:]), small),
+    st.tuples(st.just("cpu_read"), tensor_ref, st.booleans()),  # CPU task: total(t) (or t.to("cpu"))
+    st.tuples(st.just("xdev"), tensor_ref, device, small),  # a task on any device taking t: t + c
+    st.tuples(st.just("host_arg"), tensor_ref, host_ref),  # task on t's device: t = t + host array
     st.tuples(st.just("setitem"), tensor_ref, st.integers(0, SIZE - 1), small),  # t[i] = c
     st.tuples(st.just("host_in"), tensor_ref, host_ref),  # task on t's device: t = t + asarray(host)
 )
@@ -128,7 +127,7 @@ def run_sequentially(program: list[tuple[Any, ...]]) -> tuple[list[int], list[An
             results.append(int((tensors[op[1]] + op[3]).sum()))
         elif kind == "setitem":
             tensors[op[1]][op[2]] = op[3]
-        elif kind == "host_in":
+        elif kind == "host_in" or kind == "host_arg":
             add_tensor(tensors[op[1]], host[op[2]], out=tensors[op[1]])
     return results, host, tensors
 
@@ -160,8 +159,9 @@ async def run_on_engine(
                     t = tensors[op[1]]
                     t += eng.asarray(host[op[2]]).to(t.device)
                     t %= MOD
-                elif kind == "t2h":  # (through .to("cpu"): a Tensor taken as such is the bug below)
-                    await eng.submit(store, tensors[op[1]].to("cpu"), out=host[op[2]], device="cpu")
+                elif kind == "t2h":
+                    src = tensors[op[1]].to("cpu") if op[3] else tensors[op[1]]
+                    await eng.submit(store, src, out=host[op[2]], device="cpu")
                 elif kind == "dev_add":
                     t = tensors[op[1]]
                     await eng.submit(add_const, t, op[2], out=t, device=t.device)
@@ -170,7 +170,8 @@ async def run_on_engine(
                 elif kind == "read":
                     pending.append(tensors[op[1]].sum().to("cpu"))
                 elif kind == "cpu_read":
-                    pending.append(await eng.submit(total, tensors[op[1]].to("cpu"), device="cpu"))
+                    src = tensors[op[1]].to("cpu") if op[2] else tensors[op[1]]
+                    pending.append(await eng.submit(total, src, device="cpu"))
                 elif kind == "xdev":
                     other = await eng.submit(np.add, tensors[op[1]], op[3], device=op[2])
                     pending.append(await eng.submit(total, other, device="cpu"))
@@ -179,6 +180,9 @@ async def run_on_engine(
                 elif kind == "host_in":
                     t = tensors[op[1]]
                     await eng.submit(add_tensor, t, eng.asarray(host[op[2]]), out=t, device=t.device)
+                elif kind == "host_arg":
+                    t = tensors[op[1]]
+                    await eng.submit(add_tensor, t, host[op[2]], out=t, device=t.device)
             results = [int(await asyncio.wait_for(p, TIMEOUT)) for p in pending]
             finals = [await asyncio.wait_for(t.to("cpu"), TIMEOUT) for t in tensors]
             await asyncio.wait_for(eng.waitall(), TIMEOUT)
