@@ -24,9 +24,9 @@ _IN_FLIGHT = frozenset({"waiting", "ready", "running", "launched"})
 class Copies:
     """Host-to-device copy tasks shared by the tasks in flight that read one buffer version.
 
-    A copy is found again while it is alive (a pending task still takes it) and its host array is
-    the same object; any write the engine sees to that memory (a task's ``out=``/``writes=``, a
-    Tensor op) drops it, so a later reader copies the new version.
+    A copy is found again while it is in flight and its host array is the same object; any write
+    the engine sees to that memory (a task's ``out=``/``writes=``, a Tensor op) drops it, so a later
+    reader copies the new version.
     """
 
     def __init__(self) -> None:
@@ -44,13 +44,19 @@ class Copies:
         return copy
 
     def add(self, array: np.ndarray[Any, Any], device: str, copy: CopyTask) -> None:
-        self.by_key.setdefault(id(array), {})[device] = (weakref.ref(array), weakref.ref(copy))
+        by_key = self.by_key
+        if len(by_key) > 4096:  # forget the entries no reader can find again (their copies are done)
+            for key in [k for k, v in by_key.items() if not any(_in_flight(c) for _, c in v.values())]:
+                del by_key[key]
+        by_key.setdefault(id(array), {})[device] = (weakref.ref(array), weakref.ref(copy))
 
     def written(self, task: Task) -> None:
         by_key = self.by_key
         for key, _, write in task.buffers:
             if write:
                 by_key.pop(key, None)
-        if len(by_key) > 4096:  # forget entries whose copies are gone
-            for key in [k for k, v in by_key.items() if all(c() is None for _, c in v.values())]:
-                del by_key[key]
+
+
+def _in_flight(ref: weakref.ref[Task]) -> bool:
+    copy = ref()
+    return copy is not None and copy.state in _IN_FLIGHT

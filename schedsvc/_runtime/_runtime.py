@@ -42,7 +42,7 @@ from .._errors import FORKED, EngineClosed, SchedsvcError
 from .._timeline import Timeline
 from ._bridge import AsyncioBridge, fire, settle, unwatch, watch
 from ._copies import Copies
-from ._scan import register_buffer_types, substitute, substitute_args
+from ._scan import register_buffer_types, replace_leaves, substitute, substitute_args
 
 if TYPE_CHECKING:
     from ..devices import Executor
@@ -325,33 +325,28 @@ class Runtime:
         # are) are copied out first, each by a copy task that reads that memory (so it is ordered
         # after writes to it); its other dependencies on them only order it
         swapped: dict[int, Task] = {}
-        args = self._out_of_devices(task.args, task, swapped)
-        kwargs = self._out_of_devices(task.kwargs, task, swapped) if task.kwargs else task.kwargs
+        out_of_devices = functools.partial(self._copy_out, task, swapped)
+        args = replace_leaves(task.args, out_of_devices)
+        kwargs = replace_leaves(task.kwargs, out_of_devices) if task.kwargs else task.kwargs
         if not swapped:
             return
         task.args, task.kwargs = args, kwargs
         task.deps = (*(d for d in task.deps if id(d) not in swapped), *swapped.values())
 
-    def _out_of_devices(self, obj: Any, task: Task, swapped: dict[int, Task]) -> Any:
-        """``obj`` with each value that lives on a device of its own memory replaced by a copy task
-        bringing it to the host (one per value, kept in ``swapped`` by the id of what it copies)."""
-        if isinstance(obj, Task):
-            owner = self.preparers.get(obj.device)
-            if owner is None:
-                return obj
-            return self._copy_out(owner, obj, task, swapped)
-        kind = type(obj)
-        if kind is tuple or kind is list:
-            new = [self._out_of_devices(x, task, swapped) for x in obj]
-            return tuple(new) if kind is tuple else new
-        if kind is dict:
-            return {k: self._out_of_devices(v, task, swapped) for k, v in obj.items()}
-        for owner in self.preparers.values():
-            if owner.holds(obj):  # a device array passed as it is
-                return self._copy_out(owner, obj, task, swapped)
-        return obj
-
-    def _copy_out(self, owner: Executor, value: Any, task: Task, swapped: dict[int, Task]) -> Task:
+    def _copy_out(self, task: Task, swapped: dict[int, Task], value: Any) -> Any:
+        """``value`` as ``task`` (elsewhere) takes it: if it lives on a device of its own memory (a task
+        of that device, or one of its arrays), the copy task bringing it to the host, made once per
+        value (``swapped``, by the id of what it copies)."""
+        if isinstance(value, Task):
+            owner = self.preparers.get(value.device)
+        else:
+            for owner in self.preparers.values():
+                if owner.holds(value):  # a device array passed as it is
+                    break
+            else:
+                return value
+        if owner is None:
+            return value
         copy = swapped.get(id(value))
         if copy is None:
             copy = swapped[id(value)] = owner.host_copy(value, task)
@@ -936,19 +931,6 @@ def _cost_key(task: Task) -> tuple[Any, int]:
 def _without_foreign(items: list[tuple[str, Any]], bridge: AsyncioBridge) -> list[tuple[str, Any]]:
     """The instructions for the engine's loop: tokens of other loops are woken there directly."""
     return [item for item in items if item[0] == "resolve" or not bridge.foreign(item[1])]
-
-
-def _swap_tasks(obj: Any, swapped: dict[Task, Task]) -> Any:
-    """``obj`` with the tasks in ``swapped`` replaced (in lists, tuples and dicts too)."""
-    if isinstance(obj, Task):
-        return swapped.get(obj, obj)
-    if type(obj) is tuple:
-        return tuple(_swap_tasks(x, swapped) for x in obj)
-    if type(obj) is list:
-        return [_swap_tasks(x, swapped) for x in obj]
-    if type(obj) is dict:
-        return {k: _swap_tasks(v, swapped) for k, v in obj.items()}
-    return obj
 
 
 def _call_all(calls: list[Callable[[], None]]) -> None:

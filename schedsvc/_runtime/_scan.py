@@ -22,7 +22,7 @@ from .._core import Buffer, Task, safe_repr
 from .._errors import InvalidTask
 from ._memory import exports_memory, memory_of
 
-__all__ = ["buffer_of", "register_buffer_types", "scan", "substitute", "substitute_args"]
+__all__ = ["buffer_of", "register_buffer_types", "replace_leaves", "scan", "substitute", "substitute_args"]
 
 _ndarray = np.ndarray
 # values with no dependency and no memory a task could write: NumPy scalars are immutable too (but
@@ -188,3 +188,31 @@ def substitute(obj: Any) -> Any:
         return new
     hook = getattr(kind, "__schedsvc_substitute__", None)
     return obj if hook is None else hook(obj)
+
+
+def replace_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``obj`` with ``leaf(x)`` in place of each ``x`` that is not a list, tuple or dict, walking
+    containers as ``substitute`` does (subclasses kept); a container with nothing replaced is
+    returned itself, so walking arguments that need nothing allocates nothing."""
+    kind = type(obj)
+    if kind is list or kind is tuple or isinstance(obj, list | tuple):
+        items = [replace_leaves(x, leaf) for x in obj]
+        if all(new is old for new, old in zip(items, obj, strict=True)):
+            return obj
+        if kind is list or kind is tuple:
+            return kind(items)
+        if isinstance(obj, tuple):
+            return kind._make(items) if hasattr(kind, "_make") else kind(items)
+        copied = copy.copy(obj)  # a list subclass: its state kept
+        copied[:] = items
+        return copied
+    if kind is dict or isinstance(obj, dict):
+        values = {k: replace_leaves(v, leaf) for k, v in obj.items()}
+        if all(values[k] is v for k, v in obj.items()):
+            return obj
+        if kind is dict:
+            return values
+        copied = copy.copy(obj)
+        copied.update(values)
+        return copied
+    return leaf(obj)

@@ -47,7 +47,7 @@ current device.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -179,7 +179,3 @@ def load(simulated: bool) -> CudaApi:
     from ._cupy import api as cupy_api
 
     return cupy_api()
-
-
-#: a callable run on a driver thread by ``launch_host_func``
-HostFunc = Callable[[Any], None]

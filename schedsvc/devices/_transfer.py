@@ -9,7 +9,7 @@ D2H stream).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 __all__ = ["to_device"]
 
@@ -19,7 +19,3 @@ T = TypeVar("T")
 def to_device(value: T) -> T:
     """A host-to-device copy (launched by the CUDA executor on its H2D stream)."""
     return value
-
-
-def is_copy(fn: Any) -> bool:
-    return fn is to_device

@@ -31,6 +31,7 @@ retries once, then fails the task with ``MemoryLimitError``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections import deque
@@ -42,7 +43,7 @@ import numpy as np
 from .._errors import DeviceError, InvalidTask, MemoryLimitError
 from .._runtime import Runtime, Task
 from .._runtime._copies import Copies, CopyTask
-from .._runtime._scan import substitute, substitute_args
+from .._runtime._scan import replace_leaves, substitute, substitute_args
 from ._cudaapi import CudaApi, load
 from ._executor import Executor
 from ._transfer import to_device
@@ -144,9 +145,6 @@ class Track:
             if len(self.flights) == 1:
                 self.more.notify()
 
-    def in_flight(self) -> int:
-        return len(self.flights)
-
     def _watch(self) -> None:
         executor = self.executor
         executor.api.use_device(executor.index)
@@ -196,9 +194,7 @@ class CudaExecutor(Executor):
         self.stopping = False
         self.events: list[Any] = []  # recycled events, their last record passed
         self.flying: dict[Task, Flight] = {}  # launched, not complete (read by the launcher)
-        self.in_flight_lock = threading.Lock()
-        self.completions = threading.Condition(threading.Lock())  # an OOM retry waits for one
-        self.completed_count = 0
+        self.completions = threading.Condition(threading.Lock())  # an OOM retry waits on it
         self.translate = _translation(api.xp)
         api.use_device(self.index)
         self.compute = [Track(self, api.stream(self.index), f"{name}/s{i}") for i in range(streams)]
@@ -381,9 +377,9 @@ class CudaExecutor(Executor):
         staged: list[Any] = []
         fn = task.fn
         try:
-            if self._foreign(args) or self._foreign(kwargs):
-                args = self._onto_device(args, stream, track, staged)
-                kwargs = self._onto_device(kwargs, stream, track, staged)
+            onto = functools.partial(self._onto_device, stream, staged)
+            args = replace_leaves(args, onto)
+            kwargs = replace_leaves(kwargs, onto)
             with stream:
                 if fn is to_device:
                     value = args[0]  # (copied in by _onto_device)
@@ -402,21 +398,10 @@ class CudaExecutor(Executor):
         self.rt.launched(task, value)
         track.push(flight)
 
-    def _foreign(self, obj: Any) -> bool:
-        """Does ``obj`` hold a host array or another device's array (which must be copied here)?"""
-        if type(obj) is _ndarray:
-            return True
-        if isinstance(obj, self.api.ndarray):
-            return self.api.device_of(obj) != self.index
-        if isinstance(obj, list | tuple):
-            return any(self._foreign(x) for x in obj)
-        if isinstance(obj, dict):
-            return any(self._foreign(x) for x in obj.values())
-        return False
-
-    def _onto_device(self, obj: Any, stream: Any, track: Track, staged: list[Any]) -> Any:
-        """``obj`` with host arrays copied in on the H2D stream (through pinned staging) and other
-        devices' arrays copied here; ``stream`` waits for the copies."""
+    def _onto_device(self, stream: Any, staged: list[Any], obj: Any) -> Any:
+        """``obj`` (an argument) on this device: a host array copied in on the H2D stream (through
+        pinned staging, kept in ``staged``), another device's array copied here; ``stream`` waits
+        for the copies."""
         api = self.api
         if type(obj) is _ndarray:
             pinned = api.empty_pinned(obj.shape, obj.dtype)
@@ -435,12 +420,6 @@ class CudaExecutor(Executor):
         if isinstance(obj, api.ndarray) and api.device_of(obj) != self.index:
             with stream:
                 return api.copy(obj)
-        if isinstance(obj, list):
-            return [self._onto_device(x, stream, track, staged) for x in obj]
-        if isinstance(obj, tuple):
-            return tuple(self._onto_device(x, stream, track, staged) for x in obj)
-        if isinstance(obj, dict):
-            return {k: self._onto_device(v, stream, track, staged) for k, v in obj.items()}
         return obj
 
     # -- completing ----------------------------------------------------------------
@@ -468,7 +447,6 @@ class CudaExecutor(Executor):
                 rt.complete(task, None, error or flight.error)
             flight.held = flight.value = flight.task = None  # let go of what it touched: its event passed
         with self.completions:
-            self.completed_count += 1
             self.completions.notify_all()
 
     # -- transfers -----------------------------------------------------------------
@@ -476,30 +454,27 @@ class CudaExecutor(Executor):
     def to_host(self, value: Any) -> Any:
         """On a CPU thread: ``value`` (a completed device array, or a structure of them) as NumPy,
         copied on the D2H stream into pinned memory."""
+        return replace_leaves(value, self._array_to_host)
+
+    def _array_to_host(self, value: Any) -> Any:
         api = self.api
-        if isinstance(value, api.ndarray):
-            array: Any = value
-            api.use_device(self.index)
-            pinned = api.empty_pinned(array.shape, array.dtype)
-            track = self.d2h
-            stream = track.stream
-            t0 = time.perf_counter()
-            with stream:
-                api.d2h(array, pinned, stream)
-                event = api.event()
-                event.record(stream)
-            event.synchronize()  # (a CPU thread: it may wait; launching threads never do)
-            with track.more:
-                track.launches += 1
-                track.busy += time.perf_counter() - t0
-            return pinned
-        if isinstance(value, list):
-            return [self.to_host(x) for x in value]
-        if isinstance(value, tuple):
-            return tuple(self.to_host(x) for x in value)
-        if isinstance(value, dict):
-            return {k: self.to_host(v) for k, v in value.items()}
-        return value
+        if not isinstance(value, api.ndarray):
+            return value
+        array: Any = value
+        api.use_device(self.index)
+        pinned = api.empty_pinned(array.shape, array.dtype)
+        track = self.d2h
+        stream = track.stream
+        t0 = time.perf_counter()
+        with stream:
+            api.d2h(array, pinned, stream)
+            event = api.event()
+            event.record(stream)
+        event.synchronize()  # (a CPU thread: it may wait; launching threads never do)
+        with track.more:
+            track.launches += 1
+            track.busy += time.perf_counter() - t0
+        return pinned
 
     def prepare(self, task: Task, submit: Callable[[Task], None], copies: Copies) -> None:
         """With the runtime's lock held, before ``task`` (of this device) is admitted: each host array
@@ -508,14 +483,40 @@ class CudaExecutor(Executor):
         if task.fn is to_device:
             return
         moved: dict[int, Task] = {}  # host array's id -> its copy
-        args = _swap(task.args, self, task, submit, copies, moved)
-        kwargs = _swap(task.kwargs, self, task, submit, copies, moved) if task.kwargs else task.kwargs
+        copy_in = functools.partial(self._copy_in, task, submit, copies, moved)
+        args = replace_leaves(task.args, copy_in)
+        kwargs = replace_leaves(task.kwargs, copy_in) if task.kwargs else task.kwargs
         if not moved:
             return
         task.args, task.kwargs = args, kwargs
         task.deps = (*task.deps, *moved.values())
         # the host memory is read by the copies now, not by the task: a later host write waits for them
         task.buffers = tuple(b for b in task.buffers if b[0] not in moved or b[2])
+
+    def _copy_in(
+        self, task: Task, submit: Callable[[Task], None], copies: Copies, moved: dict[int, Task], obj: Any
+    ) -> Any:
+        """``obj`` (an argument of ``task``) as launched here: a host array owning its memory becomes
+        its H2D copy task; a device array of another device is refused."""
+        if type(obj) is _ndarray:
+            if obj.base is not None:
+                return obj  # a view: copied at launch, with the task
+            copy = copies.find(obj, self.name)
+            if copy is None:
+                copy = self.copy_task(obj, task)
+                submit(copy)
+                copies.add(obj, self.name, copy)
+            moved[id(obj)] = copy
+            return copy
+        if isinstance(obj, self.api.ndarray):
+            where = self.api.device_of(obj)
+            if where != self.index:
+                raise InvalidTask(
+                    f"an argument lives on cuda:{where}, but the task runs on {self.name}: device "
+                    f"arrays are not moved between devices implicitly; pass a Tensor moved with "
+                    f"t.to({self.name!r}) or the result of a task on {self.name}"
+                )
+        return obj
 
     def host_copy(self, value: Any, task: Task) -> CopyTask:
         """A CPU task (on ``task``'s device) copying ``value`` -- a task of this device, or one of its
@@ -562,51 +563,13 @@ class CudaExecutor(Executor):
     vets_tasks = True
 
 
-def _swap(
-    obj: Any,
-    executor: CudaExecutor,
-    task: Task,
-    submit: Callable[[Task], None],
-    copies: Copies,
-    moved: dict[int, Task],
-) -> Any:
-    """``obj`` with its host arrays (owning their memory) replaced by their H2D copy tasks."""
-    if type(obj) is _ndarray:
-        if obj.base is not None:
-            return obj  # a view: copied at launch, with the task
-        copy = copies.find(obj, executor.name)
-        if copy is None:
-            copy = executor.copy_task(obj, task)
-            submit(copy)
-            copies.add(obj, executor.name, copy)
-        moved[id(obj)] = copy
-        return copy
-    if isinstance(obj, executor.api.ndarray):
-        where = executor.api.device_of(obj)
-        if where != executor.index:
-            raise InvalidTask(
-                f"an argument lives on cuda:{where}, but the task runs on {executor.name}: device "
-                f"arrays are not moved between devices implicitly; pass a Tensor moved with "
-                f"t.to({executor.name!r}) or the result of a task on {executor.name}"
-            )
-        return obj
-    if type(obj) is tuple or type(obj) is list:
-        new = [_swap(x, executor, task, submit, copies, moved) for x in obj]
-        if all(a is b for a, b in zip(new, obj, strict=True)):
-            return obj
-        return tuple(new) if type(obj) is tuple else new
-    if type(obj) is dict:
-        swapped = {k: _swap(v, executor, task, submit, copies, moved) for k, v in obj.items()}
-        return obj if all(swapped[k] is v for k, v in obj.items()) else swapped
-    return obj
-
-
 def _flat(obj: Any) -> list[Any]:
     if isinstance(obj, list | tuple):
         return [x for item in obj for x in _flat(item)]
     return [obj]
 
 
+@functools.cache
 def _translation(xp: Any) -> dict[Any, Any]:
     """NumPy's functions and ufuncs -> the array module's of the same name (``np.zeros`` ->
     ``cupy.zeros``): a Tensor op or a NumPy callable submitted to a cuda device runs on it."""
