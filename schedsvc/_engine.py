@@ -1,4 +1,4 @@
-"""``Engine``: the asyncio frontend that turns calls into scheduled tasks.
+"""``Engine``: the async frontend (asyncio, or trio through anyio) that turns calls into scheduled tasks.
 
 The Engine checks what users submit, builds the task record (a Future), and
 hands it to the runtime, the one door to the scheduling core.  Tensors,
@@ -9,8 +9,8 @@ compiled functions and ``map`` pipelines reach the engine through its
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -21,6 +21,7 @@ from threading import get_ident
 from types import FunctionType, MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import numpy as np
 
 from ._config import Config
@@ -30,6 +31,7 @@ from ._future import Future, stop_through_await
 from ._lifecycle import STARTED, finish, watch_loop_end
 from ._port import LOOP_CLOSED, Port
 from ._runtime import Runtime, scan
+from ._runtime._bridge import is_cancellation
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._validate import ASYNC_CODE, SYNC_KINDS, async_fn, check_fn, submit_while_tracing
@@ -66,7 +68,7 @@ class Engine:
         self._port = Port(config, TensorMemory())
         self._sync_mode = config.sync_mode
         self._vet: list[Executor] = []  # executors that check each task at submission (check_task)
-        self._closing: asyncio.Future[None] | None = None
+        self._closing: anyio.Event | None = None  # set once the first aclose has finished
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
 
     @property
@@ -90,7 +92,7 @@ class Engine:
             clock=time.perf_counter,
             **scheduler_options(kinds, self.config),
         )
-        rt = Runtime(core, asyncio.get_running_loop(), self.config.inline_threshold_us / 1e6, _refusal(port))
+        rt = Runtime(core, self.config.inline_threshold_us / 1e6, _refusal(port))
         for name, kind in kinds.items():
             rt.add_device(name, await kind.open(rt, name, self.config))
         for executor in rt.devices.values():
@@ -113,7 +115,7 @@ class Engine:
         port = self._port
         rt = port.rt
         if self._closing is not None:
-            await asyncio.shield(self._closing)
+            await self._closing.wait()
             if rt is not None:  # a close that was cancelled left threads finishing up
                 await rt.join(_JOIN_TIMEOUT_S)
             return
@@ -125,7 +127,7 @@ class Engine:
                 await rt.join(_JOIN_TIMEOUT_S)
             return
         port.state = "closing"
-        self._closing = asyncio.get_running_loop().create_future()
+        self._closing = anyio.Event()
         try:
             try:
                 stuck = await rt.shutdown(cancel_pending, _JOIN_TIMEOUT_S)
@@ -135,7 +137,7 @@ class Engine:
                 warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
         finally:
             port.state = "closed"
-            self._closing.set_result(None)
+            self._closing.set()
             finish(port.loop_watch)
 
     def _write_life_trace(self, rt: Runtime) -> None:
@@ -149,12 +151,19 @@ class Engine:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        interrupted = exc_type is not None and issubclass(
-            exc_type, asyncio.CancelledError | KeyboardInterrupt
-        )
-        notice = asyncio.ensure_future(_say_what_close_waits_for(self._port)) if interrupted else None
+        interrupted = exc is not None and (isinstance(exc, KeyboardInterrupt) or is_cancellation(exc))
+        rt = self._port.rt
+        notice = None
+        if interrupted and rt is not None:
+            notice = rt.bridge.spawn(
+                functools.partial(_say_what_close_waits_for, self._port), "schedsvc notice"
+            )
         try:
-            await self.aclose(cancel_pending=exc_type is not None)
+            # trio's cancellation holds inside the cancelled scope: a close after it is shielded, as
+            # asyncio's (delivered once) lets it run; Ctrl-C still stops it
+            shielded = exc is not None and rt is not None and rt.loop is None
+            with anyio.CancelScope(shield=True) if shielded else contextlib.nullcontext():
+                await self.aclose(cancel_pending=exc_type is not None)
         finally:
             if notice is not None:
                 notice.cancel()
@@ -212,8 +221,9 @@ class Engine:
         if token is not None:
             try:
                 await token
-            except asyncio.CancelledError:
-                task.cancel()  # not admitted yet, or admitted and now unwanted
+            except BaseException as exc:
+                if is_cancellation(exc):
+                    task.cancel()  # not admitted yet, or admitted and now unwanted
                 raise
         if rt.forwarding:
             rt.admitted(task)
@@ -506,7 +516,7 @@ def _task(
 
 async def _say_what_close_waits_for(port: Port) -> None:
     """After Ctrl-C, a close that waits for running tasks says so once, and how to stop waiting."""
-    await asyncio.sleep(_INTERRUPT_GRACE_S)  # tasks about to finish need no word
+    await anyio.sleep(_INTERRUPT_GRACE_S)  # tasks about to finish need no word
     rt = port.rt
     if rt is None or port.state != "closing":
         return

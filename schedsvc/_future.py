@@ -1,4 +1,4 @@
-"""``Future``: the handle ``submit`` returns, awaitable from asyncio, blockable from threads."""
+"""``Future``: the handle ``submit`` returns, awaitable from asyncio and trio, blockable from threads."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import FINAL_STATES, Task
 from ._errors import SchedsvcError
+from ._runtime._bridge import cancelled_error, is_cancellation
 from ._runtime._remote import Remote
 
 if TYPE_CHECKING:
@@ -25,9 +26,12 @@ class Future(Task, Generic[T]):
     """The result of a submitted task; pass it to another task to depend on it.
 
     ``await fut`` returns the value or raises the task's exception (for a
-    cancelled task, ``asyncio.CancelledError``).  Cancelling a coroutine that
-    awaits a future cancels the task if it has not started, as with
-    ``asyncio.Future``; wrap it in ``asyncio.shield`` to keep it running.
+    cancelled task, ``asyncio.CancelledError`` under asyncio and
+    ``concurrent.futures.CancelledError`` under trio, whose ``Cancelled``
+    belongs to its cancel scopes).  Cancelling a coroutine that awaits a
+    future cancels the task if it has not started, as with ``asyncio.Future``
+    (under trio: a cancel scope around the ``await``); wrap it in
+    ``asyncio.shield`` (a shielded trio ``CancelScope``) to keep it running.
     """
 
     __slots__ = ("_port", "_rt")
@@ -65,13 +69,14 @@ class Future(Task, Generic[T]):
         if self.state not in FINAL_STATES and not self._rt.run_inline(self):
             try:
                 yield from self._rt.wait(self).__await__()
-            except asyncio.CancelledError:
-                self.cancel()  # the awaiter gave up: an unstarted task is not wanted
+            except BaseException as exc:
+                if is_cancellation(exc):
+                    self.cancel()  # the awaiter gave up: an unstarted task is not wanted
                 raise
         if self._rt.remote and self.state == "done" and isinstance(self.value, Remote):
             return (yield from self.value.get().__await__())  # type: ignore[no-any-return]
         try:
-            return self._outcome(asyncio.CancelledError)
+            return self._outcome(cancelled_error())
         except StopIteration as exc:  # PEP 479 would turn it into a bare RuntimeError here
             raise stop_through_await(self, exc) from exc
 
@@ -120,7 +125,7 @@ class Future(Task, Generic[T]):
         if self.state not in FINAL_STATES:
             raise asyncio.InvalidStateError(f"{self!r} is not done; await fut.wait() first")
         if self.state == "cancelled":
-            raise asyncio.CancelledError(f"{self!r} was cancelled")
+            raise cancelled_error()(f"{self!r} was cancelled")
         return self.error
 
     def cancel(self) -> bool:

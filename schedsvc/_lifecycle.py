@@ -5,38 +5,51 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any
 
 from ._port import LOOP_CLOSED, warn_unclosed
 
 if TYPE_CHECKING:
     from ._port import Port
 
-__all__ = ["STARTED", "finish", "watch_loop_end"]
+__all__ = ["STARTED", "finish", "on_asyncio_end", "watch_loop_end"]
 
 STARTED: weakref.WeakSet[Port] = (
     weakref.WeakSet()
 )  # ports of engines started in this process (not kept alive)
 
 
-def watch_loop_end(port: Port) -> AsyncGenerator[None, None]:
-    """An async generator, started and left suspended, that the engine's loop closes when it shuts down.
+def watch_loop_end(port: Port) -> Any:
+    """Notice the engine's loop (or trio run) ending while the engine is open; a handle for ``finish``.
+
+    It holds the engine weakly, so a forgotten engine is still garbage-collected (and warns then,
+    in ``__del__``).
+    """
+    ref = weakref.ref(port)
+
+    def ended() -> None:
+        alive = ref()
+        if alive is not None:
+            _loop_ended(alive)
+
+    assert port.rt is not None
+    return port.rt.bridge.watch_end(ended)
+
+
+def on_asyncio_end(callback: Callable[[], None]) -> AsyncGenerator[None, None]:
+    """An async generator, started and left suspended, that the running loop closes when it shuts down.
 
     asyncio has no hook for a loop's end, but ``asyncio.run`` (and every Runner) closes the async
     generators still suspended on its loop (``shutdown_asyncgens``) before it closes the loop: the
-    generator's ``finally`` is the moment an engine that was never closed is found out.  It holds the
-    engine weakly, so a forgotten engine is still garbage-collected (and warns then, in ``__del__``).
+    generator's ``finally`` is the moment an engine that was never closed is found out.
     """
-    ref = weakref.ref(port)
 
     async def watch() -> AsyncGenerator[None, None]:
         try:
             yield
         finally:
-            alive = ref()
-            if alive is not None:
-                _loop_ended(alive)
+            callback()
 
     gen = watch()
     with contextlib.suppress(StopIteration):  # run to its yield: the loop's hooks now track it
@@ -52,11 +65,14 @@ def _loop_ended(port: Port) -> None:
         warn_unclosed(what)
 
 
-def finish(gen: AsyncGenerator[None, None] | None) -> None:
-    """Close a suspended ``watch_loop_end`` generator now (its ``finally`` has nothing to await)."""
-    if gen is not None:
+def finish(handle: Any) -> None:
+    """Stop watching (``watch_loop_end``'s handle): close asyncio's suspended generator now (its
+    ``finally`` has nothing to await), or take trio's callback off."""
+    if isinstance(handle, AsyncGenerator):
         with contextlib.suppress(StopIteration, RuntimeError):
-            gen.aclose().send(None)
+            handle.aclose().send(None)
+    elif handle is not None:
+        handle.cancel()
 
 
 def _after_fork_in_child() -> None:

@@ -1,7 +1,7 @@
 """``eng.map``: an async generator that runs ``fn(item)`` as a task per item, a window at a time.
 
-Two coroutines share one ``_Pipeline``.  The *feeder* (an asyncio task of its
-own) takes a slot of the window, pulls the next item from the source, submits
+Two coroutines share one ``_Pipeline``.  The *feeder* (a background task of
+its own on the engine's loop, ``Bridge.spawn``) takes a slot of the window, pulls the next item from the source, submits
 ``fn(item)`` through the engine's normal admission, and repeats; the
 *consumer* (the generator body, running in whoever iterates it) hands the
 results out and gives each slot back as it yields.  So the source is pulled
@@ -20,10 +20,13 @@ when the generator ends, however it ends.
 
 from __future__ import annotations
 
-import asyncio
+import math
 import types
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._core import name_of
 from ._future import stop_through_await
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._future import Future
     from ._port import Port
+    from ._runtime._bridge import Job
 
 __all__ = ["pipeline"]
 
@@ -123,17 +127,19 @@ class _Pipeline(Generic[T]):
         self.live: dict[Future[T], None] = {}
         self.ended = False  # the consumer has seen _END
         self.stopping = False  # the consumer has gone: the feeder submits nothing more
-        self.feeder: asyncio.Task[None] | None = None
-        self.slots: asyncio.Semaphore
-        self.events: asyncio.Queue[Future[T] | _End | _Failure]
+        self.feeder: Job | None = None
+        self.slots: anyio.Semaphore
+        self.events: MemoryObjectSendStream[Future[T] | _End | _Failure]
+        self.received: MemoryObjectReceiveStream[Future[T] | _End | _Failure]
 
     # -- the consumer ------------------------------------------------------------
 
     async def results(self) -> AsyncGenerator[T, None]:
         """The generator ``eng.map`` returns: results in source order, or as they complete."""
-        self.slots = asyncio.Semaphore(self.window)
-        self.events = asyncio.Queue()
-        self.feeder = asyncio.create_task(self.feed(), name=f"eng.map feeder of {name_of(self.fn)}")
+        self.slots = anyio.Semaphore(self.window)
+        self.events, self.received = anyio.create_memory_object_stream(math.inf)
+        bridge = self.engine._port.running().bridge
+        self.feeder = bridge.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}")
         try:
             while (fut := await self.next_future()) is not None:
                 try:
@@ -149,7 +155,7 @@ class _Pipeline(Generic[T]):
     async def next_future(self) -> Future[T] | None:
         """The next future to yield (submitted, or finished if unordered); None at the end."""
         while not (self.ended and not self.live):
-            event = await self.events.get()
+            event = await self.received.receive()
             if isinstance(event, _Failure):
                 raise event.error
             if isinstance(event, _End):
@@ -166,16 +172,18 @@ class _Pipeline(Generic[T]):
         if feeder is None:
             return
         try:
-            if not feeder.done():
-                # a source that swallows this cancellation hands the feeder an item; `stopping`
-                # makes it drop that item and end, rather than submit it and wait for a slot that
-                # nobody will give back
-                feeder.cancel()
-                await asyncio.wait([feeder])
+            # a source that swallows this cancellation hands the feeder an item; `stopping` makes it
+            # drop that item and end, rather than submit it and wait for a slot that nobody will give
+            # back.  The wait is shielded: a consumer cancelled by a trio scope still stops its feeder
+            feeder.cancel()
+            with anyio.CancelScope(shield=True):
+                await feeder.wait()
         finally:
             self.cancel_live()
-        if not feeder.cancelled() and (error := feeder.exception()) is not None:
-            raise error  # closing the source failed
+            self.events.close()
+            self.received.close()
+        if feeder.error is not None:
+            raise feeder.error  # closing the source failed
 
     def cancel_live(self) -> None:
         for fut in list(self.live):
@@ -188,18 +196,18 @@ class _Pipeline(Generic[T]):
         try:
             await self.submit_all()
         except Exception as exc:  # the source's or submit's error, delivered at its place in the order
-            self.events.put_nowait(_Failure(exc))
+            self.events.send_nowait(_Failure(exc))
         except BaseException as exc:  # cancelled (by the consumer, or by whoever cancelled us)
-            self.events.put_nowait(_Failure(exc))
+            self.events.send_nowait(_Failure(exc))
             raise
         else:
-            self.events.put_nowait(_END)
+            self.events.send_nowait(_END)
         finally:
             await self.close_source()
 
     async def submit_all(self) -> None:
         engine, fn, options, live, events = self.engine, self.fn, self.options, self.live, self.events
-        completed = events.put_nowait
+        completed = events.send_nowait
         async_items, sync_items = _split(self.items)
         while True:
             await self.slots.acquire()  # a slot before pulling: never hold an item we cannot submit
@@ -210,7 +218,7 @@ class _Pipeline(Generic[T]):
             fut: Future[T] = await engine.submit(fn, item, **options)
             live[fut] = None
             if self.ordered:
-                events.put_nowait(fut)
+                events.send_nowait(fut)
             else:
                 fut.add_done_callback(completed)
 

@@ -1,75 +1,118 @@
-"""The bridge from worker threads to the event loop, for asyncio.
+"""The bridge from worker threads to the event loop: one per async library, chosen at start.
 
 Worker threads never touch the loop's objects.  What the loop must learn (a
 task somebody awaits is final, a queued submission got in, a ``waitall`` is
 satisfied) is ``post``-ed under the runtime's lock, and the first item of a
-burst schedules one ``call_soon_threadsafe(drain)``; the rest ride along.  A
-*token* is the loop-side object one waiter awaits (an asyncio future here);
-``settle`` completes one from any thread, on its own loop, so a coroutine
-awaiting on another loop is woken there directly.
+burst schedules one drain on the loop; the rest ride along.  A *token* is the
+loop-side object one waiter awaits: an asyncio future, a trio ``Waiter``
+(``_trio.py``), or a thread's; ``settle`` completes one from any thread, in
+its own loop (or thread), so a waiter elsewhere is woken there directly.
 
-This module is the only part of the runtime that knows asyncio's objects.  A
-second async library (trio) is a second class with these methods, chosen at
-engine start; the runtime calls nothing else of it.
+This module and ``_trio.py`` are the only parts of the runtime that know the
+async libraries' own objects.  ``open_bridge`` picks the bridge for the
+library running the engine's start: ``AsyncioBridge`` here, ``TrioBridge``
+(imported only then) for trio.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import logging
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .._core import FINAL_STATES
-from .._errors import FORKED, EngineClosed
+from .._errors import FORKED, EngineClosed, SchedsvcError
 
 if TYPE_CHECKING:
     from .._core import Task
     from ._runtime import Runtime
 
-__all__ = ["AsyncioBridge", "fire", "on_loop", "settle", "unwatch", "watch"]
+__all__ = [
+    "AsyncioBridge",
+    "Bridge",
+    "Job",
+    "Token",
+    "cancelled_error",
+    "fire",
+    "is_cancellation",
+    "new_token",
+    "on_loop",
+    "open_bridge",
+    "settle",
+    "unwatch",
+    "watch",
+]
 
 _LockType = type(threading.Lock())
 
 
-class AsyncioBridge:
-    """Hands the runtime's instructions to one asyncio event loop."""
+class Token:
+    """A one-shot that is not an asyncio future (a trio task's, a thread's): ``settle`` completes it
+    from any thread.  ``home`` is what it belongs to (a trio run's token; None for a thread)."""
 
-    #: what a waiter's wait raises when its caller is cancelled
-    Cancelled = asyncio.CancelledError
+    __slots__ = ()
+    home: Any
 
-    def __init__(self, rt: Runtime, loop: asyncio.AbstractEventLoop) -> None:
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def settle(self, error: BaseException | None = None) -> None:
+        raise NotImplementedError
+
+
+class Job:
+    """A coroutine running in the background on the engine's loop (``Bridge.spawn``)."""
+
+    __slots__ = ("_cancel", "error", "finished")
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None  # what it raised (not its cancellation)
+        self.finished: Any = None  # an anyio.Event, set once it has ended
+        self._cancel: Callable[[], Any] = lambda: None
+
+    def cancel(self) -> None:
+        self._cancel()
+
+    async def wait(self) -> None:
+        """Until it has ended (cancelling this wait leaves the job running)."""
+        await self.finished.wait()
+
+
+class Bridge:
+    """What both bridges share: the burst of instructions for the loop, and waiting on a task."""
+
+    #: what the loop is (an asyncio loop; a trio run's token): tokens of another home are woken there
+    home: Any
+    #: the asyncio loop, or None on trio (Dask's client needs one)
+    loop: asyncio.AbstractEventLoop | None
+    #: has the loop (or trio run) ended?  Asked on every submission
+    closed: Callable[[], bool]
+
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.loop = loop
         self.to_loop: list[tuple[str, Any]] = []  # instructions for the loop; under the runtime's lock
         self.drain_scheduled = False
-        #: has the loop closed?  (its own method, bound: asked on every submission, so no frame of ours)
-        self.closed: Callable[[], bool] = loop.is_closed
 
     # -- tokens ------------------------------------------------------------------
 
-    def token(self) -> asyncio.Future[None]:
-        """A one-shot the calling coroutine awaits (on its own loop); ``settle`` completes it."""
-        return asyncio.get_running_loop().create_future()
-
     def foreign(self, token: Any) -> bool:
-        """Is ``token`` (or a task's watcher) a future of another event loop?"""
-        return isinstance(token, asyncio.Future) and token.get_loop() is not self.loop
-
-    def current(self) -> Any:
-        """The coroutine's task running now on the engine's loop, or None (another loop, a thread)."""
-        if asyncio._get_running_loop() is not self.loop:
-            return None
-        return asyncio.current_task()
+        """Is ``token`` (or a task's watcher) another loop's, run's or thread's: woken there, not here?"""
+        if isinstance(token, asyncio.Future):
+            return token.get_loop() is not self.home
+        return isinstance(token, Token) and token.home is not self.home
 
     async def wait(self, task: Task) -> None:
-        """Wait on the event loop until ``task`` is final (``Runtime.wait``)."""
+        """Wait, in whichever library runs the caller, until ``task`` is final (``Runtime.wait``)."""
         rt = self.rt
         if rt.forked:
             raise EngineClosed(FORKED)
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
+        loop = asyncio._get_running_loop()
+        waiter = loop.create_future() if loop is not None else new_token()
         with rt.lock:
             if task.state in FINAL_STATES:
                 return
@@ -83,27 +126,12 @@ class AsyncioBridge:
             after()
         try:
             await waiter
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled (either library's way), or interrupted
             with rt.lock:
                 unwatch(task, waiter)
             raise
 
-    # -- scheduling on the loop --------------------------------------------------
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-    async def wait_for(self, token: asyncio.Future[None], timeout: float) -> None:
-        """Await ``token`` for at most ``timeout`` seconds (TimeoutError after; the token is cancelled)."""
-        await asyncio.wait_for(token, timeout)
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn`` on the loop's thread soon (from that thread)."""
-        self.loop.call_soon(fn, *args)
-
-    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn`` on the loop soon, from any thread (RuntimeError once the loop is closed)."""
-        self.loop.call_soon_threadsafe(fn, *args)
+    # -- the burst of instructions ---------------------------------------------------
 
     def post(self, items: list[tuple[str, Any]], wakes: list[Callable[[], None]]) -> None:
         """With the runtime's lock held: deliver ``items`` on the loop; the first of a burst adds the
@@ -114,15 +142,13 @@ class AsyncioBridge:
             wakes.append(self._schedule_drain)
 
     def _schedule_drain(self) -> None:
-        try:
-            if on_loop(self.loop):
-                self.loop.call_soon(self._drain)
-            else:
-                self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # loop closed: nobody can await anything any more
-            with self.rt.lock:
-                self.to_loop.clear()
-                self.drain_scheduled = False
+        raise NotImplementedError
+
+    def _dropped(self) -> None:
+        """The loop has ended: nobody can await anything any more."""
+        with self.rt.lock:
+            self.to_loop.clear()
+            self.drain_scheduled = False
 
     def _drain(self) -> None:
         with self.rt.lock:
@@ -152,6 +178,122 @@ class AsyncioBridge:
         self.drain_scheduled = False
 
 
+class AsyncioBridge(Bridge):
+    """Hands the runtime's instructions to one asyncio event loop."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def __init__(self, rt: Runtime, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(rt)
+        self.loop = self.home = loop
+        #: has the loop closed?  (its own method, bound: asked on every submission, so no frame of ours)
+        self.closed = loop.is_closed
+
+    def token(self) -> Any:
+        """A one-shot the calling coroutine awaits (in its own loop); ``settle`` completes it."""
+        loop = asyncio._get_running_loop()
+        return loop.create_future() if loop is not None else new_token()
+
+    def current(self) -> Any:
+        """The coroutine's task running now on the engine's loop, or None (another loop, a thread)."""
+        if asyncio._get_running_loop() is not self.loop:
+            return None
+        return asyncio.current_task()
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn`` on the loop's thread soon (from that thread), once the caller has yielded."""
+        self.loop.call_soon(fn, *args)
+
+    def call_soon_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn`` on the loop soon, from any thread (RuntimeError once the loop is closed)."""
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str) -> Job:
+        """Run ``fn()`` in the background on the loop until it ends or ``job.cancel()``."""
+        import anyio
+
+        job = Job()
+        job.finished = anyio.Event()
+
+        async def run() -> None:
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                pass
+            except BaseException as exc:
+                job.error = exc
+            finally:
+                job.finished.set()
+
+        task = self.loop.create_task(run(), name=name)
+        job._cancel = task.cancel
+        return job
+
+    def watch_end(self, callback: Callable[[], None]) -> Any:
+        """Call ``callback`` when the loop shuts down with this still open (``_lifecycle``)."""
+        from .._lifecycle import on_asyncio_end
+
+        return on_asyncio_end(callback)
+
+    def _schedule_drain(self) -> None:
+        try:
+            if on_loop(self.loop):
+                self.loop.call_soon(self._drain)
+            else:
+                self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # loop closed: nobody can await anything any more
+            self._dropped()
+
+
+def open_bridge(rt: Runtime) -> AsyncioBridge | Any:
+    """The bridge for the async library running this call: asyncio, or trio (through anyio or not)."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return AsyncioBridge(rt, loop)
+    if _in_trio():
+        from ._trio import TrioBridge
+
+        return TrioBridge(rt)
+    raise SchedsvcError(
+        "the engine starts inside a running event loop: asyncio (asyncio.run(main())), trio "
+        "(trio.run(main)) or anyio (anyio.run(main, backend='trio')); from code with no event loop "
+        "use schedsvc.executor()"
+    )
+
+
+def _in_trio() -> bool:
+    trio = sys.modules.get("trio")
+    return trio is not None and bool(trio.lowlevel.in_trio_run())
+
+
+def new_token() -> Any:
+    """A one-shot for the calling coroutine, in whichever library runs it."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop.create_future()
+    if _in_trio():
+        from ._trio import Waiter
+
+        return Waiter()
+    raise SchedsvcError("an engine's futures are awaited inside a running asyncio or trio event loop")
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Is ``exc`` the cancellation of the coroutine it reached (asyncio's or trio's)?"""
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    trio = sys.modules.get("trio")
+    return trio is not None and isinstance(exc, trio.Cancelled)
+
+
+def cancelled_error() -> type[BaseException]:
+    """What awaiting a cancelled task raises here: asyncio's CancelledError in asyncio; elsewhere
+    (trio, whose Cancelled belongs to its cancel scopes) concurrent.futures' CancelledError."""
+    if asyncio._get_running_loop() is not None:
+        return asyncio.CancelledError
+    return concurrent.futures.CancelledError
+
+
 def watch(task: Task, watcher: Any) -> None:
     """Add ``watcher`` (a token, a callback, a thread's gate) to those woken when ``task`` is final."""
     if task.watchers is None:
@@ -175,20 +317,30 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 
 
 def fire(watcher: Any, task: Task | None) -> None:
-    """Wake an asyncio future (on its own loop) or call a done-callback."""
-    if isinstance(watcher, asyncio.Future):
+    """Wake a token (in its own loop) or call a done-callback."""
+    if isinstance(watcher, asyncio.Future | Token):
         settle(watcher)
         return
     try:
         watcher(task)
     except Exception as exc:  # a callback's error must not stop the others
-        asyncio.get_running_loop().call_exception_handler(
-            {"message": f"exception in done callback {watcher!r} of {task!r}", "exception": exc}
-        )
+        report(exc, f"exception in done callback {watcher!r} of {task!r}")
 
 
-def settle(token: asyncio.Future[None], error: BaseException | None = None) -> None:
-    """Complete an asyncio future (with ``error``, if given) from any thread, on its own loop."""
+def report(exc: BaseException, message: str) -> None:
+    """An error nobody can be raised to: to asyncio's exception handler, or else the ``schedsvc`` logger."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        loop.call_exception_handler({"message": message, "exception": exc})
+    else:
+        logging.getLogger("schedsvc").error(message, exc_info=exc)
+
+
+def settle(token: Any, error: BaseException | None = None) -> None:
+    """Complete a token (with ``error``, if given) from any thread, in its own loop."""
+    if not isinstance(token, asyncio.Future):
+        token.settle(error)
+        return
 
     def complete() -> None:
         if token.done():

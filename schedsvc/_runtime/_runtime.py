@@ -24,7 +24,6 @@ loop.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import threading
@@ -35,12 +34,13 @@ from collections.abc import Callable
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
 from .._core import FINAL_STATES, Scheduler, Task
 from .._errors import FORKED, EngineClosed, SchedsvcError
 from .._timeline import Timeline
-from ._bridge import AsyncioBridge, fire, settle, unwatch, watch
+from ._bridge import Bridge, fire, open_bridge, settle, unwatch, watch
 from ._copies import Copies
 from ._scan import register_buffer_types, replace_leaves, substitute, substitute_args
 
@@ -74,7 +74,6 @@ class Runtime:
     def __init__(
         self,
         core: Scheduler,
-        loop: asyncio.AbstractEventLoop,
         inline_threshold_s: float = 0.0,
         refusal: Callable[[], BaseException] | None = None,
     ) -> None:
@@ -82,8 +81,9 @@ class Runtime:
         self.inline_threshold_s = inline_threshold_s
         self._costs: dict[Any, float] = {}  # (code, log2 input bytes) -> seconds, smoothed
         self.lock = threading.Lock()
-        self.loop = loop
-        self.bridge = AsyncioBridge(self, loop)
+        #: the bridge for the async library that runs the engine's start (asyncio, trio)
+        self.bridge = open_bridge(self)
+        self.loop = self.bridge.loop  # the asyncio loop; None on trio
         #: ``await rt.wait(task)``: wait on the event loop until ``task`` is final (the bridge's own
         #: method, bound here: no frame of the runtime's on the path of every await)
         self.wait = self.bridge.wait
@@ -404,7 +404,7 @@ class Runtime:
             after()
         try:
             await token
-        except self.bridge.Cancelled:  # still queued, or let through after all: give the slot back
+        except BaseException:  # cancelled: still queued, or let through after all: give the slot back
             self.under_lock(_leave_queue, core, token)
             raise
         caller = self.bridge.current()
@@ -557,7 +557,7 @@ class Runtime:
             alive = [t for executor in self.devices.values() for t in executor.join(0)]
             if not alive or time.monotonic() > deadline:
                 return alive
-            await self.bridge.sleep(0.001)  # they were told to stop; they exit within microseconds
+            await anyio.sleep(0.001)  # they were told to stop; they exit within microseconds
 
     def close(self) -> None:
         """Take no more work (nested work of running tasks still gets in)."""
@@ -618,7 +618,8 @@ class Runtime:
             if predicate():
                 return
             try:
-                await self.bridge.wait_for(token, timeout)
+                with anyio.fail_after(timeout):
+                    await token
             except TimeoutError:
                 raise TimeoutError(f"{predicate!r} did not hold within {timeout} s") from None
         finally:
@@ -928,7 +929,7 @@ def _cost_key(task: Task) -> tuple[Any, int]:
     return code, size.bit_length()
 
 
-def _without_foreign(items: list[tuple[str, Any]], bridge: AsyncioBridge) -> list[tuple[str, Any]]:
+def _without_foreign(items: list[tuple[str, Any]], bridge: Bridge) -> list[tuple[str, Any]]:
     """The instructions for the engine's loop: tokens of other loops are woken there directly."""
     return [item for item in items if item[0] == "resolve" or not bridge.foreign(item[1])]
 

@@ -11,7 +11,6 @@ the first few such retraces give one ``RuntimeWarning`` that names
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import inspect
 import json
@@ -31,6 +30,7 @@ from .._core import name_of
 from .._errors import LoadError, SchedsvcError, TraceError
 from .._port import port_of
 from .._runtime import buffer_of
+from .._runtime._bridge import is_cancellation
 from ..tensor import Op, Tensor
 from ..tensor._tensor import check_out
 from ..tensor._tracking import queue_op
@@ -84,13 +84,14 @@ class _Entry:
 
     async def launch_waiting(self, engine: Port, arrays: Sequence[Any], compiled: Compiled) -> Any:
         """Queue one replay, waiting for room (FIFO) while the engine is at its limits."""
-        waiting: list[asyncio.Future[None]] = []
+        waiting: list[Any] = []
         whole = self._replay(engine, arrays, compiled, waiting)
         if waiting:
             try:
                 await waiting[0]
-            except asyncio.CancelledError:
-                whole.cancel()  # not admitted yet, or admitted and now unwanted
+            except BaseException as exc:
+                if is_cancellation(exc):
+                    whole.cancel()  # not admitted yet, or admitted and now unwanted
                 raise
         return self._outputs(engine, arrays, whole)
 
@@ -99,7 +100,7 @@ class _Entry:
         engine: Port,
         arrays: Sequence[Any],
         compiled: Compiled,
-        waiting: list[asyncio.Future[None]] | None,
+        waiting: list[Any] | None,
     ) -> Tensor:
         """The replay task, admitted within the engine's limits (or queued for admission, given ``waiting``)."""
         if self.graph.out_kind == "single":

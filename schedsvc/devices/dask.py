@@ -305,12 +305,19 @@ class DaskExecutor(Executor):
         self._span_waiters: dict[str, asyncio.Future[None]] = {}
         self._busy: dict[str, float] = {}  # seconds of traced tasks per Dask worker track
         self.topic = f"{self._prefix}-spans"  # this engine's span events, and no other engine's
+        assert rt.loop is not None  # (open refuses a trio engine)
+        self.loop: asyncio.AbstractEventLoop = rt.loop
         self.fetcher = Fetcher(client, rt.loop)
         client.subscribe_topic(self.topic, self._on_span)
 
     @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> DaskExecutor:
         """Start an async Client on the running loop (and a LocalCluster if no address is given)."""
+        if rt.loop is None:
+            raise DeviceError(
+                "backend='dask' runs under asyncio only: Dask's Client is built on asyncio; run the program "
+                "with asyncio.run(main()) or anyio.run(main, backend='asyncio'), or use the local devices"
+            )
         distributed = _import_distributed()
         cluster = None
         if config.dask_address is None:
@@ -379,7 +386,7 @@ class DaskExecutor(Executor):
     # -- sending -----------------------------------------------------------------
 
     def _schedule_pump(self) -> None:
-        loop = self.rt.loop
+        loop = self.loop
         try:
             if on_loop(loop):
                 loop.call_soon(self._pump)
@@ -404,7 +411,7 @@ class DaskExecutor(Executor):
         dependencies qualify: a task held back by a buffer hazard (or one that
         writes ``out=``, which is written back here in order) waits for the core.
         """
-        loop = self.rt.loop
+        loop = self.loop
         if not on_loop(loop):
             loop.call_soon_threadsafe(self.forward, task)
             return
@@ -458,7 +465,7 @@ class DaskExecutor(Executor):
         self.sent[task] = dfut
         if isinstance(out, np.ndarray):
             self.writers.add(task)
-        watcher = self.rt.loop.create_task(
+        watcher = self.loop.create_task(
             self._watch(task, dfut, out if isinstance(out, np.ndarray) else None)
         )
         self._watchers.add(watcher)
@@ -515,7 +522,7 @@ class DaskExecutor(Executor):
 
     async def _wait_for_span(self, key: str) -> None:
         """A traced task is done: its span event is normally here already; wait briefly if not."""
-        waiter = self._span_waiters[key] = self.rt.loop.create_future()
+        waiter = self._span_waiters[key] = self.loop.create_future()
         try:
             await asyncio.wait_for(waiter, _SPAN_WAIT_S)
         except TimeoutError:  # the worker died after running it, say: the task is done without a span
@@ -554,12 +561,12 @@ class DaskExecutor(Executor):
             self._call_on_loop(self._cancel_now, futures)
 
     def _cancel_now(self, futures: list[DaskFuture]) -> None:
-        job = self.rt.loop.create_task(self.client.cancel(futures, reason="cancelled by schedsvc"))
+        job = self.loop.create_task(self.client.cancel(futures, reason="cancelled by schedsvc"))
         self._watchers.add(job)
         job.add_done_callback(self._watchers.discard)
 
     def _call_on_loop(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self.rt.loop
+        loop = self.loop
         if on_loop(loop):
             fn(*args)
         else:
