@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 import schedsvc as ss
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_pycollect_makeitem(collector: Any, name: str, obj: object) -> Iterator[None]:
+    """Which async library runs each coroutine test: trio (anyio's plugin) for the ``anyio_backend="trio"``
+    parameter of the tests run on both libraries, else asyncio (pytest-asyncio, in its strict mode, which
+    lets two plugins share a suite).  Runs inside pytest-asyncio's own hook, before it looks for the mark."""
+    outcome: Any = yield
+    items = outcome.get_result()
+    for item in items if isinstance(items, list) else [items] if items else []:
+        if not isinstance(item, pytest.Function):
+            continue
+        hypothesis = getattr(item.obj, "hypothesis", None)  # a @given test: its inner test is the coroutine
+        if not inspect.iscoroutinefunction(getattr(hypothesis, "inner_test", item.obj)):
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("anyio_backend") == "trio":
+            item.add_marker("anyio")
+        elif item.get_closest_marker("anyio") is None:
+            item.add_marker("asyncio")
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +50,7 @@ def _no_thread_left() -> Iterator[None]:
     assert not leaked, f"threads still alive after the test: {leaked}"
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def engine() -> AsyncIterator[ss.Engine]:
     async with ss.Engine(cpu_workers=2) as eng:
         yield eng

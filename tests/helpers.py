@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import anyio
+
 import schedsvc as ss
 
 #: Any wait longer than this is a deadlock: the test fails instead of hanging.
@@ -20,20 +22,26 @@ TIMEOUT = 10.0
 T = TypeVar("T")
 
 
+def on_asyncio() -> bool:
+    """Is an asyncio loop running this coroutine (else: trio)?"""
+    return asyncio._get_running_loop() is not None
+
+
 async def within(awaitable: Coroutine[Any, Any, T] | asyncio.Future[T] | Any, timeout: float = TIMEOUT) -> T:
-    """Await with a deadline, so a deadlock fails the test quickly."""
-    return await asyncio.wait_for(awaitable, timeout)
+    """Await with a deadline, so a deadlock fails the test quickly (on asyncio or trio)."""
+    if on_asyncio():  # in a task of its own, as the asyncio tests were written against
+        return await asyncio.wait_for(awaitable, timeout)
+    with anyio.fail_after(timeout):
+        return await awaitable  # type: ignore[no-any-return]
 
 
 async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
     """Yield to the event loop until ``condition()`` holds: only for what is not the engine's state (a
     source's flag, a worker's busy time, garbage collection); the engine's state is awaited with ``state``."""
 
-    async def poll() -> None:
+    with anyio.fail_after(timeout):
         while not condition():
-            await asyncio.sleep(0)
-
-    await asyncio.wait_for(poll(), timeout)
+            await anyio.sleep(0)
 
 
 @asynccontextmanager
@@ -58,7 +66,7 @@ async def state(eng: ss.Engine, predicate: Callable[[], bool], timeout: float = 
 
 async def wait_thread_event(event: threading.Event, timeout: float = TIMEOUT) -> None:
     """Wait for a threading.Event without blocking the event loop."""
-    assert await asyncio.to_thread(event.wait, timeout), "timed out waiting for a worker"
+    assert await anyio.to_thread.run_sync(event.wait, timeout), "timed out waiting for a worker"
 
 
 class Gate:
@@ -81,7 +89,9 @@ class Gate:
 
     async def wait_started(self, n: int) -> None:
         for _ in range(n):
-            assert await asyncio.to_thread(self.started.acquire, True, TIMEOUT), "a held task never started"
+            assert await anyio.to_thread.run_sync(self.started.acquire, True, TIMEOUT), (
+                "a held task never started"
+            )
 
     def open(self) -> None:
         self.opened.set()
@@ -136,11 +146,9 @@ class FileGate:
         return [int(name.split("-")[0]) for name in os.listdir(self.started_dir)]
 
     async def wait_started(self, n: int, timeout: float = TIMEOUT) -> None:
-        async def poll() -> None:
+        with anyio.fail_after(timeout):
             while len(self.started()) < n:  # files written by other processes: nothing to await
-                await asyncio.sleep(0.002)  # yield the loop (and the CPU) to the Dask client
-
-        await asyncio.wait_for(poll(), timeout)
+                await anyio.sleep(0.002)  # yield the loop (and the CPU) to the Dask client
 
     def open(self) -> None:
         with open(self.opened, "w"):

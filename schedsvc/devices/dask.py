@@ -465,9 +465,7 @@ class DaskExecutor(Executor):
         self.sent[task] = dfut
         if isinstance(out, np.ndarray):
             self.writers.add(task)
-        watcher = self.loop.create_task(
-            self._watch(task, dfut, out if isinstance(out, np.ndarray) else None)
-        )
+        watcher = self.loop.create_task(self._watch(task, dfut, out if isinstance(out, np.ndarray) else None))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
 

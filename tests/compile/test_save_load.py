@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import pytest_asyncio
 
 import schedsvc as ss
 from schedsvc.tensor import OPS
@@ -245,7 +246,7 @@ async def test_loaded_function_cannot_be_traced_into_another(engine: ss.Engine, 
 # -- files that are not a saved function --------------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def saved(engine: ss.Engine, tmp_path: Path) -> dict[str, Any]:
     c = engine.compile(lambda x: np.exp(x) + 1)
     await c(np.ones(2))

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import pytest_asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
@@ -127,7 +128,7 @@ def test_scan_reads_a_memoryview_argument_as_its_owner() -> None:
 # -- the engine orders memory reached through views -------------------------------------------------
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def engine() -> AsyncIterator[ss.Engine]:
     async with ss.Engine(cpu_workers=2) as eng:
         yield eng
