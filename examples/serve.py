@@ -1,6 +1,6 @@
 """An async web service over schedsvc: Starlette + uvicorn, a compiled MLP behind ``POST /predict``.
 
-Run: ``python examples/serve.py [--port 8000] [--max-pending 64] [--admission reject|wait]``
+Run: ``python examples/serve.py [--port 8000] [--max-pending 64] [--admission reject|wait] [--help]``
 (needs the ``examples`` extra: ``pip install '.[examples]'``), then::
 
     curl -s -X POST 127.0.0.1:8000/predict -d '{"rows": [[0.5, -1, 2, 0, 1, 1, 0, 0, 3, 1, 0, 2, 1, 0, 1, 1]]}'
@@ -15,7 +15,7 @@ Run: ``python examples/serve.py [--port 8000] [--max-pending 64] [--admission re
   ``Retry-After`` header, so the client retries later and the server's memory stays bounded.
   ``--admission wait`` awaits ``model.submit(x)`` instead: requests queue for room first come first served
   and none is refused, so the waiting requests themselves are what grows under overload (bound them with
-  uvicorn's ``limit_concurrency``, which answers 503 past it).
+  ``--limit-concurrency``, uvicorn's, which answers 503 past it).
 - Engine settings also come from ``SCHEDSVC_*`` environment variables (``SCHEDSVC_CPU_WORKERS=4``).
 - It binds 127.0.0.1 only: put a reverse proxy in front of it to serve other hosts.
 """
@@ -144,13 +144,15 @@ def create_app(config: ss.Config | None = None, *, admission: Admission = "rejec
             model = eng.compile(forward, name="mlp")
             for size in BATCH_SIZES:  # trace now, not on a request's time
                 await (await model.submit(np.zeros((size, IN_FEATURES))))
-            app.state.engine, app.state.model, app.state.admission = eng, model, admission
+            app.state.engine, app.state.model = eng, model
             yield
 
-    return Starlette(
+    app = Starlette(
         routes=[Route("/predict", predict, methods=["POST"]), Route("/stats", stats, methods=["GET"])],
         lifespan=lifespan,
     )
+    app.state.admission = admission
+    return app
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -158,9 +160,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free one)")
     parser.add_argument("--cpu-workers", type=int, default=None, help="engine worker threads")
     parser.add_argument("--max-pending", type=int, default=None, help="engine tasks admitted at once")
-    parser.add_argument("--admission", choices=("reject", "wait"), default="reject")
+    parser.add_argument(
+        "--admission",
+        choices=("reject", "wait"),
+        default="reject",
+        help="at the engine's limits: answer 503 + Retry-After (reject), or queue the request (wait)",
+    )
     parser.add_argument(
         "--graceful-timeout", type=float, default=30.0, help="seconds running requests get at shutdown"
+    )
+    parser.add_argument(
+        "--limit-concurrency", type=int, default=None, help="connections served at once (503 past it)"
     )
     return parser.parse_args(argv)
 
@@ -176,6 +186,7 @@ def server_config(argv: Sequence[str] | None = None, **uvicorn_options: Any) -> 
         "lifespan": "on",  # a failing startup stops the server instead of serving without an engine
         "ws": "none",  # HTTP only
         "timeout_graceful_shutdown": args.graceful_timeout,
+        "limit_concurrency": args.limit_concurrency,
     }
     return uvicorn.Config(create_app(config, admission=args.admission), **(options | uvicorn_options))
 

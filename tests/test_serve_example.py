@@ -176,10 +176,12 @@ async def test_shutdown_finishes_the_requests_in_flight_and_closes_the_engine() 
 
 
 def test_the_script_binds_127_0_0_1_with_its_lifespan_on() -> None:
-    config = serve.server_config(["--port", "8123", "--cpu-workers", "3", "--max-pending", "7"])
+    argv = ["--port", "8123", "--max-pending", "7", "--admission", "wait", "--limit-concurrency", "9"]
+    config = serve.server_config(argv)
     assert (config.host, config.port, config.lifespan) == ("127.0.0.1", 8123, "on")
-    assert config.timeout_graceful_shutdown == 30.0
-    assert config.app.state is not None and config.app.router.lifespan_context is not None
+    assert (config.timeout_graceful_shutdown, config.limit_concurrency) == (30.0, 9)
+    assert config.app.state.admission == "wait"
+    assert serve.server_config([]).port == 8000
     with pytest.raises(SystemExit):
         serve.parse_args(["--admission", "drop"])
 
