@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 import time
@@ -159,10 +160,11 @@ class Engine:
                 functools.partial(_say_what_close_waits_for, self._port), "schedsvc notice"
             )
         try:
-            # trio's cancellation holds inside the cancelled scope: a close after it is shielded, as
-            # asyncio's (delivered once) lets it run; Ctrl-C still stops it
-            shielded = exc is not None and rt is not None and rt.loop is None
-            with anyio.CancelScope(shield=True) if shielded else contextlib.nullcontext():
+            # a cancel scope's cancellation (trio's, anyio's) holds inside the scope: the close after it
+            # is shielded from it, as asyncio's own task.cancel() (delivered once) lets it run; a second
+            # Ctrl-C, or a second task.cancel(), still stops it
+            scoped = exc is not None and anyio.current_effective_deadline() == -math.inf
+            with anyio.CancelScope(shield=True) if scoped else contextlib.nullcontext():
                 await self.aclose(cancel_pending=exc_type is not None)
         finally:
             if notice is not None:

@@ -1,4 +1,6 @@
-"""The public contract, run on both backends: threads, and Dask (a local cluster of 2 worker processes).
+"""The public contract, run on both backends -- threads, and Dask (a local cluster of 2 worker processes)
+-- and on both async libraries: asyncio (pytest-asyncio) and trio (anyio's plugin; threads only, as Dask's
+client is built on asyncio).
 
 Task bodies are module-level functions, so a Dask worker imports them by name; tasks that must be held
 use a ``FileGate``, which works across processes.
@@ -7,14 +9,34 @@ use a ``FileGate``, which works across processes.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
 import schedsvc as ss
-from tests.helpers import FileGate, until, within
+from tests.helpers import FileGate, on_asyncio, state, until, within
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every test of this module runs on asyncio and on trio (``conftest.pytest_pycollect_makeitem``)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def backend_options(anyio_backend: str, backend_options: dict[str, Any]) -> dict[str, Any]:
+    if anyio_backend == "trio" and backend_options["backend"] == "dask":
+        pytest.skip("Dask's client runs on asyncio only (tests/test_trio.py: a trio engine refuses it)")
+    return backend_options
+
+
+def cancelled_error() -> type[BaseException]:
+    """What awaiting a cancelled task raises: asyncio's CancelledError, or on trio concurrent.futures'."""
+    return asyncio.CancelledError if on_asyncio() else concurrent.futures.CancelledError
 
 
 class Boom(Exception):
@@ -112,12 +134,17 @@ async def test_backpressure_submit_nowait_raises_and_submit_waits(
         held = [eng.submit_nowait(gate.hold(i)) for i in range(2)]
         with pytest.raises(ss.QueueFull):
             eng.submit_nowait(np.add, 1, 1)
-        waiting = asyncio.ensure_future(eng.submit(np.add, 1, 2))
-        await asyncio.sleep(0)  # let it reach the admission queue (it cannot get in: no room)
-        assert not waiting.done() and eng.stats().waiting_admission == 1
-        gate.open()
-        late = await within(waiting)
-        assert await within(late) == 3
+        admitted: list[ss.Future[Any]] = []
+
+        async def submit_waiting() -> None:
+            admitted.append(await eng.submit(np.add, 1, 2))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(submit_waiting)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)  # queued: no room
+            assert not admitted
+            gate.open()
+        assert await within(admitted[0]) == 3
         assert [await within(f) for f in held] == [0, 1]
 
 
@@ -143,7 +170,7 @@ async def test_cancel_a_task_that_has_not_started(backend_options: dict[str, Any
         held = eng.submit_nowait(gate.hold(1))
         waiting = eng.submit_nowait(np.add, held, 1)  # waits for its input: not started
         assert waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        with pytest.raises(cancelled_error()):
             await within(waiting)
         gate.open()
         assert await within(held) == 1
@@ -164,7 +191,7 @@ async def test_waitall_and_done_callbacks(backend_options: dict[str, Any]) -> No
 async def test_result_from_another_thread(backend_options: dict[str, Any]) -> None:
     async with ss.Engine(**backend_options) as eng:
         fut = eng.submit_nowait(np.add, np.arange(3), 1)
-        value = await within(asyncio.to_thread(fut.result, 10.0))
+        value = await within(anyio.to_thread.run_sync(fut.result, 10.0))
         np.testing.assert_array_equal(value, [1, 2, 3])
 
 

@@ -220,7 +220,7 @@ class AsyncioBridge(Bridge):
                 await fn()
             except asyncio.CancelledError:
                 pass
-            except BaseException as exc:
+            except Exception as exc:  # (Ctrl-C, SystemExit: out of the loop, as from any task)
                 job.error = exc
             finally:
                 job.finished.set()

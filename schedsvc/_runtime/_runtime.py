@@ -782,9 +782,10 @@ class Runtime:
         self.bridge.forget()
 
     def on_loop_thread(self) -> bool:
-        """Is this the event loop's thread, outside a task?  (A task run inline there may block: it is its own.)"""
+        """Is this the running event loop's thread, outside a task?  (A task run inline there may block: it is
+        its own; once the loop has ended -- ``asyncio.run`` or ``trio.run`` returned -- blocking stalls nothing.)"""
         ident = get_ident()
-        return ident == self.loop_thread and ident not in self.worker_threads
+        return ident == self.loop_thread and ident not in self.worker_threads and not self.bridge.closed()
 
     def claim(self, task: Task) -> bool:
         """Take a queued ready task to run on this thread (ready -> running)."""
