@@ -69,17 +69,14 @@ def _at_exit() -> None:
     """
     for port in list(STARTED):
         if port.rt is not None and port.state == "running":
-            what = (
-                f"{port.describe()} was still open when the interpreter exited"  # (described while running)
-            )
+            what = f"{port.describe()} was still open when the interpreter exited"  # described while running
             port.abandon(_EXITED, warn=False)
             warn_unclosed(what)
 
 
 _EXITED = "the interpreter exited"
-atexit.register(
-    _at_exit
-)  # (atexit runs its hooks last in, first out: before IPython's, which clear its namespace)
+# atexit runs its hooks last in, first out: this one before IPython's, which clear its namespace
+atexit.register(_at_exit)
 
 
 def _after_fork_in_child() -> None:
