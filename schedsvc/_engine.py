@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator
 from threading import get_ident
 from types import FunctionType, MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import numpy as np
 
+from ._asyncdef import async_generator_function, refused_while_tracing
 from ._config import Config
 from ._core import Scheduler
 from ._errors import EngineClosed, InvalidTask, QueueFull
@@ -35,7 +36,14 @@ from ._runtime import Runtime, scan
 from ._runtime._bridge import is_cancellation
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
-from ._validate import ASYNC_CODE, SYNC_KINDS, async_fn, check_fn, submit_while_tracing
+from ._validate import (
+    ASYNC_CODE,
+    SYNC_KINDS,
+    async_fn,
+    check_fn,
+    refuse_submit_while_tracing,
+    submit_while_tracing,
+)
 from .compile._state import ACTIVE, tracing
 from .devices import Executor, resolve, scheduler_options
 from .tensor import Tensor
@@ -176,17 +184,8 @@ class Engine:
 
     # -- submitting ------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> Coroutine[Any, Any, Future[T]]:
-        """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits.
-
-        Options: ``device``, ``priority``, ``name``, ``reads``, ``writes``,
-        ``nbytes``; other keywords are passed to ``fn``.  ``await`` it.
-        """
-        if ACTIVE[0] and tracing.depth:  # checked here: an un-awaited coroutine would never check
-            raise submit_while_tracing(fn)
-        return self._submit(fn, *args, **options)
-
-    async def _submit(
+    @refused_while_tracing(refuse_submit_while_tracing)  # at the call: a coroutine not awaited never checks
+    async def submit(
         self,
         fn: Callable[..., T],
         /,
@@ -199,6 +198,11 @@ class Engine:
         nbytes: int | None = None,
         **kwargs: Any,
     ) -> Future[T]:
+        """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits.
+
+        Options: ``device``, ``priority``, ``name``, ``reads``, ``writes``,
+        ``nbytes``; other keywords are passed to ``fn``.  ``await`` it.
+        """
         port = self._port
         rt = port.rt  # Port.running(), inlined: this runs at every submission
         if rt is None or port.state != "running" or rt.bridge.closed():
@@ -297,6 +301,7 @@ class Engine:
         """
         await self._port.running().throttle()
 
+    @async_generator_function  # what it returns; it checks its arguments at the call
     def map(
         self,
         fn: Callable[..., T],

@@ -162,7 +162,8 @@ def blocks_the_loop(what: object, call: str, name: str = "fut") -> SchedsvcError
     """The one refusal of a blocking wait (``result()``, ``wait_to_read()``) on the event loop's thread."""
     return SchedsvcError(
         f"{what!r}.{call} on the event loop's thread would block the loop that drives the engine until "
-        f"the value is there; use 'await {name}' there ({call} is for other threads)"
+        f"the value is there; use 'await {name}' there (a Jupyter or IPython cell can await at its top "
+        f"level); {call} is for other threads"
     )
 
 

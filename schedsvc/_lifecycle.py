@@ -1,7 +1,8 @@
-"""Noticing an engine left open: its event loop ended, the process forked, or it was collected."""
+"""Noticing an engine left open: its event loop ended, the interpreter exited, the process forked, or it was collected."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import weakref
@@ -73,6 +74,25 @@ def finish(handle: Any) -> None:
             handle.aclose().send(None)
     elif handle is not None:
         handle.cancel()
+
+
+def _at_exit() -> None:
+    """The interpreter exits with engines still open on a loop that never ended: IPython's and Jupyter's.
+
+    ``asyncio.run`` ends its loop (``watch_loop_end``); IPython runs each cell with ``run_until_complete`` on
+    one loop that it never closes, and a kernel exits with its loop still running.  Warn, and tell the
+    threads to end (they are daemons: the exit does not wait for them).
+    """
+    for port in list(STARTED):
+        if port.rt is not None and port.state == "running":
+            what = f"{port.describe()} was still open when the interpreter exited"  # described while running
+            port.abandon(_EXITED, warn=False)
+            warn_unclosed(what)
+
+
+_EXITED = "the interpreter exited"
+# atexit runs its hooks last in, first out: this one before IPython's, which clear its namespace
+atexit.register(_at_exit)
 
 
 def _after_fork_in_child() -> None:

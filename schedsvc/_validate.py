@@ -11,14 +11,21 @@ from inspect import (
     iscoroutinefunction,
 )
 from types import BuiltinFunctionType, FunctionType, MethodType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from ._core import name_of, safe_repr
 from ._errors import InvalidTask, TraceError
 
-__all__ = ["ASYNC_CODE", "SYNC_KINDS", "async_fn", "check_fn", "submit_while_tracing"]
+__all__ = [
+    "ASYNC_CODE",
+    "SYNC_KINDS",
+    "async_fn",
+    "check_fn",
+    "refuse_submit_while_tracing",
+    "submit_while_tracing",
+]
 
 ASYNC_CODE = CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
 SYNC_KINDS = frozenset({BuiltinFunctionType, np.ufunc, type(np.sum)})  # type(np.sum): NumPy's dispatcher
@@ -70,3 +77,8 @@ def submit_while_tracing(fn: Any) -> TraceError:
         f"eng.submit({name_of(fn) or 'fn'}, ...) inside a compiled function: it would run once, "
         "while tracing, and never on replay; submit outside the compiled function"
     )
+
+
+def refuse_submit_while_tracing(engine: Any, fn: Any, /, *args: Any, **options: Any) -> NoReturn:
+    """``eng.submit`` while this thread traces a compiled function (``_asyncdef.refused_while_tracing``)."""
+    raise submit_while_tracing(fn)

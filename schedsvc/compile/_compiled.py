@@ -21,11 +21,12 @@ import re
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
+from .._asyncdef import refused_while_tracing
 from .._core import name_of
 from .._errors import LoadError, SchedsvcError, TraceError
 from .._port import port_of
@@ -169,6 +170,12 @@ def _alias(arrays: Sequence[Any], source: int | None) -> tuple[Tensor | None, tu
     return None, buffer_of(arg)
 
 
+def _refuse_submit_while_tracing(compiled: Compiled, *args: Any, **kwargs: Any) -> NoReturn:
+    raise TraceError(
+        f"{compiled!r}.submit() inside a compiled function: call it ({compiled.name}(...)) to trace it in"
+    )
+
+
 class Compiled:
     """A function compiled by ``eng.compile``: call it like the function; it returns Tensors.
 
@@ -224,18 +231,15 @@ class Compiled:
         entry, arrays = self._lookup(args, kwargs)
         return entry.launch(self._port, arrays, self)  # counts the replay
 
-    def submit(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+    @refused_while_tracing(_refuse_submit_while_tracing)
+    async def submit(self, *args: Any, **kwargs: Any) -> Any:
         """Queue one call, waiting (first come first served) while the engine is at its limits.
 
         ``out = await compiled.submit(x)``: the call's Tensor (or tuple/list of
         them), admitted.  Cancelling the wait cancels the call.
         """
-        if ACTIVE[0] and tracing.depth:
-            raise TraceError(
-                f"{self!r}.submit() inside a compiled function: call it ({self.name}(...)) to trace it in"
-            )
         entry, arrays = self._lookup(args, kwargs)
-        return entry.launch_waiting(self._port, arrays, self)
+        return await entry.launch_waiting(self._port, arrays, self)
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
         """The entry for this call's signature (traced now if new) and its array arguments."""
