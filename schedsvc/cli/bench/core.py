@@ -14,13 +14,16 @@ W4  the sources' experiment: 1,000 x (y = x + 1), awaited one by one vs all then
 W5  8 independent 1000x1000 float64 np.dot: speed-up of cpu_workers over 1 worker
 W6  the sources' memory experiment: 200 batches of 1024x512 float32 through a 512x512
     matmul, peak traced memory and time, max_pending_bytes=16 MiB vs unbounded
+W1-W4 again under trio (``*.trio``, when trio is installed): each figure over asyncio's (``trio_*_vs_asyncio``)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
+import importlib.util
 import os
 import threading
 import time
@@ -302,6 +305,29 @@ async def w6_schedsvc() -> Figures:
     }
 
 
+# -- the same cases under trio ----------------------------------------------------------------
+
+
+def _on_trio(fn: Callable[[], Any]) -> Figures:
+    """Run a case's coroutine under trio (the engine's trio bridge) instead of asyncio."""
+    import trio
+
+    return trio.run(fn)
+
+
+#: W1-W4 of schedsvc again under trio, when it is installed (the ``trio`` extra): the same code, the
+#: other bridge; compared with the asyncio figures of the same run
+TRIO_CASES: dict[str, Callable[[], Any]] = (
+    {
+        "w1_w2.trio": functools.partial(_on_trio, w1_w2_schedsvc),
+        "w3.trio": functools.partial(_on_trio, w3_schedsvc),
+        "w4.trio": functools.partial(_on_trio, w4_schedsvc),
+    }
+    if importlib.util.find_spec("trio") is not None
+    else {}
+)
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 CASES: dict[str, Callable[[], Any]] = {
@@ -315,6 +341,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "w4.executor": w4_executor,
     "w5.schedsvc": w5_schedsvc,
     "w6.schedsvc": w6_schedsvc,
+    **TRIO_CASES,
 }
 
 #: (label, figure, comparison, target) -- figures below are computed in ``_ratios``.
@@ -354,7 +381,24 @@ def _ratios(m: dict[str, Figures]) -> Figures:
         "w5_speedup": m["w5.schedsvc"]["w5_speedup"],
         "w6_peak_over_bound_mib": m["w6.schedsvc"]["w6_bounded_peak_mib"] - W6_BOUND / MiB - batch_mib,
         "w6_time_ratio": m["w6.schedsvc"]["w6_bounded_s"] / m["w6.schedsvc"]["w6_unbounded_s"],
+        **_trio_ratios(m),
     }
+
+
+def _trio_ratios(m: dict[str, Figures]) -> Figures:
+    """Each tiny-task figure under trio over the same figure under asyncio (1.0: the same cost)."""
+    if "w1_w2.trio" not in m:
+        return {}
+    pairs = {
+        "trio_w1_vs_asyncio": ("w1_w2", "w1_submit_nowait_us"),
+        "trio_w1_await_vs_asyncio": ("w1_w2", "w1_submit_await_us"),
+        "trio_w2_vs_asyncio": ("w1_w2", "w2_us"),
+        "trio_w3_vs_asyncio": ("w3", "w3_us"),
+        "trio_w4_sync_vs_asyncio": ("w4", "w4_sync_us"),
+        "trio_w4_handoff_vs_asyncio": ("w4", "w4_sync_handoff_us"),
+        "trio_w4_async_vs_asyncio": ("w4", "w4_async_us"),
+    }
+    return {key: m[f"{case}.trio"][fig] / m[f"{case}.schedsvc"][fig] for key, (case, fig) in pairs.items()}
 
 
 def run(

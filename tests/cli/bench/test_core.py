@@ -29,3 +29,11 @@ def test_bench_writes_json_with_the_cases_run(tmp_path: Path, capsys: pytest.Cap
 def test_bench_rejects_unknown_cases(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "core", "--cases", "w9.nothing"]) == 2
     assert "unknown cases" in capsys.readouterr().err
+
+
+def test_the_tiny_task_cases_run_under_trio_too(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    assert main(["bench", "core", "--cases", "w3.trio,w1_w2.trio", "--reps", "1", "--json", str(path)]) == 0
+    cases = json.loads(path.read_text())["cases"]
+    assert cases["w3.trio"]["w3_us"] > 0
+    assert cases["w1_w2.trio"]["w2_us"] > 0 and cases["w1_w2.trio"]["w1_submit_await_us"] > 0
