@@ -17,7 +17,7 @@ _BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _HEADING = re.compile(r"^#+ (.+)$", re.MULTILINE)
 _IMPORT = re.compile(r"^\s*(?:from|import)\s+(\w+)", re.MULTILINE)
 #: modules of optional extras: a block that imports one is skipped where it is not installed
-_OPTIONAL = {"dask", "distributed", "prometheus_client", "matplotlib", "cupy"}
+_OPTIONAL = {"dask", "distributed", "prometheus_client", "matplotlib", "cupy", "trio"}
 _DASK = 'backend="dask"'
 
 
@@ -46,7 +46,9 @@ def test_the_readme_has_python_blocks() -> None:
 def test_readme_block_runs_as_pasted(code: str, tmp_path: Path) -> None:
     """The block alone, as a script in an empty directory (files it writes land there)."""
     if re.search(r"^async def main\(", code, re.MULTILINE):  # else the block would define it and run nothing
-        assert "asyncio.run(main(" in code, f"README block defines main() but never runs it:\n{code}"
+        assert "asyncio.run(main(" in code or "trio.run(main)" in code, (
+            f"README block defines main() but never runs it:\n{code}"
+        )
     needed = set(_IMPORT.findall(code)) | ({"distributed"} if _DASK in code else set())
     for module in sorted(needed & _OPTIONAL):
         pytest.importorskip(module)
