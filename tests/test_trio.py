@@ -16,6 +16,7 @@ import anyio
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import schedsvc as ss
 from tests.helpers import TIMEOUT, Gate, occupied, on_asyncio, state, until, within
@@ -318,3 +319,21 @@ def test_result_blocks_on_the_loop_thread_once_the_loop_has_ended(run: str) -> N
     gate.open()
     assert fut.result(TIMEOUT) == 4  # this thread drives no loop any more: it may block
     threads_end()
+
+
+def test_engines_closed_in_a_long_trio_run_are_let_go() -> None:
+    import gc
+    import weakref
+
+    async def main() -> list[weakref.ref[Any]]:
+        refs = []
+        for _ in range(3):
+            async with engine() as eng:
+                assert await eng.run(int, 1) == 1
+                refs.append(weakref.ref(eng._rt))
+            del eng
+        await trio.testing.wait_all_tasks_blocked()  # the closed engines' watches have ended
+        gc.collect()
+        return [r for r in refs if r() is not None]
+
+    assert trio.run(main) == []

@@ -87,18 +87,21 @@ class TrioBridge(Bridge):
         self.ended = False  # the run's main task has returned
         self.closed = self._has_ended
         self._on_end: list[Callable[[], None]] = []
+        self._watching = trio.CancelScope()  # cancelled once nobody watches: the task lets the engine go
         trio.lowlevel.spawn_system_task(self._until_the_run_ends, name="schedsvc: end of the trio run")
 
     def _has_ended(self) -> bool:
         return self.ended
 
     async def _until_the_run_ends(self) -> None:
-        try:
-            await trio.sleep_forever()
-        finally:  # system tasks are cancelled once the main task has returned
-            self.ended = True
-            for callback in self._on_end:
-                _guarded(callback)
+        with self._watching:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not self._watching.cancel_called:  # the run is ending (it cancels its system tasks)
+                    self.ended = True
+                    for callback in self._on_end:
+                        _guarded(callback)
 
     def token(self) -> Any:
         from ._bridge import new_token
@@ -145,7 +148,7 @@ class TrioBridge(Bridge):
     def watch_end(self, callback: Callable[[], None]) -> Any:
         """Call ``callback`` when the run ends with this still open; ``finish(handle)`` forgets it."""
         self._on_end.append(callback)
-        return _Forget(self._on_end, callback)
+        return _Forget(self, callback)
 
     def _schedule_drain(self) -> None:
         try:
@@ -158,16 +161,20 @@ class TrioBridge(Bridge):
 
 
 class _Forget:
-    """``watch_end``'s handle: ``cancel()`` takes the callback off."""
+    """``watch_end``'s handle: ``cancel()`` takes the callback off, and ends the watch when none is left (an
+    engine closed in a long run is not kept alive by it)."""
 
-    __slots__ = ("callback", "callbacks")
+    __slots__ = ("bridge", "callback")
 
-    def __init__(self, callbacks: list[Callable[[], None]], callback: Callable[[], None]) -> None:
-        self.callbacks, self.callback = callbacks, callback
+    def __init__(self, bridge: TrioBridge, callback: Callable[[], None]) -> None:
+        self.bridge, self.callback = bridge, callback
 
     def cancel(self) -> None:
-        if self.callback in self.callbacks:
-            self.callbacks.remove(self.callback)
+        callbacks = self.bridge._on_end
+        if self.callback in callbacks:
+            callbacks.remove(self.callback)
+        if not callbacks:
+            self.bridge._watching.cancel()
 
 
 def _guarded(fn: Callable[..., Any], *args: Any) -> None:
