@@ -503,7 +503,7 @@ async def test_a_finished_future_lets_go_of_its_callable_and_callbacks(engine: s
 
 
 _INTERRUPTED_SCRIPT = """
-import asyncio, threading
+import asyncio, threading, trio
 import schedsvc as ss
 
 never = threading.Event()
@@ -518,7 +518,7 @@ async def main():
         await eng.submit(long_task)  # queued behind the first: the first Ctrl-C cancels it
         await eng.waitall()
 
-asyncio.run(main())
+asyncio.run(main()) if "{library}" == "asyncio" else trio.run(main)
 """
 
 
@@ -534,10 +534,12 @@ def _read_until(fd: int, text: str, deadline: float) -> str:
     return seen.decode()
 
 
-def test_ctrl_c_says_what_the_close_waits_for_and_a_second_one_exits() -> None:
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_ctrl_c_says_what_the_close_waits_for_and_a_second_one_exits(library: str) -> None:
     """The first Ctrl-C cancelled the queue, then waited for the running tasks without a word (19 s for a 20 s
-    task): it now says, once, how many running tasks it waits for and that a second Ctrl-C exits, which it does."""
-    code = textwrap.dedent(_INTERRUPTED_SCRIPT)
+    task): it now says, once, how many running tasks it waits for and that a second Ctrl-C exits, which it does
+    (under trio too, where Ctrl-C is a KeyboardInterrupt in the main task, not a cancellation)."""
+    code = textwrap.dedent(_INTERRUPTED_SCRIPT).replace("{library}", library)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     try:
