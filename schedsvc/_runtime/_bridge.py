@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import FINAL_STATES
 from .._errors import FORKED, EngineClosed
+from ._threads import ThreadToken
 
 if TYPE_CHECKING:
     from .._core import Task
@@ -54,7 +55,9 @@ class AsyncioBridge:
         return asyncio.get_running_loop().create_future()
 
     def foreign(self, token: Any) -> bool:
-        """Is ``token`` (or a task's watcher) a future of another event loop?"""
+        """Is ``token`` (or a task's watcher) a future of another event loop, or a thread's (woken off the loop)?"""
+        if type(token) is ThreadToken:
+            return True
         return isinstance(token, asyncio.Future) and token.get_loop() is not self.loop
 
     def current(self) -> Any:
@@ -187,8 +190,13 @@ def fire(watcher: Any, task: Task | None) -> None:
         )
 
 
-def settle(token: asyncio.Future[None], error: BaseException | None = None) -> None:
-    """Complete an asyncio future (with ``error``, if given) from any thread, on its own loop."""
+def settle(token: asyncio.Future[None] | ThreadToken, error: BaseException | None = None) -> None:
+    """Complete an asyncio future (with ``error``, if given) from any thread, on its own loop; a
+    thread's token is settled here and now."""
+    if type(token) is ThreadToken:
+        token.set(error)
+        return
+    assert isinstance(token, asyncio.Future)
 
     def complete() -> None:
         if token.done():
