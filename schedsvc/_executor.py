@@ -22,6 +22,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
@@ -65,6 +66,31 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         # the engine cancels it (and what takes its value) and marks this future, on this thread
         # (the task's off-loop watcher runs before the runtime's cancel returns)
         return self._task.cancel()
+
+    def result(self, timeout: float | None = None) -> T:
+        """The task's value (its exception raised); inside a task, waiting runs the task if it is queued."""
+        if self._state != FINISHED:
+            timeout = self._wait_in_task(timeout)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state != FINISHED:
+            timeout = self._wait_in_task(timeout)
+        return super().exception(timeout)
+
+    def _wait_in_task(self, timeout: float | None) -> float | None:
+        """On one of the engine's workers, wait as ``Future.result`` does: a queued task runs right
+        here, or the pool starts a stand-in while this worker blocks, so a task waiting on another
+        never starves the engine.  Returns the time left of ``timeout``."""
+        rt = self._task._rt
+        if get_ident() not in rt.worker_threads:
+            return timeout
+        if timeout is None:
+            rt.wait_blocking(self._task, None)
+            return None
+        deadline = time.monotonic() + timeout
+        rt.wait_blocking(self._task, timeout)
+        return max(0.0, deadline - time.monotonic())
 
     def running(self) -> bool:
         return self._state == RUNNING or self._task.state in ("running", "launched")
@@ -247,9 +273,9 @@ def executor(
     ex = EngineExecutor(engine)
     ex._live = None  # shutdown closes the engine, which waits for (or cancels) everything
     loop_thread = _LoopThread(engine)
+    _OPEN.add(loop_thread)
     loop_thread.start()
     ex._loop_thread = loop_thread
-    _OPEN.add(loop_thread)
     weakref.finalize(
         ex, loop_thread.close, False
     )  # dropped without shutdown: the work finishes, then it closes
@@ -277,8 +303,11 @@ class _LoopThread:
             raise self.error
 
     def _main(self) -> None:
-        with asyncio.Runner() as runner:
-            runner.run(self._serve())
+        try:
+            with asyncio.Runner() as runner:
+                runner.run(self._serve())
+        finally:
+            _OPEN.discard(self)
 
     async def _serve(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -299,7 +328,6 @@ class _LoopThread:
             if self.closing or self.loop is None:
                 return
             self.closing = True
-        _OPEN.discard(self)
         stop = self.stop
         assert stop is not None
         with contextlib.suppress(RuntimeError):  # its loop ended already
@@ -315,13 +343,13 @@ def _stop(stop: asyncio.Future[bool], cancel: bool) -> None:
         stop.set_result(cancel)
 
 
-_OPEN: set[_LoopThread] = set()  # the loops of ss.executor() engines not shut down yet
+_OPEN: set[_LoopThread] = set()  # the loop threads of ss.executor() engines still running
 
 
 @atexit.register
 def _close_at_exit() -> None:
-    """At interpreter exit, ss.executor() engines left open finish their work and close, as
-    ThreadPoolExecutor's threads do."""
+    """At interpreter exit, ss.executor() engines left open (or shut down without waiting) finish their
+    work and close, as ThreadPoolExecutor's threads do."""
     for loop_thread in list(_OPEN):
         loop_thread.close(False)
         loop_thread.join()
