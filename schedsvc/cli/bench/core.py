@@ -14,6 +14,8 @@ W4  the sources' experiment: 1,000 x (y = x + 1), awaited one by one vs all then
 W5  8 independent 1000x1000 float64 np.dot: speed-up of cpu_workers over 1 worker
 W6  the sources' memory experiment: 200 batches of 1024x512 float32 through a 512x512
     matmul, peak traced memory and time, max_pending_bytes=16 MiB vs unbounded
+W7  ``ss.executor()`` from a program with no event loop: 2,000 round trips of submit(np.add) + result(),
+    us each, against ThreadPoolExecutor's
 """
 
 from __future__ import annotations
@@ -302,6 +304,31 @@ async def w6_schedsvc() -> Figures:
     }
 
 
+# -- W7: ss.executor() round trips from plain synchronous code --------------------------------
+
+N_W7 = 2_000
+
+
+def _round_trips(ex: Any) -> float:
+    """Seconds per ``ex.submit(np.add, x, 1).result()``, after one to warm up."""
+    x = _tiny()
+    ex.submit(np.add, x, 1).result()
+    t0 = time.perf_counter()
+    for _ in range(N_W7):
+        ex.submit(np.add, x, 1).result()
+    return (time.perf_counter() - t0) / N_W7
+
+
+def w7_executor() -> Figures:
+    with ss.executor(max_workers=bench_workers()) as ex:
+        return {"w7_round_trip_us": _round_trips(ex) * 1e6}
+
+
+def w7_threadpool() -> Figures:
+    with ThreadPoolExecutor(bench_workers()) as ex:
+        return {"w7_round_trip_us": _round_trips(ex) * 1e6}
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 CASES: dict[str, Callable[[], Any]] = {
@@ -315,6 +342,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "w4.executor": w4_executor,
     "w5.schedsvc": w5_schedsvc,
     "w6.schedsvc": w6_schedsvc,
+    "w7.executor": w7_executor,
+    "w7.threadpool": w7_threadpool,
 }
 
 #: (label, figure, comparison, target) -- figures below are computed in ``_ratios``.
@@ -328,6 +357,7 @@ TARGETS: list[tuple[str, str, str, float]] = [
     ("W5 speed-up, cpu_workers vs 1", "w5_speedup", ">=", 1.8),
     ("W6 bounded peak - (bound + 1 batch), MiB", "w6_peak_over_bound_mib", "<=", 0.0),
     ("W6 bounded time / unbounded", "w6_time_ratio", "<=", 1.1),
+    ("W7 ss.executor() round trip / ThreadPoolExecutor", "w7_vs_threadpool", "<=", 1.0),
 ]
 
 
@@ -354,6 +384,7 @@ def _ratios(m: dict[str, Figures]) -> Figures:
         "w5_speedup": m["w5.schedsvc"]["w5_speedup"],
         "w6_peak_over_bound_mib": m["w6.schedsvc"]["w6_bounded_peak_mib"] - W6_BOUND / MiB - batch_mib,
         "w6_time_ratio": m["w6.schedsvc"]["w6_bounded_s"] / m["w6.schedsvc"]["w6_unbounded_s"],
+        "w7_vs_threadpool": m["w7.executor"]["w7_round_trip_us"] / m["w7.threadpool"]["w7_round_trip_us"],
     }
 
 

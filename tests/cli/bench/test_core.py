@@ -29,3 +29,14 @@ def test_bench_writes_json_with_the_cases_run(tmp_path: Path, capsys: pytest.Cap
 def test_bench_rejects_unknown_cases(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "core", "--cases", "w9.nothing"]) == 2
     assert "unknown cases" in capsys.readouterr().err
+
+
+def test_bench_w7_compares_the_executor_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "w7.json"
+    assert (
+        main(["bench", "core", "--cases", "w7.executor,w7.threadpool", "--reps", "1", "--json", str(path)])
+        == 0
+    )
+    report = json.loads(path.read_text())
+    for case in ("w7.executor", "w7.threadpool"):
+        assert report["cases"][case]["w7_round_trip_us"] > 0
