@@ -68,22 +68,28 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         return self._task.cancel()
 
     def result(self, timeout: float | None = None) -> T:
-        """The task's value (its exception raised); inside a task, waiting runs the task if it is queued."""
+        """The task's value (its exception raised), waiting as ``Future.result`` does (see ``_wait``)."""
         if self._state != FINISHED:
-            timeout = self._wait_in_task(timeout)
+            timeout = self._wait(timeout)
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._state != FINISHED:
-            timeout = self._wait_in_task(timeout)
+            timeout = self._wait(timeout)
         return super().exception(timeout)
 
-    def _wait_in_task(self, timeout: float | None) -> float | None:
-        """On one of the engine's workers, wait as ``Future.result`` does: a queued task runs right
-        here, or the pool starts a stand-in while this worker blocks, so a task waiting on another
-        never starves the engine.  Returns the time left of ``timeout``."""
+    def _wait(self, timeout: float | None) -> float | None:
+        """Wait as ``Future.result`` does before the standard wait; return the time left of ``timeout``.
+
+        On one of the engine's workers (a task waiting on another), a queued task
+        runs right here, or the pool starts a stand-in while this worker blocks: a
+        task waiting on another never starves the engine.  On another thread
+        without a timeout, a task still queued runs right here too (this thread
+        would only wait); with a timeout it waits, so the timeout holds whatever
+        the task takes.  The event loop's thread never runs a task.
+        """
         rt = self._task._rt
-        if get_ident() not in rt.worker_threads:
+        if rt.on_loop_thread() or (timeout is not None and get_ident() not in rt.worker_threads):
             return timeout
         if timeout is None:
             rt.wait_blocking(self._task, None)

@@ -663,3 +663,35 @@ def test_dask_engine_refuses_an_executor() -> None:
     eng = ss.Engine(backend="dask")
     with pytest.raises(ss.SchedsvcError, match="dask"):
         eng.executor()
+
+
+def test_result_runs_a_queued_task_in_the_waiting_thread() -> None:
+    """As ``Future.result``: a thread that would only wait runs a task still queued itself (no timeout)."""
+    gate = Gate()
+    with ss.executor(max_workers=1) as ex:
+        held = ex.submit(gate.hold())
+        assert gate.started.acquire(timeout=TIMEOUT)
+        assert ex.submit(threading.get_ident).result() == threading.get_ident()
+        gate.open()
+        held.result(TIMEOUT)
+
+
+def test_result_with_a_timeout_never_runs_the_task_in_the_caller() -> None:
+    """With a timeout the caller only waits, so a task that takes longer cannot outlast it (map's timeout),
+    even one of a kind the engine has learned is fast."""
+    gate = Gate()
+    ready = threading.Event()
+    ready.set()
+    with ss.executor(max_workers=1) as ex:
+        for _ in range(5):
+            assert ex.submit(wait_event, ready).result(TIMEOUT)
+        held = ex.submit(gate.hold())
+        assert gate.started.acquire(timeout=TIMEOUT)
+        never = threading.Event()
+        t0 = time.monotonic()
+        with pytest.raises(cf.TimeoutError):
+            list(ex.map(wait_event, [never], timeout=0.1))
+        assert time.monotonic() - t0 < TIMEOUT / 2
+        never.set()
+        gate.open()
+        held.result(TIMEOUT)

@@ -220,20 +220,24 @@ class Runtime:
         """Wake who waits for ``task`` outside this loop (threads, other loops) directly, not through it;
         True if that was everyone (the loop has nothing to do for it).
 
-        A future of another loop, or a thread's token, is also taken off the task's watchers (rare), so
-        this loop's drain fires only its own, with no per-watcher loop check there.
+        A thread's gate or token, or a future of another loop, is also taken off the task's watchers
+        (rare), so this loop's drain fires only its own, and a task only threads wait for does not wake
+        the loop at all.
         """
         elsewhere = False
         other_loops = self.other_loops
         for watcher in task.watchers or ():
             if type(watcher) is _LockType:
                 wakes.append(watcher.release)
+                elsewhere = True
             elif other_loops and self.bridge.foreign(watcher):
                 wakes.append(functools.partial(settle, watcher))
                 elsewhere = True
         if elsewhere:
             foreign = self.bridge.foreign
-            task.watchers = [w for w in task.watchers or () if not foreign(w)] or None
+            task.watchers = [
+                w for w in task.watchers or () if type(w) is not _LockType and not foreign(w)
+            ] or None
             return task.watchers is None
         return False
 

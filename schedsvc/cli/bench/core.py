@@ -15,7 +15,7 @@ W5  8 independent 1000x1000 float64 np.dot: speed-up of cpu_workers over 1 worke
 W6  the sources' memory experiment: 200 batches of 1024x512 float32 through a 512x512
     matmul, peak traced memory and time, max_pending_bytes=16 MiB vs unbounded
 W7  ``ss.executor()`` from a program with no event loop: 2,000 round trips of submit(np.add) + result(),
-    us each, against ThreadPoolExecutor's
+    us each, against ThreadPoolExecutor's; and 2,000 with concurrent.futures.wait before result()
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tracemalloc
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future as CFuture
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -309,24 +309,33 @@ async def w6_schedsvc() -> Figures:
 N_W7 = 2_000
 
 
-def _round_trips(ex: Any) -> float:
-    """Seconds per ``ex.submit(np.add, x, 1).result()``, after one to warm up."""
+def _round_trips(ex: Any) -> Figures:
+    """Microseconds per ``ex.submit(np.add, x, 1)`` and ``result()``, after one to warm up; and per the
+    same with ``concurrent.futures.wait`` before ``result()`` (the caller waits without taking part: on
+    schedsvc, a ``result()`` that finds the task still queued runs it in the caller, as ``Future.result``
+    does)."""
     x = _tiny()
     ex.submit(np.add, x, 1).result()
     t0 = time.perf_counter()
     for _ in range(N_W7):
         ex.submit(np.add, x, 1).result()
-    return (time.perf_counter() - t0) / N_W7
+    t1 = time.perf_counter()
+    for _ in range(N_W7):
+        fut = ex.submit(np.add, x, 1)
+        wait([fut])
+        fut.result()
+    t2 = time.perf_counter()
+    return {"w7_round_trip_us": (t1 - t0) / N_W7 * 1e6, "w7_handoff_us": (t2 - t1) / N_W7 * 1e6}
 
 
 def w7_executor() -> Figures:
     with ss.executor(max_workers=bench_workers()) as ex:
-        return {"w7_round_trip_us": _round_trips(ex) * 1e6}
+        return _round_trips(ex)
 
 
 def w7_threadpool() -> Figures:
     with ThreadPoolExecutor(bench_workers()) as ex:
-        return {"w7_round_trip_us": _round_trips(ex) * 1e6}
+        return _round_trips(ex)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -385,6 +394,7 @@ def _ratios(m: dict[str, Figures]) -> Figures:
         "w6_peak_over_bound_mib": m["w6.schedsvc"]["w6_bounded_peak_mib"] - W6_BOUND / MiB - batch_mib,
         "w6_time_ratio": m["w6.schedsvc"]["w6_bounded_s"] / m["w6.schedsvc"]["w6_unbounded_s"],
         "w7_vs_threadpool": m["w7.executor"]["w7_round_trip_us"] / m["w7.threadpool"]["w7_round_trip_us"],
+        "w7_handoff_vs_threadpool": m["w7.executor"]["w7_handoff_us"] / m["w7.threadpool"]["w7_handoff_us"],
     }
 
 
