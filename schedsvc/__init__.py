@@ -15,6 +15,7 @@ from ._errors import (
     SchedsvcError,
     TraceError,
 )
+from ._executor import executor
 from ._future import Future
 from ._prometheus import PrometheusCollector
 from ._telemetry import Stats
@@ -43,5 +44,6 @@ __all__ = [
     "Tensor",
     "TraceError",
     "__version__",
+    "executor",
     "load",
 ]

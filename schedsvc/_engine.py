@@ -50,6 +50,7 @@ from .tensor import Tensor
 from .tensor._tracking import TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
+    from ._executor import EngineExecutor
     from .compile import Compiled
 
 __all__ = ["Engine", "check_fn"]
@@ -278,6 +279,21 @@ class Engine:
         if rt.forwarding:
             rt.admitted(task)
         return task
+
+    def executor(self, *, device: str | None = None, priority: int = 0) -> EngineExecutor:
+        """A ``concurrent.futures.Executor`` over this engine, for other threads and for libraries.
+
+        Its ``submit(fn, *args, **kwargs)`` returns a ``concurrent.futures.Future``
+        (which ``eng.submit`` also takes as a dependency); every keyword goes to
+        ``fn``, and its tasks run on ``device`` with ``priority``.  From a thread
+        at the engine's limits, ``submit`` blocks until there is room (in line
+        with ``await eng.submit``); in a task, it is admitted over them; on the
+        event loop's thread it raises QueueFull rather than block the loop.
+        ``shutdown()`` waits for (or cancels) its futures; the engine stays open.
+        """
+        from ._executor import EngineExecutor
+
+        return EngineExecutor(self, device, priority)
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
         """Submit a task and return its result."""

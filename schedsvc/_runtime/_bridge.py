@@ -101,7 +101,8 @@ class Bridge:
     # -- tokens ------------------------------------------------------------------
 
     def foreign(self, token: Any) -> bool:
-        """Is ``token`` (or a task's watcher) another loop's, run's or thread's: woken there, not here?"""
+        """Is ``token`` (or a task's watcher) another loop's, run's or thread's (``ThreadToken``): woken there,
+        not here?"""
         if isinstance(token, asyncio.Future):
             return token.get_loop() is not self.home
         return isinstance(token, Token) and token.home is not self.home

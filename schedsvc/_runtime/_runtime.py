@@ -43,6 +43,7 @@ from .._timeline import Timeline
 from ._bridge import Bridge, fire, open_bridge, settle, unwatch, watch
 from ._copies import Copies
 from ._scan import register_buffer_types, replace_leaves, substitute, substitute_args
+from ._threads import ThreadToken
 
 if TYPE_CHECKING:
     from ..devices import Executor
@@ -104,7 +105,9 @@ class Runtime:
         self.queue_waits: deque[float] = deque(maxlen=8192)
         self.closed = False
         self.forked = False  # this is a child process forked after the engine started: nothing runs here
-        self.other_loops = False  # has a coroutine on another event loop awaited a task of this engine?
+        #: has a coroutine on another event loop awaited a task of this engine, or a thread (ThreadToken)
+        #: waited for one?  From then on, collect looks for watchers to wake off this loop
+        self.other_loops = False
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
         # throttle() callers let through onto a reserved slot that have not yielded since: (token,
         # their asyncio task); the caller's next submission takes the slot, ahead of the queue
@@ -165,7 +168,8 @@ class Runtime:
             foreign = False
             for item in items:
                 if item[0] == "resolve":
-                    self._resolve_elsewhere(item[1], wakes)
+                    if self._resolve_elsewhere(item[1], wakes):
+                        foreign = True  # nobody waits on the loop: it is not woken for this task
                 elif bridge.foreign(item[1]):  # a token awaited on another loop: woken there
                     wakes.append(functools.partial(settle, item[1]))
                     foreign = True
@@ -212,23 +216,30 @@ class Runtime:
         self._eager_left = sum(d.eager for d in self.devices.values())
         self.core.publish()
 
-    def _resolve_elsewhere(self, task: Task, wakes: list[Callable[[], None]]) -> None:
-        """Wake who waits for ``task`` outside this loop (threads, other loops) directly, not through it.
+    def _resolve_elsewhere(self, task: Task, wakes: list[Callable[[], None]]) -> bool:
+        """Wake who waits for ``task`` outside this loop (threads, other loops) directly, not through it;
+        True if that was everyone (the loop has nothing to do for it).
 
-        A future of another loop is also taken off the task's watchers (rare), so this
-        loop's drain fires only its own, with no per-watcher loop check there.
+        A thread's gate or token, or a future of another loop, is also taken off the task's watchers
+        (rare), so this loop's drain fires only its own, and a task only threads wait for does not wake
+        the loop at all.
         """
         elsewhere = False
         other_loops = self.other_loops
         for watcher in task.watchers or ():
             if type(watcher) is _LockType:
                 wakes.append(watcher.release)
+                elsewhere = True
             elif other_loops and self.bridge.foreign(watcher):
                 wakes.append(functools.partial(settle, watcher))
                 elsewhere = True
         if elsewhere:
             foreign = self.bridge.foreign
-            task.watchers = [w for w in task.watchers or () if not foreign(w)]
+            task.watchers = [
+                w for w in task.watchers or () if type(w) is not _LockType and not foreign(w)
+            ] or None
+            return task.watchers is None
+        return False
 
     # -- submitting (the frontend's door) ----------------------------------------
 
@@ -267,6 +278,63 @@ class Runtime:
         if after is not None:
             after()
         return token
+
+    def submit_blocking(self, task: Task, tid: int, priority: int, timeout: float | None) -> bool:
+        """Admit ``task``, blocking this thread (not the event loop's) while the engine is at its limits.
+
+        It queues for admission FIFO with the ``await submit`` callers, and its
+        thread is woken by whoever makes room, directly (``ThreadToken``), not
+        through the loop.  A nested task is admitted over the limits at once.
+        False: not admitted -- ``timeout`` seconds passed, or the task was
+        cancelled while it waited (it is cancelled either way).  A close that
+        cancels pending work raises its error here.
+        """
+        token = None
+        with self.lock:
+            if self.closed and not task.nested:
+                raise self.refusal()
+            if self.preparers:
+                self._prepare(task)
+            stage = tid == self.loop_thread and self.stage_next(priority)
+            if not self.core.submit(task, task.nested, stage):
+                token = ThreadToken()
+                self.other_loops = True  # its watcher is woken off the loop
+                watch(task, token)  # cancelled while queued (fut.cancel()): this thread is woken too
+                self.core.enqueue(task, token)
+                self.core.publish()  # we are about to wait: let staged work run
+            after = self.collect()
+        if after is not None:
+            after()
+        if token is None:
+            return True
+        try:
+            woken = token.wait(timeout)
+        except BaseException:  # interrupted (Ctrl-C): not wanted, admitted or not
+            if self._give_up(task):
+                self.cancel(task)
+            raise
+        if not woken:
+            return self._give_up(task)
+        if token.error is not None:
+            raise token.error
+        return task.state != "cancelled"
+
+    def _give_up(self, task: Task) -> bool:
+        """A blocked submission stops waiting: cancel its task unless it got in; True if it did."""
+        with self.lock:
+            if task.state != "admitting":
+                return task.state != "cancelled"
+            self.core.cancel(task)
+            after = self.collect()
+        if after is not None:
+            after()
+        return False
+
+    def watch_off_loop(self, task: Task, then: Callable[[], object]) -> None:
+        """Call ``then()`` where ``task`` becomes final, off the event loop (the thread that finished or
+        cancelled it), once the lock is released.  ``task`` is new: nobody else sees it yet."""
+        self.other_loops = True  # (collect looks for watchers woken elsewhere from now on)
+        watch(task, ThreadToken(then))
 
     def submit_op(
         self,
@@ -931,8 +999,13 @@ def _cost_key(task: Task) -> tuple[Any, int]:
 
 
 def _without_foreign(items: list[tuple[str, Any]], bridge: Bridge) -> list[tuple[str, Any]]:
-    """The instructions for the engine's loop: tokens of other loops are woken there directly."""
-    return [item for item in items if item[0] == "resolve" or not bridge.foreign(item[1])]
+    """The instructions for the engine's loop: tokens of other loops (and threads' tokens) are woken
+    directly, and a task whose every watcher was is left out."""
+    return [
+        item
+        for item in items
+        if (item[1].watchers is not None if item[0] == "resolve" else not bridge.foreign(item[1]))
+    ]
 
 
 def _call_all(calls: list[Callable[[], None]]) -> None:

@@ -14,6 +14,8 @@ W4  the sources' experiment: 1,000 x (y = x + 1), awaited one by one vs all then
 W5  8 independent 1000x1000 float64 np.dot: speed-up of cpu_workers over 1 worker
 W6  the sources' memory experiment: 200 batches of 1024x512 float32 through a 512x512
     matmul, peak traced memory and time, max_pending_bytes=16 MiB vs unbounded
+W7  ``ss.executor()`` from a program with no event loop: 2,000 round trips of submit(np.add) + result(),
+    us each, against ThreadPoolExecutor's; and 2,000 with concurrent.futures.wait before result()
 W1-W4 again under trio (``*.trio``, when trio is installed): each figure over asyncio's (``trio_*_vs_asyncio``)
 """
 
@@ -31,7 +33,7 @@ import tracemalloc
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future as CFuture
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -305,6 +307,40 @@ async def w6_schedsvc() -> Figures:
     }
 
 
+# -- W7: ss.executor() round trips from plain synchronous code --------------------------------
+
+N_W7 = 2_000
+
+
+def _round_trips(ex: Any) -> Figures:
+    """Microseconds per ``ex.submit(np.add, x, 1)`` and ``result()``, after one to warm up; and per the
+    same with ``concurrent.futures.wait`` before ``result()`` (the caller waits without taking part: on
+    schedsvc, a ``result()`` that finds the task still queued runs it in the caller, as ``Future.result``
+    does)."""
+    x = _tiny()
+    ex.submit(np.add, x, 1).result()
+    t0 = time.perf_counter()
+    for _ in range(N_W7):
+        ex.submit(np.add, x, 1).result()
+    t1 = time.perf_counter()
+    for _ in range(N_W7):
+        fut = ex.submit(np.add, x, 1)
+        wait([fut])
+        fut.result()
+    t2 = time.perf_counter()
+    return {"w7_round_trip_us": (t1 - t0) / N_W7 * 1e6, "w7_handoff_us": (t2 - t1) / N_W7 * 1e6}
+
+
+def w7_executor() -> Figures:
+    with ss.executor(max_workers=bench_workers()) as ex:
+        return _round_trips(ex)
+
+
+def w7_threadpool() -> Figures:
+    with ThreadPoolExecutor(bench_workers()) as ex:
+        return _round_trips(ex)
+
+
 # -- the same cases under trio ----------------------------------------------------------------
 
 
@@ -341,6 +377,8 @@ CASES: dict[str, Callable[[], Any]] = {
     "w4.executor": w4_executor,
     "w5.schedsvc": w5_schedsvc,
     "w6.schedsvc": w6_schedsvc,
+    "w7.executor": w7_executor,
+    "w7.threadpool": w7_threadpool,
     **TRIO_CASES,
 }
 
@@ -381,26 +419,28 @@ def _ratios(m: dict[str, Figures]) -> Figures:
         "w5_speedup": m["w5.schedsvc"]["w5_speedup"],
         "w6_peak_over_bound_mib": m["w6.schedsvc"]["w6_bounded_peak_mib"] - W6_BOUND / MiB - batch_mib,
         "w6_time_ratio": m["w6.schedsvc"]["w6_bounded_s"] / m["w6.schedsvc"]["w6_unbounded_s"],
-        **_trio_ratios(m),
+        **_paired_ratios(m),
     }
 
 
-def _trio_ratios(m: dict[str, Figures]) -> Figures:
-    """Each tiny-task figure under trio over the same figure under asyncio (1.0: the same cost)."""
-
+def _paired_ratios(m: dict[str, Figures]) -> Figures:
+    """The ratios of cases that have their baseline beside them, for whichever pairs ran: W7's round trips
+    over ThreadPoolExecutor's, and each tiny-task figure under trio over the same figure under asyncio."""
     pairs = {
-        "trio_w1_vs_asyncio": ("w1_w2", "w1_submit_nowait_us"),
-        "trio_w1_await_vs_asyncio": ("w1_w2", "w1_submit_await_us"),
-        "trio_w2_vs_asyncio": ("w1_w2", "w2_us"),
-        "trio_w3_vs_asyncio": ("w3", "w3_us"),
-        "trio_w4_sync_vs_asyncio": ("w4", "w4_sync_us"),
-        "trio_w4_handoff_vs_asyncio": ("w4", "w4_sync_handoff_us"),
-        "trio_w4_async_vs_asyncio": ("w4", "w4_async_us"),
+        "w7_vs_threadpool": ("w7", "w7_round_trip_us", "executor", "threadpool"),
+        "w7_handoff_vs_threadpool": ("w7", "w7_handoff_us", "executor", "threadpool"),
+        "trio_w1_vs_asyncio": ("w1_w2", "w1_submit_nowait_us", "trio", "schedsvc"),
+        "trio_w1_await_vs_asyncio": ("w1_w2", "w1_submit_await_us", "trio", "schedsvc"),
+        "trio_w2_vs_asyncio": ("w1_w2", "w2_us", "trio", "schedsvc"),
+        "trio_w3_vs_asyncio": ("w3", "w3_us", "trio", "schedsvc"),
+        "trio_w4_sync_vs_asyncio": ("w4", "w4_sync_us", "trio", "schedsvc"),
+        "trio_w4_handoff_vs_asyncio": ("w4", "w4_sync_handoff_us", "trio", "schedsvc"),
+        "trio_w4_async_vs_asyncio": ("w4", "w4_async_us", "trio", "schedsvc"),
     }
     return {
-        key: m[f"{case}.trio"][fig] / m[f"{case}.schedsvc"][fig]
-        for key, (case, fig) in pairs.items()
-        if f"{case}.trio" in m and f"{case}.schedsvc" in m
+        key: m[f"{case}.{case_a}"][fig] / m[f"{case}.{case_b}"][fig]
+        for key, (case, fig, case_a, case_b) in pairs.items()
+        if f"{case}.{case_a}" in m and f"{case}.{case_b}" in m
     }
 
 
@@ -419,8 +459,8 @@ def run(
     medians = {n: median_figures(runs) for n, runs in samples.items()}
     report: dict[str, Any] = {"reps": reps, "workers": bench_workers(), "cases": medians}
     if not set(CASES) <= set(names):
-        if trio := _trio_ratios(medians):  # the trio cases with their asyncio twins: compared anyway
-            report["ratios"] = trio
+        if paired := _paired_ratios(medians):  # cases run with their baselines: compared anyway
+            report["ratios"] = paired
     else:
         ratios = _ratios(medians)
         report["ratios"] = ratios

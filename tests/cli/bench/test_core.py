@@ -37,3 +37,14 @@ def test_the_tiny_task_cases_run_under_trio_too(tmp_path: Path) -> None:
     cases = json.loads(path.read_text())["cases"]
     assert cases["w3.trio"]["w3_us"] > 0
     assert cases["w1_w2.trio"]["w2_us"] > 0 and cases["w1_w2.trio"]["w1_submit_await_us"] > 0
+
+
+def test_bench_w7_compares_the_executor_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "w7.json"
+    assert (
+        main(["bench", "core", "--cases", "w7.executor,w7.threadpool", "--reps", "1", "--json", str(path)])
+        == 0
+    )
+    report = json.loads(path.read_text())
+    for case in ("w7.executor", "w7.threadpool"):
+        assert report["cases"][case]["w7_round_trip_us"] > 0

@@ -1,0 +1,69 @@
+"""``ThreadToken``: what a thread that is not the event loop's waits on, woken without the loop.
+
+A coroutine waits on an asyncio future that the bridge settles on its loop.  A
+plain thread (a ``concurrent.futures`` caller, ``eng.executor()``) may have no
+loop at all, and the engine's loop may be busy: its token is settled directly
+by the thread that produced the instruction, once the runtime's lock is
+released (``settle`` in ``_bridge``, ``Runtime.collect``).  Two uses:
+
+* ``ThreadToken()``: a submission blocked at the limits waits on it (``wait``);
+  ``("admitted", token)`` releases it, a close that cancels pending work
+  settles it with the error to raise.
+* ``ThreadToken(then)``: a watcher of a task, ``then()`` called where the task
+  becomes final (a ``concurrent.futures.Future`` completed off the loop).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ._bridge import Token
+
+__all__ = ["ThreadToken"]
+
+
+#: makes settling once-only when two threads settle one token (a blocked submission's token is
+#: settled by its admission, and by its task ending if that is cancelled meanwhile)
+_SETTLING = threading.Lock()
+
+
+class ThreadToken(Token):
+    """A one-shot for a thread: a lock it blocks on, or a call made where it is settled."""
+
+    __slots__ = ("_gate", "_settled", "_then", "error")
+    home = None  # no loop's: always woken where it is settled (``Bridge.foreign``)
+
+    def __init__(self, then: Callable[[], object] | None = None) -> None:
+        self.error: BaseException | None = None
+        self._settled = False
+        self._then = then
+        self._gate: threading.Lock | None = None
+        if then is None:
+            self._gate = threading.Lock()
+            self._gate.acquire()
+
+    def done(self) -> bool:
+        """Was it settled?"""
+        return self._settled
+
+    def settle(self, error: BaseException | None = None) -> None:
+        """Settle it (with ``error`` for the waiter to raise): release the waiter, or make the call.  Once."""
+        with _SETTLING:
+            if self._settled:
+                return
+            self._settled = True
+            self.error = error
+            then, self._then = self._then, None  # the callable is let go
+        if then is not None:
+            then()
+        elif self._gate is not None:
+            self._gate.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until settled (once: one thread waits on a token); False if ``timeout`` seconds passed first."""
+        assert self._gate is not None, "a ThreadToken with a call is not waited on"
+        return self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+
+    def __repr__(self) -> str:
+        return f"<ThreadToken {'settled' if self._settled else 'pending'}>"
