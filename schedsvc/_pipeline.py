@@ -155,7 +155,10 @@ class _Pipeline(Generic[T]):
     async def next_future(self) -> Future[T] | None:
         """The next future to yield (submitted, or finished if unordered); None at the end."""
         while not (self.ended and not self.live):
-            event = await self.received.receive()
+            try:  # anyio's receive() yields to the loop even when an event is there: only wait for one
+                event = self.received.receive_nowait()
+            except anyio.WouldBlock:
+                event = await self.received.receive()
             if isinstance(event, _Failure):
                 raise event.error
             if isinstance(event, _End):
@@ -210,7 +213,10 @@ class _Pipeline(Generic[T]):
         completed = events.send_nowait
         async_items, sync_items = _split(self.items)
         while True:
-            await self.slots.acquire()  # a slot before pulling: never hold an item we cannot submit
+            try:  # a slot before pulling: never hold an item we cannot submit (and, as above, no yield
+                self.slots.acquire_nowait()  # to the loop when one is free)
+            except anyio.WouldBlock:
+                await self.slots.acquire()
             # a sync source is iterated on the loop, like any code of the caller's
             item = await anext(async_items, _END) if async_items is not None else next(sync_items, _END)
             if item is _END or self.stopping:
