@@ -21,7 +21,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 def engine(**options: Any) -> ss.Engine:
-    return ss.Engine(cpu_workers=2, inline_threshold_us=0, **options)
+    return ss.Engine(**{"cpu_workers": 2, "inline_threshold_us": 0, **options})
 
 
 async def test_an_unordered_map_left_early_reports_no_error_for_its_tasks_finishing_later(
@@ -51,3 +51,34 @@ async def test_an_unordered_map_left_early_reports_no_error_for_its_tasks_finish
         await state(eng, lambda: eng.stats().pending == 0)
     errors += [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
+
+
+def test_a_trio_run_awaits_a_future_of_an_engine_whose_trio_run_has_ended() -> None:
+    gate = Gate()
+
+    async def first() -> ss.Future[int]:
+        eng = await engine(cpu_workers=1).start()
+        eng.submit_nowait(gate.hold())
+        return eng.submit_nowait(int, 4)  # queued behind the held task when the run ends
+
+    with pytest.warns(ResourceWarning, match="still open when its event loop ended"):
+        fut = trio.run(first)
+
+    async def second() -> int:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.to_thread.run_sync, gate.open)
+                return int(await fut)  # a waiter of this run: woken here, not through the first run
+        raise AssertionError("unreachable")
+
+    assert trio.run(second) == 4
+    threads_end()
+
+
+def threads_end() -> None:
+    import time
+
+    deadline = time.monotonic() + TIMEOUT
+    while any(t.name.startswith("schedsvc-") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the engine's threads did not end"
+        time.sleep(0.001)

@@ -116,8 +116,9 @@ class Bridge:
         with rt.lock:
             if task.state in FINAL_STATES:
                 return
-            if loop is not self.loop:
-                rt.other_loops = True  # from now on, collect looks for their waiters
+            if loop is not self.loop or (loop is None and waiter.home is not self.home):
+                # another loop's, or another trio run's: from now on, collect looks for their waiters
+                rt.other_loops = True
             watch(task, waiter)
             if rt.core.staged:
                 rt.core.publish()
