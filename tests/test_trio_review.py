@@ -82,3 +82,49 @@ def threads_end() -> None:
     while any(t.name.startswith("schedsvc-") for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the engine's threads did not end"
         time.sleep(0.001)
+
+
+@pytest.mark.parametrize("call", ["submit", "compiled"])
+def test_ctrl_c_while_a_trio_submit_waits_for_admission_takes_its_task_out(call: str) -> None:
+    import os
+    import signal
+
+    gate = Gate()
+
+    async def main() -> tuple[int, int, bool]:
+        eng = await engine(cpu_workers=1, max_pending=1).start()
+        double = eng.compile(lambda x: x * 2)
+        await within(double(eng.asarray(np.ones(3))))  # traced now, not while waiting
+        done_before = eng.stats().completed
+        try:
+            held = eng.submit_nowait(gate.hold())
+            await gate.wait_started(1)
+
+            def interrupt() -> None:  # from another thread: trio delivers it to the parked main task
+                deadline = __import__("time").monotonic() + TIMEOUT
+                while eng.stats().waiting_admission != 1:
+                    assert __import__("time").monotonic() < deadline
+                os.kill(os.getpid(), signal.SIGINT)
+
+            thread = threading.Thread(target=interrupt)
+            thread.start()
+            try:
+                with trio.fail_after(TIMEOUT), pytest.raises(KeyboardInterrupt):
+                    if call == "submit":  # waits for admission: Ctrl-C lands here
+                        await eng.submit(int, 7)
+                    else:
+                        await double.submit(np.ones(3))
+            finally:
+                thread.join(TIMEOUT)
+            waiting = eng.stats().waiting_admission
+            gate.open()
+            await within(held)
+            await within(eng.waitall())
+            return waiting, eng.stats().cancelled, eng.stats().completed == done_before + 1
+        finally:
+            gate.open()
+            await eng.aclose()
+
+    waiting, cancelled, only_the_held_one_ran = trio.run(main)
+    assert waiting == 0  # the interrupted submission left the admission queue
+    assert only_the_held_one_ran and cancelled >= 1  # and its task never ran: nobody holds its future
