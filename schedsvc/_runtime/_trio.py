@@ -106,11 +106,15 @@ class TrioBridge(Bridge):
         return new_token()
 
     def current(self) -> Any:
-        """The trio task running now (on the run's thread), or None outside the run."""
+        """The trio task running now (on the run's thread), or None outside the run -- with the count of
+        its yields to the scheduler: a throttle caller holds its slot only until it next yields, and the
+        release (``run_sync_soon``) may run after its wake-up in the same batch (trio orders a batch at
+        random), so a caller that has yielded since is not the one that holds the slot."""
         try:
-            return trio.lowlevel.current_task()
+            task = trio.lowlevel.current_task()
         except RuntimeError:
             return None
+        return (task, getattr(task, "_schedule_points", 0))  # (what trio.testing's checkpoint checks count)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn`` in the run soon, once the caller has yielded."""
