@@ -144,7 +144,7 @@ async def test_a_throttle_caller_that_yields_before_submitting_has_no_slot_ahead
             await gate.wait_started(1)
             jumped: list[bool] = []
 
-            async def throttled() -> None:
+            async def throttled(jumped: list[bool]) -> None:
                 await eng.throttle()
                 if yields:
                     await anyio.sleep(0)  # yields: the slot it was let through onto is not its own any more
@@ -155,7 +155,7 @@ async def test_a_throttle_caller_that_yields_before_submitting_has_no_slot_ahead
                     jumped.append(False)
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(throttled)
+                tg.start_soon(throttled, jumped)
                 await state(eng, lambda: eng.stats().waiting_admission == 1)
                 tg.start_soon(eng.submit, int, 2)  # queued behind the throttle caller
                 await state(eng, lambda: eng.stats().waiting_admission == 2)
