@@ -140,7 +140,8 @@ class _Pipeline(Generic[T]):
         self.slots = anyio.Semaphore(self.window)
         self.events, self.received = anyio.create_memory_object_stream(math.inf)
         bridge = self.engine._port.running().bridge
-        self.feeder = bridge.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}")
+        # interruptible: Ctrl-C in the source (the caller's code) reaches the consumer, as on asyncio
+        self.feeder = bridge.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}", interruptible=True)
         try:
             while (fut := await self.next_future()) is not None:
                 try:

@@ -163,3 +163,25 @@ async def test_a_throttle_caller_that_yields_before_submitting_has_no_slot_ahead
             assert jumped == [not yields]  # without a yield, its submission takes the slot it holds
             await within(held)
             await within(eng.waitall())
+
+
+def test_ctrl_c_interrupts_a_map_source_under_trio_as_under_asyncio() -> None:
+    import signal
+
+    ran_on: list[int] = []
+
+    def source() -> Any:
+        yield 1
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C while the source makes its next item
+        ran_on.append(2)  # the source goes on only if the interrupt was held back
+        yield 2
+
+    async def main() -> None:
+        async with engine() as eng:
+            with trio.fail_after(TIMEOUT):
+                async for _ in eng.map(int, source()):
+                    pass
+
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(main)
+    assert ran_on == []

@@ -209,8 +209,9 @@ class AsyncioBridge(Bridge):
         """Run ``fn`` on the loop soon, from any thread (RuntimeError once the loop is closed)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
-    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str) -> Job:
-        """Run ``fn()`` in the background on the loop until it ends or ``job.cancel()``."""
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str, interruptible: bool = True) -> Job:
+        """Run ``fn()`` in the background on the loop until it ends or ``job.cancel()`` (Ctrl-C
+        interrupts any task on asyncio: ``interruptible`` is for trio's)."""
         import anyio
 
         job = Job()

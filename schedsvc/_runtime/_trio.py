@@ -127,8 +127,11 @@ class TrioBridge(Bridge):
         except trio.RunFinishedError as exc:
             raise RuntimeError("the trio run has ended") from exc
 
-    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str) -> Job:
-        """Run ``fn()`` in the background (a system task of the run) until it ends or ``job.cancel()``."""
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str, interruptible: bool = False) -> Job:
+        """Run ``fn()`` in the background (a system task of the run) until it ends or ``job.cancel()``.
+
+        System tasks are shielded from Ctrl-C; ``interruptible`` lets it raise there (the user's code that
+        ``fn`` runs, as ``eng.map``'s source), for ``fn`` to hand on: a job holds what it raised."""
         job = Job()
         job.finished = anyio.Event()
         scope = trio.CancelScope()
@@ -143,7 +146,7 @@ class TrioBridge(Bridge):
             finally:
                 job.finished.set()
 
-        trio.lowlevel.spawn_system_task(run, name=name)
+        trio.lowlevel.spawn_system_task(_interruptible if interruptible else _protected, run, name=name)
         return job
 
     def watch_end(self, callback: Callable[[], None]) -> Any:
@@ -159,6 +162,15 @@ class TrioBridge(Bridge):
 
     def _drain_guarded(self) -> None:
         _guarded(self._drain)
+
+
+async def _protected(run: Callable[[], Awaitable[None]]) -> None:
+    await run()
+
+
+@trio.lowlevel.disable_ki_protection
+async def _interruptible(run: Callable[[], Awaitable[None]]) -> None:
+    await run()
 
 
 class _Forget:
