@@ -112,7 +112,7 @@ class Bridge:
         if rt.forked:
             raise EngineClosed(FORKED)
         loop = asyncio._get_running_loop()
-        waiter = loop.create_future() if loop is not None else new_token()
+        waiter: Any = loop.create_future() if loop is not None else new_token()
         with rt.lock:
             if task.state in FINAL_STATES:
                 return
