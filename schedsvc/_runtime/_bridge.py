@@ -318,9 +318,12 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+_TOKEN_TYPES = (asyncio.Future, Token)  # built once: `asyncio.Future | Token` makes a new union at every call
+
+
 def fire(watcher: Any, task: Task | None) -> None:
     """Wake a token (in its own loop) or call a done-callback."""
-    if isinstance(watcher, asyncio.Future | Token):
+    if isinstance(watcher, _TOKEN_TYPES):
         settle(watcher)
         return
     try:
