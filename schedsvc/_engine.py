@@ -228,9 +228,8 @@ class Engine:
         if token is not None:
             try:
                 await token
-            except BaseException as exc:
-                if is_cancellation(exc):
-                    task.cancel()  # not admitted yet, or admitted and now unwanted
+            except BaseException:  # cancelled, or Ctrl-C (trio delivers it here): nobody holds the future
+                task.cancel()  # not admitted yet, or admitted and now unwanted
                 raise
         if rt.forwarding:
             rt.admitted(task)

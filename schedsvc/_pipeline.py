@@ -20,6 +20,7 @@ when the generator ends, however it ends.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import types
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
@@ -139,7 +140,8 @@ class _Pipeline(Generic[T]):
         self.slots = anyio.Semaphore(self.window)
         self.events, self.received = anyio.create_memory_object_stream(math.inf)
         bridge = self.engine._port.running().bridge
-        self.feeder = bridge.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}")
+        # interruptible: Ctrl-C in the source (the caller's code) reaches the consumer, as on asyncio
+        self.feeder = bridge.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}", interruptible=True)
         try:
             while (fut := await self.next_future()) is not None:
                 try:
@@ -210,7 +212,7 @@ class _Pipeline(Generic[T]):
 
     async def submit_all(self) -> None:
         engine, fn, options, live, events = self.engine, self.fn, self.options, self.live, self.events
-        completed = events.send_nowait
+        completed = self.completed
         async_items, sync_items = _split(self.items)
         while True:
             try:  # a slot before pulling: never hold an item we cannot submit (and, as above, no yield
@@ -227,6 +229,12 @@ class _Pipeline(Generic[T]):
                 events.send_nowait(fut)
             else:
                 fut.add_done_callback(completed)
+
+    def completed(self, fut: Future[T]) -> None:
+        """An unordered task is final (its done-callback): hand it to the consumer, unless the consumer has
+        gone (a task still running when the generator closed finishes after its stream is closed)."""
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.events.send_nowait(fut)
 
     async def close_source(self) -> None:
         """A generator source left early (an error, a break, a cancel) runs its cleanup now."""

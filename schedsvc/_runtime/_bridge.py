@@ -113,12 +113,13 @@ class Bridge:
         if rt.forked:
             raise EngineClosed(FORKED)
         loop = asyncio._get_running_loop()
-        waiter = loop.create_future() if loop is not None else new_token()
+        waiter: Any = loop.create_future() if loop is not None else new_token()
         with rt.lock:
             if task.state in FINAL_STATES:
                 return
-            if loop is not self.loop:
-                rt.other_loops = True  # from now on, collect looks for their waiters
+            if loop is not self.loop or (loop is None and waiter.home is not self.home):
+                # another loop's, or another trio run's: from now on, collect looks for their waiters
+                rt.other_loops = True
             watch(task, waiter)
             if rt.core.staged:
                 rt.core.publish()
@@ -209,8 +210,9 @@ class AsyncioBridge(Bridge):
         """Run ``fn`` on the loop soon, from any thread (RuntimeError once the loop is closed)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
-    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str) -> Job:
-        """Run ``fn()`` in the background on the loop until it ends or ``job.cancel()``."""
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str, interruptible: bool = True) -> Job:
+        """Run ``fn()`` in the background on the loop until it ends or ``job.cancel()`` (Ctrl-C
+        interrupts any task on asyncio: ``interruptible`` is for trio's)."""
         import anyio
 
         job = Job()
@@ -317,9 +319,12 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+_TOKEN_TYPES = (asyncio.Future, Token)  # built once: `asyncio.Future | Token` makes a new union at every call
+
+
 def fire(watcher: Any, task: Task | None) -> None:
     """Wake a token (in its own loop) or call a done-callback."""
-    if isinstance(watcher, asyncio.Future | Token):
+    if isinstance(watcher, _TOKEN_TYPES):
         settle(watcher)
         return
     try:

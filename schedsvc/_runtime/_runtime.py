@@ -453,7 +453,7 @@ class Runtime:
         if caller is None:
             return False
         for entry in self.held:
-            if entry[1] is caller:
+            if entry[1] == caller:  # (asyncio: the task itself; trio: the task and its yields so far)
                 self.held.remove(entry)
                 return self.core.submit_reserved(task, entry[0], stage)
         return False

@@ -109,11 +109,15 @@ class TrioBridge(Bridge):
         return new_token()
 
     def current(self) -> Any:
-        """The trio task running now (on the run's thread), or None outside the run."""
+        """The trio task running now (on the run's thread), or None outside the run -- with the count of
+        its yields to the scheduler: a throttle caller holds its slot only until it next yields, and the
+        release (``run_sync_soon``) may run after its wake-up in the same batch (trio orders a batch at
+        random), so a caller that has yielded since is not the one that holds the slot."""
         try:
-            return trio.lowlevel.current_task()
+            task = trio.lowlevel.current_task()
         except RuntimeError:
             return None
+        return (task, getattr(task, "_schedule_points", 0))  # (what trio.testing's checkpoint checks count)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn`` in the run soon, once the caller has yielded."""
@@ -126,8 +130,11 @@ class TrioBridge(Bridge):
         except trio.RunFinishedError as exc:
             raise RuntimeError("the trio run has ended") from exc
 
-    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str) -> Job:
-        """Run ``fn()`` in the background (a system task of the run) until it ends or ``job.cancel()``."""
+    def spawn(self, fn: Callable[[], Awaitable[Any]], name: str, interruptible: bool = False) -> Job:
+        """Run ``fn()`` in the background (a system task of the run) until it ends or ``job.cancel()``.
+
+        System tasks are shielded from Ctrl-C; ``interruptible`` lets it raise there (the user's code that
+        ``fn`` runs, as ``eng.map``'s source), for ``fn`` to hand on: a job holds what it raised."""
         job = Job()
         job.finished = anyio.Event()
         scope = trio.CancelScope()
@@ -142,7 +149,7 @@ class TrioBridge(Bridge):
             finally:
                 job.finished.set()
 
-        trio.lowlevel.spawn_system_task(run, name=name)
+        trio.lowlevel.spawn_system_task(_interruptible if interruptible else _protected, run, name=name)
         return job
 
     def watch_end(self, callback: Callable[[], None]) -> Any:
@@ -158,6 +165,15 @@ class TrioBridge(Bridge):
 
     def _drain_guarded(self) -> None:
         _guarded(self._drain)
+
+
+async def _protected(run: Callable[[], Awaitable[None]]) -> None:
+    await run()
+
+
+@trio.lowlevel.disable_ki_protection
+async def _interruptible(run: Callable[[], Awaitable[None]]) -> None:
+    await run()
 
 
 class _Forget:

@@ -31,7 +31,6 @@ from .._core import name_of
 from .._errors import LoadError, SchedsvcError, TraceError
 from .._port import port_of
 from .._runtime import buffer_of
-from .._runtime._bridge import is_cancellation
 from ..tensor import Op, Tensor
 from ..tensor._tensor import check_out
 from ..tensor._tracking import queue_op
@@ -90,9 +89,8 @@ class _Entry:
         if waiting:
             try:
                 await waiting[0]
-            except BaseException as exc:
-                if is_cancellation(exc):
-                    whole.cancel()  # not admitted yet, or admitted and now unwanted
+            except BaseException:  # cancelled, or Ctrl-C (trio delivers it here): nobody holds the call
+                whole.cancel()  # not admitted yet, or admitted and now unwanted
                 raise
         return self._outputs(engine, arrays, whole)
 
