@@ -76,7 +76,7 @@ class Future(Task, Generic[T]):
         if self._rt.remote and self.state == "done" and isinstance(self.value, Remote):
             return (yield from self.value.get().__await__())  # type: ignore[no-any-return]
         try:
-            return self._outcome(cancelled_error())
+            return self._outcome(None)  # (which CancelledError: asked only of a cancelled task)
         except StopIteration as exc:  # PEP 479 would turn it into a bare RuntimeError here
             raise stop_through_await(self, exc) from exc
 
@@ -139,12 +139,13 @@ class Future(Task, Generic[T]):
             raise self._port.refusal()
         rt.add_done_callback(self, fn)
 
-    def _outcome(self, cancelled: type[BaseException]) -> T:
+    def _outcome(self, cancelled: type[BaseException] | None) -> T:
+        """The value, or raise the error; a cancelled task raises ``cancelled`` (None: the awaiting library's)."""
         state = self.state
         if state == "done":
             return self.value  # type: ignore[no-any-return]
         if state == "cancelled":
-            raise cancelled(f"{self!r} was cancelled")
+            raise (cancelled or cancelled_error())(f"{self!r} was cancelled")
         error = self.error
         assert error is not None
         raise error
