@@ -13,6 +13,7 @@ import trio
 
 import schedsvc as ss
 from tests.helpers import TIMEOUT, Gate, state, within
+from tests.test_trio import threads_end
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -73,15 +74,6 @@ def test_a_trio_run_awaits_a_future_of_an_engine_whose_trio_run_has_ended() -> N
 
     assert trio.run(second) == 4
     threads_end()
-
-
-def threads_end() -> None:
-    import time
-
-    deadline = time.monotonic() + TIMEOUT
-    while any(t.name.startswith("schedsvc-") for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "the engine's threads did not end"
-        time.sleep(0.001)
 
 
 @pytest.mark.parametrize("call", ["submit", "compiled"])
