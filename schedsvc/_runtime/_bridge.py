@@ -100,6 +100,10 @@ class Bridge:
 
     # -- tokens ------------------------------------------------------------------
 
+    def token(self) -> Any:
+        """A one-shot the calling coroutine awaits (in its own loop or run); ``settle`` completes it."""
+        return new_token()
+
     def foreign(self, token: Any) -> bool:
         """Is ``token`` (or a task's watcher) another loop's, run's or thread's (``ThreadToken``): woken there,
         not here?"""
@@ -190,11 +194,6 @@ class AsyncioBridge(Bridge):
         self.loop = self.home = loop
         #: has the loop closed?  (its own method, bound: asked on every submission, so no frame of ours)
         self.closed = loop.is_closed
-
-    def token(self) -> Any:
-        """A one-shot the calling coroutine awaits (in its own loop); ``settle`` completes it."""
-        loop = asyncio._get_running_loop()
-        return loop.create_future() if loop is not None else new_token()
 
     def current(self) -> Any:
         """The coroutine's task running now on the engine's loop, or None (another loop, a thread)."""

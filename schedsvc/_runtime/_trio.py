@@ -103,11 +103,6 @@ class TrioBridge(Bridge):
                     for callback in self._on_end:
                         _guarded(callback)
 
-    def token(self) -> Any:
-        from ._bridge import new_token
-
-        return new_token()
-
     def current(self) -> Any:
         """The trio task running now (on the run's thread), or None outside the run -- with the count of
         its yields to the scheduler: a throttle caller holds its slot only until it next yields, and the
