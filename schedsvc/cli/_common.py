@@ -1,5 +1,5 @@
 """What more than one ``schedsvc`` subcommand needs: errors, output files and reports, the measuring set-up,
-and the sources' two models.
+and the models they run (the sources' two, and a digits-sized MLP).
 
 Each subcommand module (``demo``, ``info``, ``tune``, and the ``bench`` suites) imports this module and the
 library, never another subcommand, so that one command can be read or changed without the others.  Only
@@ -21,9 +21,13 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
+    "DIGITS_PIXELS",
+    "DIGITS_ROWS",
     "Figures",
     "MiB",
     "bench_workers",
+    "digits_rows",
+    "digits_weights",
     "emit",
     "fail",
     "fancy_func",
@@ -42,6 +46,8 @@ __all__ = [
 ]
 
 MiB = 2**20
+#: the shape of scikit-learn's digits set: 1,797 images of 8 x 8 pixels, each pixel 0..16
+DIGITS_ROWS, DIGITS_PIXELS = 1797, 64
 #: Measured quantities of one run, by name (seconds, microseconds, ratios, MiB, counts).
 Figures = dict[str, float]
 
@@ -152,8 +158,29 @@ def mlp_weights(seed: int = 0) -> list[np.ndarray]:
     return [a for n, m in sizes for a in (rng.standard_normal((n, m)) / np.sqrt(n), rng.standard_normal(m))]
 
 
+def digits_weights(seed: int = 19) -> list[np.ndarray]:
+    """Weights and biases of an MLP the size of scikit-learn's digits classifier (64->128->64->10), He-initialised."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sizes = [(DIGITS_PIXELS, 128), (128, 64), (64, 10)]
+    return [
+        a
+        for n, m in sizes
+        for a in (rng.standard_normal((n, m)) * np.sqrt(2 / n), rng.standard_normal(m) * 0.1)
+    ]
+
+
+def digits_rows(n: int = DIGITS_ROWS, seed: int = 1797) -> np.ndarray:
+    """``n`` digits-like rows: 64 pixels each, whole values 0..16, as float64."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 17, (n, DIGITS_PIXELS)).astype(np.float64)
+
+
 def make_mlp(weights: list[np.ndarray]) -> Callable[[Any], Any]:
-    """The sources' MLP with ReLU as a function of its input (NumPy arrays or engine Tensors)."""
+    """A three-layer MLP with ReLU (the sources', or the digits one) as a function of its input (NumPy arrays
+    or engine Tensors)."""
     import numpy as np
 
     w1, b1, w2, b2, w3, b3 = weights

@@ -1,6 +1,6 @@
 """``schedsvc bench``: benchmark suites, each against baselines measured in the same run.
 
-One module per suite (``core``, ``tensor``, ``dask``), each with
+One module per suite (``core``, ``tensor``, ``batch``, ``dask``), each with
 ``run(reps=..., progress=...) -> report`` and ``format_report(report)``; this
 command imports the suite it runs (the ``dask`` suite needs the extra).
 """
@@ -18,7 +18,7 @@ from .._common import emit, fail, output_problem, progress
 
 __all__ = ["SUITES", "register", "run"]
 
-SUITES = ("core", "tensor", "dask")
+SUITES = ("core", "tensor", "batch", "dask")
 
 
 def register(sub: Any) -> None:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _other_suite(args: argparse.Namespace) -> int:
-    """``tensor`` or ``dask``: suites without --cases."""
+    """``tensor``, ``batch`` or ``dask``: suites without --cases."""
     if args.cases:
         return fail(f"bench {args.suite}", "--cases applies to the core suite only")
     try:
