@@ -3,8 +3,9 @@
 The "Computational Performance" chapter of *Dive into Deep Learning* makes a
 handful of claims about an asynchronous engine: asynchronous computation,
 automatic parallelism, memory under a flooded queue, hybridize, profiling,
-and CPU/GPU overlap.  Each row of the table measures one of them with
-schedsvc as the engine.  This module holds all of it, in three parts:
+and CPU/GPU overlap; it also advises running a model a minibatch at a time,
+which dynamic batching does for concurrent one-row calls.  Each row of the
+table measures one of them with schedsvc as the engine.  This module holds all of it, in three parts:
 
 - the experiments: each a coroutine ``fn(sizes) -> (figures, checks)``;
   ``figures`` are measured quantities (times, ratios, sizes, counts; all
@@ -42,6 +43,8 @@ from ._common import (
     Figures,
     MiB,
     bench_workers,
+    digits_rows,
+    digits_weights,
     fail,
     fancy_func,
     make_mlp,
@@ -89,6 +92,7 @@ class Sizes:
     features: int = 512
     bound_batches: int = 8  # max_pending_bytes, in batches (16 MiB at full size)
     calls: int = 1000  # MLP and fancy_func calls
+    row_calls: int = 1797  # concurrent one-row calls of the digits MLP (the digits set's rows)
     fancy_len: int = 100
     trace_dots: int = 8
     trace_side: int = 200
@@ -108,6 +112,7 @@ QUICK = Sizes(
     features=256,
     bound_batches=4,
     calls=50,
+    row_calls=300,
     fancy_len=10,
     trace_dots=4,
     trace_side=50,
@@ -363,6 +368,28 @@ async def serialise(s: Sizes) -> Result:
     return figures, checks | {"loaded_traces": loaded.stats()["traces"]}
 
 
+async def batching(s: Sizes) -> Result:
+    """Concurrent one-row calls of a digits-sized MLP batched by the engine, against a plain loop over the rows."""
+    fn, x = make_mlp(digits_weights()), digits_rows(s.row_calls)
+    t0 = time.perf_counter()
+    expected = [fn(x[i : i + 1]) for i in range(len(x))]
+    figures = {"loop_us": (time.perf_counter() - t0) / len(x) * 1e6}
+    async with ss.Engine(cpu_workers=bench_workers(), max_pending=2 * len(x)) as eng:
+        mlp = eng.compile(fn, batch_axis=0)
+        await mlp(x[:1])  # the first call traces, and proves each output row depends on its input row only
+        before = mlp.stats()
+        t0 = time.perf_counter()
+        calls = [mlp(x[i : i + 1]) for i in range(len(x))]
+        out = [await call for call in calls]
+        figures["batched_us"] = (time.perf_counter() - t0) / len(x) * 1e6
+        after = mlp.stats()
+    figures["batches"] = after["batches"] - before["batches"]
+    figures["rows_per_batch"] = len(x) / figures["batches"]
+    figures["loop_over_batched"] = figures["loop_us"] / figures["batched_us"]
+    equal = all(np.array_equal(o, e) for o, e in zip(out, expected, strict=True))
+    return figures, {"batched_equals_loop": equal, "rows": after["rows"] - before["rows"]}
+
+
 # -- profiling ----------------------------------------------------------------------------------
 
 
@@ -493,6 +520,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "mlp": mlp,
     "fancy": fancy,
     "serialise": serialise,
+    "batching": batching,
     "profile": profile,
 }
 
@@ -661,6 +689,19 @@ def _show_serialise(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     )
 
 
+def _show_batching(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+    same = (
+        "every row equal to the loop's bit for bit"
+        if c["batched_equals_loop"]
+        else "rows DIFFERENT from the loop's"
+    )
+    return (
+        f"plain loop, a row at a time: {_n(f['loop_us'])} µs/row; batched by the engine: {_n(f['batched_us'])} "
+        f"µs/row, {_n(f['loop_over_batched'])}x the loop's throughput, in {f['batches']:.0f} batches "
+        f"({_n(f['rows_per_batch'])} rows each on average); {same}"
+    )
+
+
 def _show_profile(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"{f['spans']:.0f} spans on {f['tracks']:.0f} thread tracks, {f['flow_arrows']:.0f} dependency "
@@ -786,6 +827,18 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "save and load the compiled MLP",
                 "A compiled model can be serialised (tf.saved_model) and run without the Python program.",
                 _show_serialise,
+            ),
+        ],
+    ),
+    (
+        "Dynamic batching",
+        [
+            Row(
+                "batching",
+                "{s.row_calls:,} concurrent one-row calls, MLP 64-128-64-10",
+                "Run the model a minibatch at a time (the sources: one graph per minibatch), not a row "
+                "at a time.",
+                _show_batching,
             ),
         ],
     ),

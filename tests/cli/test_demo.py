@@ -50,6 +50,8 @@ def test_demo_prints_every_section_and_row(capsys: pytest.CaptureFixture[str]) -
         "faster than eager",
         "returns the constant 10",
         "same result bit for bit",
+        "batched by the engine",
+        "every row equal to the loop's bit for bit",
         "dependency arrows",
     ):
         assert figures in out
@@ -105,6 +107,8 @@ def test_demo_json_checks_what_the_runs_established(capsys: pytest.CaptureFixtur
     assert e["fancy"]["figures"]["compiled_tasks_per_call"] == 1
     assert e["fancy"]["checks"]["folded_value"] == 10 and e["fancy"]["checks"]["folded_kept_ops"] == 0
     assert e["serialise"]["checks"] == {"loaded_equals_compiled": True, "loaded_traces": 0}
+    assert e["batching"]["checks"] == {"batched_equals_loop": True, "rows": s.row_calls}
+    assert e["batching"]["figures"]["batches"] < s.row_calls  # the concurrent calls were batched
     profile = e["profile"]["figures"]
     assert profile["spans"] == s.trace_dots + 1 + s.trace_chain  # every task, once
     assert profile["flow_arrows"] == s.trace_dots + s.trace_chain  # each dot into the join, each link
