@@ -1,0 +1,137 @@
+"""examples/serve_batch.py, driven through an ASGI client (no sockets) inside its lifespan: the rows of
+concurrent requests run in shared batches, and each request gets its own row back."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import schedsvc as ss
+from tests.helpers import occupied, state, within
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+SERVE = Path(__file__).resolve().parents[1] / "examples" / "serve_batch.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("serve_batch_example", SERVE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+serve = _load()
+
+#: one worker, and no task run inline by the awaiting request, so a held worker holds every batch
+HELD = {"cpu_workers": 1, "inline_threshold_us": 0}
+
+
+def images(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, serve.MAX_PIXEL + 1, (n, serve.PIXELS)).astype(np.float64)
+
+
+@asynccontextmanager
+async def client_of(app: Any) -> AsyncIterator[Any]:
+    """An ASGI client of ``app`` inside its lifespan (httpx's ASGITransport does not run the lifespan)."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
+            yield client
+
+
+def post(client: Any, row: np.ndarray) -> asyncio.Task[Any]:
+    return asyncio.ensure_future(client.post("/predict", json={"pixels": row.tolist()}))
+
+
+def assert_own_row(response: Any, row: np.ndarray) -> None:
+    """The response is the model's output on this row alone, bit for bit (JSON keeps a float64 exactly)."""
+    assert response.status_code == 200, response.text
+    expected = serve.forward(row.reshape(1, -1))[0]
+    assert np.array_equal(response.json()["scores"], expected)
+    assert response.json()["digit"] == int(np.argmax(expected))
+
+
+async def test_concurrent_requests_share_batches_and_each_gets_its_own_row() -> None:
+    app = serve.create_app(ss.Config(cpu_workers=2))
+    x = images(200, 0)
+    async with client_of(app) as client:
+        responses = await within(asyncio.gather(*[post(client, row) for row in x]))
+        figures = (await within(client.get("/stats"))).json()["model"]
+    for response, row in zip(responses, x, strict=True):
+        assert_own_row(response, row)
+    assert figures["rows"] == len(x) + 1  # and the row of zeros traced at startup
+    assert figures["batches"] < len(x)
+
+
+async def test_requests_made_while_the_engine_is_busy_run_as_one_batch() -> None:
+    app = serve.create_app(ss.Config(**HELD), max_batch=8, max_delay=60.0)
+    x = images(8, 1)
+    async with client_of(app) as client:
+        async with occupied(app.state.engine, 1) as (gate, _):
+            requests = [post(client, row) for row in x]  # the eighth row fills the batch: it is sent
+            await state(
+                app.state.engine, lambda: app.state.engine.pending == 2
+            )  # the held task and the batch
+            assert not any(r.done() for r in requests)
+            gate.open()
+            responses: list[Any] = await within(asyncio.gather(*requests))
+        model = app.state.model.stats()
+    for response, row in zip(responses, x, strict=True):
+        assert_own_row(response, row)
+    assert model["batch_sizes"] == {1: 1, 8: 1}  # the startup row alone, then the eight requests together
+
+
+async def test_a_request_while_a_batch_waits_for_room_is_answered_503_with_retry_after() -> None:
+    app = serve.create_app(ss.Config(**HELD, max_pending=1), max_batch=1)
+    first, second = images(2, 2)
+    async with client_of(app) as client:
+        eng = app.state.engine
+        async with occupied(eng, 1) as (gate, _):  # the one slot: the first request's batch waits for room
+            waiting = post(client, first)
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
+            refused = await within(post(client, second))
+            gate.open()
+            admitted = await within(waiting)
+    assert refused.status_code == 503
+    assert refused.headers["Retry-After"] == str(serve.RETRY_AFTER_S)
+    assert "busy" in refused.json()["error"]
+    assert_own_row(admitted, first)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        (b"not json", 400, '{"pixels": [64 numbers'),
+        (b'{"pixels": [1, 2]}', 400, "shape (2,)"),
+        (b'{"pixels": [[1]]}', 400, "list of 64 numbers"),
+        (b'{"rows": [1]}', 400, "'pixels'"),
+        (b'{"pixels": [17' + b", 0" * 63 + b"]}", 400, "from 0 to 16"),
+        (b'{"pixels": [NaN' + b", 0" * 63 + b"]}", 400, "from 0 to 16"),
+        (b" " * (serve.MAX_BODY_BYTES + 1), 413, "one image"),
+    ],
+)
+async def test_a_bad_request_is_told_what_to_send(body: bytes, status: int, says: str) -> None:
+    app = serve.create_app(ss.Config(cpu_workers=1))
+    async with client_of(app) as client:
+        response = await within(client.post("/predict", content=body))
+    assert response.status_code == status
+    assert says in response.json()["error"]
+
+
+def test_the_script_binds_127_0_0_1_with_its_batching_options() -> None:
+    config = serve.server_config(["--port", "8123", "--max-batch", "32", "--max-delay", "0.01"])
+    assert (config.host, config.port, config.lifespan) == ("127.0.0.1", 8123, "on")
+    assert (config.app.state.max_batch, config.app.state.max_delay) == (32, 0.01)
+    assert serve.server_config([]).port == 8000
