@@ -77,7 +77,9 @@ class Stats:
         values = dict(figures)
         values["worker_busy_s"] = MappingProxyType(dict(values.get("worker_busy_s", {})))
         values["stream_launches"] = MappingProxyType(dict(values.get("stream_launches", {})))
-        values["batch_sizes"] = MappingProxyType({int(k): v for k, v in values.get("batch_sizes", {}).items()})
+        values["batch_sizes"] = MappingProxyType(
+            {int(k): v for k, v in values.get("batch_sizes", {}).items()}
+        )
         return cls(**values)
 
 
