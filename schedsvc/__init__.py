@@ -3,6 +3,7 @@
 from ._config import Config
 from ._engine import Engine
 from ._errors import (
+    BatchError,
     ConfigError,
     ConfigWarning,
     DependencyError,
@@ -19,12 +20,15 @@ from ._executor import executor
 from ._future import Future
 from ._prometheus import PrometheusCollector
 from ._telemetry import Stats
-from .compile import Compiled, load
+from .compile import BatchCall, Batched, Compiled, load
 from .tensor import Tensor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchCall",
+    "BatchError",
+    "Batched",
     "Compiled",
     "Config",
     "ConfigError",

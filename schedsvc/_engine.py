@@ -17,10 +17,10 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator, Sequence
 from threading import get_ident
 from types import FunctionType, MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 import numpy as np
@@ -52,6 +52,7 @@ from .tensor._tracking import TensorMemory, asarray, create, shape_arg
 if TYPE_CHECKING:
     from ._executor import EngineExecutor
     from .compile import Compiled
+    from .compile._batched import Batched
 
 __all__ = ["Engine", "check_fn"]
 
@@ -136,6 +137,8 @@ class Engine:
             if rt is not None and port.abandoned == LOOP_CLOSED:  # its threads were told to stop
                 await rt.join(_JOIN_TIMEOUT_S)
             return
+        for batcher in list(port.batchers):  # calls gathered for a batch go before the doors close
+            batcher.flush()
         port.state = "closing"
         self._closing = anyio.Event()
         try:
@@ -394,6 +397,9 @@ class Engine:
             stream_launches=MappingProxyType(rt.launches()),
             compile_traces=self._port.compile_counts.traces,
             compile_replays=self._port.compile_counts.replays,
+            batches=self._port.compile_counts.batches,
+            batch_rows=self._port.compile_counts.batch_rows,
+            batch_sizes=MappingProxyType(dict(sorted(self._port.compile_counts.batch_sizes.items()))),
         )
 
     @property
@@ -456,20 +462,75 @@ class Engine:
             attrs["dtype"] = np.dtype(dtype)
         return create(self._port, "arange", device, **attrs)
 
+    @overload
     def compile(
-        self, fn: Callable[..., Any], *, max_signatures: int = 64, name: str | None = None
-    ) -> Compiled:
+        self,
+        fn: Callable[..., Any],
+        *,
+        batch_axis: None = None,
+        max_signatures: int = 64,
+        name: str | None = None,
+    ) -> Compiled: ...
+
+    @overload
+    def compile(
+        self,
+        fn: Callable[..., Any],
+        *,
+        batch_axis: int,
+        max_batch: int = 256,
+        max_delay: float = 0.002,
+        batched: Sequence[int | str] | None = None,
+        exact: bool = True,
+        max_signatures: int = 64,
+        name: str | None = None,
+    ) -> Batched: ...
+
+    def compile(
+        self,
+        fn: Callable[..., Any],
+        *,
+        batch_axis: int | None = None,
+        max_batch: int = 256,
+        max_delay: float = 0.002,
+        batched: Sequence[int | str] | None = None,
+        exact: bool = True,
+        max_signatures: int = 64,
+        name: str | None = None,
+    ) -> Compiled | Batched:
         """Compile ``fn`` (array code on Tensors) the way ``hybridize`` does: trace once, replay fused.
 
         The first call with a signature (the shapes, dtypes and devices of the
         arguments, and the values of the other arguments) traces ``fn`` on
         symbolic tensors; later calls replay the optimised graph as one task.
         ``max_signatures`` signatures are kept, least recently used first out.
+
+        With ``batch_axis``, concurrent calls are batched: each returns a
+        ``BatchCall`` to await for the caller's own rows, and the calls
+        gathered run as one replay once ``max_batch`` rows are there,
+        ``max_delay`` seconds after the first, or at once on an idle engine.
+        ``fn`` must keep rows apart (proved from its graph, else ``BatchError``);
+        ``batched`` names the batched arguments (default: every array one);
+        ``exact`` keeps each caller's result bit for bit the unbatched call's.
         """
         from .compile import Compiled
 
         self._port.local("eng.compile")
-        return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
+        if batch_axis is None:
+            return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
+        from .compile._batched import Batched
+
+        return Batched(
+            self._port,
+            fn,
+            batch_axis=batch_axis,
+            max_batch=max_batch,
+            max_delay=max_delay,
+            batched=batched,
+            exact=exact,
+            max_signatures=max_signatures,
+            name=name,
+        )
 
     # -- internals -------------------------------------------------------------
 

@@ -11,6 +11,7 @@ them all::
     ├── DeviceError         unknown or unavailable device
     ├── InvalidTask         not callable, bad priority/nbytes, a future of another engine (TypeError)
     ├── TraceError          a compiled function did something a replay cannot repeat (TypeError)
+    │   └── BatchError      eng.compile(fn, batch_axis=...): fn mixes the rows of a batch
     ├── LoadError           ss.load: not a saved compiled function, or one that disagrees with itself (ValueError)
     └── ConfigError         also a pydantic ValidationError's message, re-raised (ValueError)
 
@@ -22,6 +23,7 @@ variable names no setting and is ignored.
 from __future__ import annotations
 
 __all__ = [
+    "BatchError",
     "ConfigError",
     "ConfigWarning",
     "DependencyError",
@@ -75,6 +77,11 @@ class InvalidTask(SchedsvcError, TypeError):
 class TraceError(SchedsvcError, TypeError):
     """While ``eng.compile`` traced a function, it needed a value (data-dependent control flow)
     or had a Python side effect that a replay would not repeat."""
+
+
+class BatchError(TraceError):
+    """``eng.compile(fn, batch_axis=...)`` could not prove that every output row of ``fn`` depends only
+    on the same input row (the message names the op and the axis), or a call does not fit the batch."""
 
 
 class LoadError(SchedsvcError, ValueError):

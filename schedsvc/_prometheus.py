@@ -42,12 +42,15 @@ METRICS: dict[str, tuple[str, Kind, str]] = {
     "max_pending_bytes": ("max_pending_bytes", "gauge", "The max_pending_bytes limit."),
     "compile_traces": ("compile_traces", "counter", "Traces of compiled functions."),
     "compile_replays": ("compile_replays", "counter", "Calls of compiled functions (replays)."),
+    "batches": ("batches", "counter", "Batches of batched compiled functions sent, each one task."),
+    "batch_rows": ("batch_rows", "counter", "Callers' rows in those batches."),
 }
 #: Stats fields exported with a label: queue waits by quantile, busy seconds by worker.
 QUEUE_WAIT = ("queue_wait_seconds", "Seconds from ready to started over recent tasks, by quantile.")
 QUANTILES = {"queue_wait_p50_s": "0.5", "queue_wait_p99_s": "0.99"}
 WORKER_BUSY = ("worker_busy_seconds", "Seconds each worker spent running tasks.")
 STREAM_LAUNCHES = ("stream_launches", "Tasks launched on each CUDA stream.")
+BATCH_SIZES = ("batches_by_rows", "Batches sent, by how many rows they held.")
 
 
 class PrometheusCollector:
@@ -116,6 +119,9 @@ def _families(labelled: bool) -> dict[str, Any]:
     families[STREAM_LAUNCHES[0]] = CounterMetricFamily(
         PREFIX + STREAM_LAUNCHES[0], STREAM_LAUNCHES[1], labels=[*engine, "stream"]
     )
+    families[BATCH_SIZES[0]] = CounterMetricFamily(
+        PREFIX + BATCH_SIZES[0], BATCH_SIZES[1], labels=[*engine, "rows"]
+    )
     return families
 
 
@@ -128,3 +134,5 @@ def _add(families: dict[str, Any], stats: Stats, engine: list[str]) -> None:
         families[WORKER_BUSY[0]].add_metric([*engine, worker], seconds)
     for stream, launches in stats.stream_launches.items():
         families[STREAM_LAUNCHES[0]].add_metric([*engine, stream], launches)
+    for rows, batches in stats.batch_sizes.items():
+        families[BATCH_SIZES[0]].add_metric([*engine, str(rows)], batches)

@@ -46,6 +46,12 @@ class Stats:
     """Traces of compiled functions (one per new signature, and after an eviction)."""
     compile_replays: int = 0
     """Calls of compiled functions (each one replay task)."""
+    batches: int = 0
+    """Batches of batched compiled functions sent (``eng.compile(fn, batch_axis=...)``), each one task."""
+    batch_rows: int = 0
+    """Rows of their callers in those batches."""
+    batch_sizes: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    """The batch-size histogram: rows -> batches of that many rows."""
 
     def __str__(self) -> str:
         """One figure a line, aligned, sizes and durations in units (``repr`` is the one-line form)."""
@@ -58,6 +64,7 @@ class Stats:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["worker_busy_s"] = dict(self.worker_busy_s)
         out["stream_launches"] = dict(self.stream_launches)
+        out["batch_sizes"] = dict(self.batch_sizes)  # (JSON makes its keys strings: from_dict reads them)
         return out
 
     def to_json(self, **dumps_options: Any) -> str:
@@ -70,6 +77,9 @@ class Stats:
         values = dict(figures)
         values["worker_busy_s"] = MappingProxyType(dict(values.get("worker_busy_s", {})))
         values["stream_launches"] = MappingProxyType(dict(values.get("stream_launches", {})))
+        values["batch_sizes"] = MappingProxyType(
+            {int(k): v for k, v in values.get("batch_sizes", {}).items()}
+        )
         return cls(**values)
 
 

@@ -76,10 +76,11 @@ async def test_as_dict_is_a_copy() -> None:
 
 
 def test_from_dict_without_worker_times() -> None:
-    figures = {name: 0 for name in STATS_FIELDS if name not in ("worker_busy_s", "stream_launches")}
+    mappings = ("worker_busy_s", "stream_launches", "batch_sizes")
+    figures = {name: 0 for name in STATS_FIELDS if name not in mappings}
     stats = ss.Stats.from_dict(figures)
     assert dict(stats.worker_busy_s) == {}
-    assert json.loads(stats.to_json()) == {**figures, "worker_busy_s": {}, "stream_launches": {}}
+    assert json.loads(stats.to_json()) == {**figures, **{name: {} for name in mappings}}
 
 
 def test_str_is_one_figure_a_line_with_units() -> None:
@@ -91,6 +92,7 @@ def test_str_is_one_figure_a_line_with_units() -> None:
         "queue_wait_p99_s": 0.0042,
         "worker_busy_s": {"cpu-0": 1.5, "cpu-1": 0.0},
         "stream_launches": {},
+        "batch_sizes": {},
     }
     stats = ss.Stats.from_dict(figures)
     lines = str(stats).splitlines()
@@ -105,7 +107,12 @@ def test_str_is_one_figure_a_line_with_units() -> None:
 
 
 def test_from_dict_rejects_unknown_figures() -> None:
-    figures = {name: 0 for name in STATS_FIELDS} | {"worker_busy_s": {}, "stream_launches": {}, "bogus": 1}
+    figures = {name: 0 for name in STATS_FIELDS} | {
+        "worker_busy_s": {},
+        "stream_launches": {},
+        "batch_sizes": {},
+        "bogus": 1,
+    }
     with pytest.raises(TypeError, match="bogus"):
         ss.Stats.from_dict(figures)
 
@@ -149,11 +156,15 @@ def expected_samples(stats: ss.Stats, engine: str | None = None) -> dict[Any, fl
         key("schedsvc_max_pending_bytes"): stats.max_pending_bytes,
         key("schedsvc_compile_traces_total"): stats.compile_traces,
         key("schedsvc_compile_replays_total"): stats.compile_replays,
+        key("schedsvc_batches_total"): stats.batches,
+        key("schedsvc_batch_rows_total"): stats.batch_rows,
         key("schedsvc_queue_wait_seconds", ("quantile", "0.5")): stats.queue_wait_p50_s,
         key("schedsvc_queue_wait_seconds", ("quantile", "0.99")): stats.queue_wait_p99_s,
     }
     for worker, seconds in stats.worker_busy_s.items():
         samples[key("schedsvc_worker_busy_seconds_total", ("worker", worker))] = seconds
+    for rows, batches in stats.batch_sizes.items():
+        samples[key("schedsvc_batches_by_rows_total", ("rows", str(rows)))] = batches
     return samples
 
 
@@ -175,7 +186,15 @@ async def test_exposition_matches_stats() -> None:
 
 def test_every_stats_field_is_exported() -> None:
     """A field added to Stats must be added to the exposition too."""
-    exported = set(_prometheus.METRICS) | set(_prometheus.QUANTILES) | {"worker_busy_s", "stream_launches"}
+    exported = (
+        set(_prometheus.METRICS)
+        | set(_prometheus.QUANTILES)
+        | {
+            "worker_busy_s",
+            "stream_launches",
+            "batch_sizes",
+        }
+    )
     assert exported == set(STATS_FIELDS)
 
 

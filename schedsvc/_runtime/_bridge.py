@@ -209,6 +209,10 @@ class AsyncioBridge(Bridge):
         """Run ``fn`` on the loop soon, from any thread (RuntimeError once the loop is closed)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
+    def call_later(self, delay: float, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Run ``fn`` on the loop after ``delay`` seconds (from the loop's thread); returns its cancel."""
+        return self.loop.call_later(delay, fn).cancel
+
     def spawn(self, fn: Callable[[], Awaitable[Any]], name: str, interruptible: bool = True) -> Job:
         """Run ``fn()`` in the background on the loop until it ends or ``job.cancel()`` (Ctrl-C
         interrupts any task on asyncio: ``interruptible`` is for trio's)."""

@@ -125,6 +125,15 @@ class TrioBridge(Bridge):
         except trio.RunFinishedError as exc:
             raise RuntimeError("the trio run has ended") from exc
 
+    def call_later(self, delay: float, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Run ``fn`` in the run after ``delay`` seconds (from the run's thread); returns its cancel."""
+
+        async def later() -> None:
+            await trio.sleep(delay)
+            fn()
+
+        return self.spawn(later, "schedsvc: timer").cancel
+
     def spawn(self, fn: Callable[[], Awaitable[Any]], name: str, interruptible: bool = False) -> Job:
         """Run ``fn()`` in the background (a system task of the run) until it ends or ``job.cancel()``.
 

@@ -11,12 +11,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._batched import BatchCall, Batched
     from ._compiled import Compiled, load
     from ._graph import Graph
 
-__all__ = ["Compiled", "Graph", "load"]
+__all__ = ["BatchCall", "Batched", "Compiled", "Graph", "load"]
 
-_WHERE = {"Compiled": "._compiled", "load": "._compiled", "Graph": "._graph"}
+_WHERE = {
+    "Compiled": "._compiled",
+    "load": "._compiled",
+    "Graph": "._graph",
+    "Batched": "._batched",
+    "BatchCall": "._batched",
+}
 
 
 def __getattr__(name: str) -> Any:

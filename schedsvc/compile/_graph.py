@@ -341,8 +341,13 @@ def _last_uses(graph: Graph) -> dict[int, int]:
 # -- replay code -----------------------------------------------------------------------
 
 
-def emit(graph: Graph) -> Callable[..., Any]:
-    """One Python function of NumPy calls that computes the graph's outputs from its inputs."""
+def emit(graph: Graph, rows: dict[int, Callable[..., Any]] | None = None) -> Callable[..., Any]:
+    """One Python function of NumPy calls that computes the graph's outputs from its inputs.
+
+    ``rows``: nodes computed by another function, called with the node's operands, the replay's last
+    argument ``spans`` and its attributes (a batched replay's exact matmuls, ``_rows.exact_fn``).
+    """
+    rows = rows or {}
     namespace: dict[str, Any] = {}
     lines: list[str] = []
     last = _last_uses(graph)
@@ -362,7 +367,10 @@ def emit(graph: Graph) -> Callable[..., Any]:
             namespace[f"a{i}_{key}"] = value
             parts.append(f"{key}=a{i}_{key}")
         call = f"f_{node.op}({', '.join(parts)})"
-        if node.out is not None and node.op != "setitem":  # setitem writes its first operand
+        if i in rows:
+            namespace[f"r{i}"] = rows[i]
+            call = f"r{i}({', '.join([*parts[: len(node.args)], 'spans', *parts[len(node.args) :]])})"
+        elif node.out is not None and node.op != "setitem":  # setitem writes its first operand
             call = f"f_{node.op}({', '.join([*parts, f'out={_name(graph, node.out)}'])})"
         elif i in graph.reuse:
             call = _reusing(graph, i, parts, call)
@@ -375,7 +383,7 @@ def emit(graph: Graph) -> Callable[..., Any]:
     # a constant output is copied: the caller may write it, the graph's stays read-only
     outs = [f"c{o}.copy()" if graph.nodes[o].op == "const" else _name(graph, o) for o in graph.outputs]
     result = outs[0] if graph.out_kind == "single" else f"({', '.join(outs)}{',' if len(outs) == 1 else ''})"
-    params = ", ".join(f"v{int(i)}" for i in graph.inputs)
+    params = ", ".join([*(f"v{int(i)}" for i in graph.inputs), *(["spans"] if rows else [])])
     source = f"def replay({params}):\n" + "\n".join(lines) + f"\n    return {result}\n"
     code = compile(source, f"<schedsvc compiled {graph.name}>", "exec")
     exec(code, namespace)  # our own generated source: registry calls on named values
