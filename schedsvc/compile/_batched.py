@@ -435,10 +435,11 @@ class Batched:
         calls = [c for c in batch.calls if c.state == "forming"]
         if not calls:
             return
+        sync = self._port.config.sync_mode  # (debugging: each batch runs in the caller, at once)
         try:
             task = self._task(batch, calls)
             rt = self._rt()
-            token = rt.submit_or_queue(task, threading.get_ident(), 0)
+            token = None if sync else rt.submit_or_queue(task, get_ident(), 0)
         except BaseException as exc:  # the engine closed, or the batch can never fit
             for call in calls:
                 call._finish("failed", None, exc)
@@ -454,6 +455,10 @@ class Batched:
         counts.batches += 1
         counts.batch_rows += rows
         counts.batch_sizes[rows] = counts.batch_sizes.get(rows, 0) + 1
+        if sync:
+            rt.run_here(task)
+            self._finished(batch, calls)
+            return
         if token is not None:  # at the engine's limits: the batch waits for room, and new calls with it
             self._admitting += 1
             rt.bridge.spawn(lambda: self._until_admitted(token), f"schedsvc: {self.name} batch admission")
