@@ -109,7 +109,7 @@ class Timeline:
             records = self._local.records
         except AttributeError:  # this thread's first span
             records = self._new_track()
-        shapes: tuple[Any, ...] | None = None
+        shapes: Any = None  # (a dict: what a task says of itself, span_args)
         for arg in task.args:  # hot path: one exact type check per argument
             if type(arg) is _ndarray:
                 if shapes is None:
@@ -125,6 +125,9 @@ class Timeline:
                     shapes += (shape,)
         if shapes is not None:
             shapes = self._shapes.setdefault(shapes, shapes)  # the new tuples die young
+        described = getattr(type(task.fn), "span_args", None)
+        if described is not None:  # a task that says what it is (a batch: its callers)
+            shapes = described(task.fn)
         name: Any = task.name
         if name is None:
             name = task.fn
@@ -256,7 +259,9 @@ class Timeline:
             tid = _PID + track
             ts, dur = us(start), max(round(us(end) - us(start), 3), 0.001)
             args: dict[str, Any] = {"task": seq}
-            if shapes:
+            if type(shapes) is dict:
+                args.update(shapes)
+            elif shapes:
                 args["shapes"] = [list(s) for s in shapes]
             if error is not None:
                 args["error"] = error

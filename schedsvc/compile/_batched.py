@@ -63,19 +63,33 @@ class BatchCall:
     cancelling the coroutine that awaits it does the same.
     """
 
-    __slots__ = ("_batch", "_owner", "_waiters", "args", "error", "key", "rows", "state", "statics", "value")
+    __slots__ = (
+        "_batch",
+        "_owner",
+        "_waiters",
+        "args",
+        "error",
+        "number",
+        "rows",
+        "state",
+        "statics",
+        "value",
+    )
 
-    def __init__(self, owner: Batched) -> None:
+    #: the batched values, then the unbatched ones, in the key's order
+    args: list[Any]
+    rows: int
+    _batch: _Batch | None
+    value: Any
+    error: BaseException | None
+
+    def __init__(self, owner: Batched, number: int) -> None:
+        # (args, rows, _batch, value and error are set when it joins a batch and when it ends)
         self._owner = owner
-        self.args: list[Any] = []  # the batched values, then the unbatched ones, in the key's order
+        self.number = number  # the how-manieth call of its function (the trace lists a batch's callers)
         self.statics: dict[Any, Any] | None = None  # the other arguments, by position or keyword
-        self.key: Any = None
-        self.rows = 0
-        self._batch: _Batch | None = None
         self._waiters: list[Any] | None = None  # tokens of awaiting coroutines, threads' gates
         self.state = "new"  # new (inputs pending) -> forming -> sent -> done | failed | cancelled
-        self.value: Any = None
-        self.error: BaseException | None = None
 
     def done(self) -> bool:
         return self.state in _FINAL
@@ -87,7 +101,7 @@ class BatchCall:
         """Take the call out of its batch if the batch has not started; True if it was taken out."""
         if self.state in _FINAL:
             return self.state == "cancelled"
-        batch = self._batch
+        batch = self._batch if self.state != "new" else None
         if batch is not None and batch.task is not None and batch.task.state not in _UNSTARTED:
             return False
         self._owner._remove(self)
@@ -153,7 +167,8 @@ class BatchCall:
                 settle(waiter)
 
     def __repr__(self) -> str:
-        return f"<BatchCall {self._owner.name} rows={self.rows} {self.state}>"
+        rows = f" rows={self.rows}" if self.state != "new" else ""
+        return f"<BatchCall {self._owner.name} #{self.number}{rows} {self.state}>"
 
 
 _UNSTARTED = frozenset({"new", "admitting", "waiting", "ready"})
@@ -233,6 +248,7 @@ class Batched:
         self._checked: set[Any] = set()  # keys proved at max_batch rows too
         self._admitting = 0  # batches sent and waiting for room
         self._room: list[Any] = []  # tokens of `await submit` callers waiting for those
+        self.calls = 0
         self.batches = 0
         self.rows = 0
         self.batch_sizes: dict[int, int] = {}
@@ -267,7 +283,8 @@ class Batched:
                 f"{self!r}: a batch of it waits for room in the engine ({rt.limits_text()}); "
                 "'await fn.submit(...)' waits for room instead"
             )
-        call = BatchCall(self)
+        self.calls += 1
+        call = BatchCall(self, self.calls)
         if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
             x = args[0]
             if type(x) is np.ndarray and x.ndim and x.shape[0]:
@@ -313,7 +330,7 @@ class Batched:
 
     def _join(self, call: BatchCall, key: Any, values: list[Any], rows: int) -> None:
         """Add the call to the batch forming for ``key``; send it when full, or when the engine is idle."""
-        call.args, call.key, call.rows = values, key, rows
+        call.args, call.rows = values, rows
         if key not in self._checked:  # the key's first call: prove its rows apart
             self._plan(key, _pow2(rows), call)
         batch = self._forming.get(key)
@@ -418,10 +435,11 @@ class Batched:
         calls = [c for c in batch.calls if c.state == "forming"]
         if not calls:
             return
+        sync = self._port.config.sync_mode  # (debugging: each batch runs in the caller, at once)
         try:
             task = self._task(batch, calls)
             rt = self._rt()
-            token = rt.submit_or_queue(task, threading.get_ident(), 0)
+            token = None if sync else rt.submit_or_queue(task, get_ident(), 0)
         except BaseException as exc:  # the engine closed, or the batch can never fit
             for call in calls:
                 call._finish("failed", None, exc)
@@ -437,6 +455,10 @@ class Batched:
         counts.batches += 1
         counts.batch_rows += rows
         counts.batch_sizes[rows] = counts.batch_sizes.get(rows, 0) + 1
+        if sync:
+            rt.run_here(task)
+            self._finished(batch, calls)
+            return
         if token is not None:  # at the engine's limits: the batch waits for room, and new calls with it
             self._admitting += 1
             rt.bridge.spawn(lambda: self._until_admitted(token), f"schedsvc: {self.name} batch admission")
@@ -499,7 +521,7 @@ class Batched:
 
     def _remove(self, call: BatchCall) -> None:
         """A call cancelled before its batch started."""
-        batch = call._batch
+        batch = call._batch if call.state != "new" else None
         if batch is None:
             return
         if call in batch.calls and batch.task is None:
@@ -595,6 +617,16 @@ class _Run:
     @property
     def __name__(self) -> str:
         return f"batch:{self.plan.entry.graph.name}"
+
+    def span_args(self) -> dict[str, Any]:
+        """What the trace shows of the batch: its callers (their numbers, in order), rows, padding."""
+        live = [c for c in self.calls if c.state != "cancelled"]
+        return {
+            "calls": len(live),
+            "rows": sum(c.rows for c in live),
+            "padded_to": self.size,
+            "callers": [c.number for c in live],
+        }
 
     def __call__(self, *values: Any) -> list[Any]:
         calls, nb, size = self.calls, self.nbatched, self.size

@@ -279,6 +279,56 @@ def _dce(graph: Graph) -> Graph:
     return graph
 
 
+#: ufuncs whose results are the same bits written in place as into a new array.  Transcendental ones
+#: (sin, exp, arctan2, power, ...) are not: NumPy runs their SIMD loops only when the output does not
+#: overlap an input, and its scalar loop rounds differently.
+_EXACT_IN_PLACE = frozenset(
+    getattr(np, name)
+    for name in [
+        "add",
+        "subtract",
+        "multiply",
+        "true_divide",
+        "floor_divide",
+        "remainder",
+        "fmod",
+        "negative",
+        "positive",
+        "absolute",
+        "fabs",
+        "maximum",
+        "minimum",
+        "fmax",
+        "fmin",
+        "sqrt",
+        "square",
+        "reciprocal",
+        "sign",
+        "copysign",
+        "floor",
+        "ceil",
+        "trunc",
+        "rint",
+        "less",
+        "less_equal",
+        "greater",
+        "greater_equal",
+        "equal",
+        "not_equal",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+        "logical_not",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "invert",
+        "left_shift",
+        "right_shift",
+    ]
+)
+
+
 def _plan_reuse(graph: Graph) -> dict[int, int]:
     """Elementwise ufunc nodes that write into an operand's memory, where that use is the memory's last.
 
@@ -298,7 +348,7 @@ def _plan_reuse(graph: Graph) -> dict[int, int]:
     reuse: dict[int, int] = {}
     for i, node in enumerate(nodes):
         fn = OPS[node.op].fn if node.op in OPS else None
-        if node.out is not None or not node.shape or not isinstance(fn, np.ufunc) or fn.signature:
+        if node.out is not None or not node.shape or fn not in _EXACT_IN_PLACE:
             continue
         if i in written:  # its memory is written through later: it keeps its own
             continue
