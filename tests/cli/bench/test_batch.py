@@ -24,8 +24,15 @@ def test_a_quick_run_measures_every_case_against_the_loop(report: dict[str, Any]
     for case in batch.CASES:
         p = batch.PREFIX[case]
         assert m[f"{p}_us"] > 0
-        if case not in ("loop", "asyncio.floor"):
+        if case != "loop":
             assert m[f"{p}_ratio"] == pytest.approx(m["loop_us"] / m[f"{p}_us"])
+    for p in (
+        "batched",
+        "fast",
+        "unbatched",
+        "threadpool",
+    ):  # calls made by one coroutine: making them is part
+        assert 0 < m[f"{p}_call_us"] < m[f"{p}_us"]
     for p in ("tasks", "floor"):  # latencies where a task awaits each call
         assert 0 < m[f"{p}_p50_us"] <= m[f"{p}_p99_us"]
     assert report["config"] == {
