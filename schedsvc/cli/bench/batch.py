@@ -5,7 +5,8 @@ The model has the size of scikit-learn's digits classifier: 64 -> 128 -> 64 -> 1
 weights from a fixed seed; the data are 1,797 rows of 64 whole values 0..16 (the digits set's shape).  Each
 repetition runs every case below, in this order, ``passes`` times over all the rows (after one untimed pass),
 and takes each ratio against the loop of the same repetition; the report gives the median of every figure
-and ratio.  BLAS is held at one thread.
+and ratio.  BLAS is held at one thread.  Where one coroutine makes the calls, the time it takes to make them
+(``calls``, the event loop thread's part, before any is awaited) is reported too.
 
 loop           for each row: fn(x[i:i+1]), plain NumPy: the baseline
 batched        mlp = eng.compile(fn, batch_axis=0) (exact=True, the default); one coroutine makes every
@@ -52,7 +53,8 @@ from .._common import (
 __all__ = ["CASES", "MAX_BATCH", "MAX_DELAY", "TARGET", "format_report", "run"]
 
 CASES = ("loop", "batched", "batched.tasks", "asyncio.floor", "batched.fast", "unbatched", "threadpool")
-#: the engine's batching settings measured: max_batch 256 won among 64, 128, 256 and 512 on the 2-core machine
+#: the engine's batching settings measured (its defaults): on the 2-core machine max_batch 256 and 512 tied
+#: (within the runs' spread) ahead of 128 and 64, and 1 and 2 workers tied
 MAX_BATCH, MAX_DELAY = 256, 0.002
 #: timed passes over the rows per case and repetition (``quick``: one)
 PASSES = 5
