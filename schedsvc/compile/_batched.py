@@ -660,6 +660,13 @@ class _Run:
         out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         outs = out if graph.out_kind != "single" else (out,)
         results: list[Any] = [None] * len(calls)
+        k = spans[0][1] - spans[0][0]
+        one_length = all(calls[i].rows == k for i in live)
+        if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and one_length:
+            # callers of one length: their rows split off in one NumPy step
+            for i, piece in zip(live, out[:rows].reshape(len(live), k, *out.shape[1:]), strict=True):
+                results[i] = piece
+            return results
         for n, i in enumerate(live):
             s, e = spans[n]
             pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
