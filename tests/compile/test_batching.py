@@ -1,0 +1,683 @@
+"""Dynamic batching of compiled calls (``eng.compile(fn, batch_axis=...)``), driven deterministically: a
+held worker keeps the engine busy while calls form batches, so how they were batched is asserted from the
+stats, never from timing.  Every async test runs on asyncio and on trio (``anyio_backend``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import schedsvc as ss
+
+from ..helpers import TIMEOUT, Gate, occupied, on_asyncio, started, state, within
+from .helpers import assert_same_bits
+
+F = 3  # features of a row
+W1 = np.linspace(-1.0, 1.0, F * 5).reshape(F, 5)
+B1 = np.linspace(-0.2, 0.3, 5)
+W2 = np.linspace(0.7, -0.9, 5 * 2).reshape(5, 2)
+W6 = np.linspace(-1.0, 1.0, 6 * 4).reshape(6, 4)
+HOUR = 3600.0  # a max_delay no test outlives: a call that completes was not sent by the delay
+
+
+def mlp(x: Any) -> Any:
+    return np.tanh(x @ W1 + B1) @ W2
+
+
+def rows(n: int, seed: int = 0, features: int = F) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, features))
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@asynccontextmanager
+async def engine(**options: Any) -> AsyncIterator[ss.Engine]:
+    """One worker (held busy by ``occupied``), and awaited tasks never run inline in the awaiting coroutine."""
+    async with started(cpu_workers=1, inline_threshold_us=0, **options) as eng:
+        yield eng
+
+
+def sizes(compiled: ss.Batched) -> dict[int, int]:
+    return dict(compiled.stats()["batch_sizes"])
+
+
+def cancelled_error() -> type[BaseException]:
+    """What awaiting a cancelled call raises: asyncio's CancelledError, or on trio concurrent.futures'."""
+    import asyncio
+    import concurrent.futures
+
+    return asyncio.CancelledError if on_asyncio() else concurrent.futures.CancelledError
+
+
+async def results(calls: list[Any]) -> list[Any]:
+    return [await within(c) for c in calls]
+
+
+class Background:
+    """A coroutine run in a task group, its outcome kept for the test to look at."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.finished = anyio.Event()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self.value = await fn(*args)
+        finally:
+            self.finished.set()
+
+
+# -- each caller's rows ---------------------------------------------------------------------------------
+
+
+async def test_calls_of_different_row_counts_form_one_batch_and_each_gets_its_own_rows(
+    anyio_backend: str,
+) -> None:
+    counts = [1, 3, 2, 5]
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=sum(counts), max_delay=HOUR)
+        xs = [rows(n, seed) for seed, n in enumerate(counts)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+            assert all(isinstance(c, ss.BatchCall) for c in calls)
+            assert not any(c.done() for c in calls)
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))  # bit for bit what NumPy gives on this caller's rows alone
+        assert sizes(f) == {sum(counts): 1}
+        assert f.stats()["batches"] == 1 and f.stats()["rows"] == sum(counts)
+        assert all(c.done() and not c.cancelled() and c.exception() is None for c in calls)
+
+
+async def test_equal_row_counts_batch_and_match_bit_for_bit(anyio_backend: str) -> None:
+    """Same row counts: the stacked matmul of the exact mode."""
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=8, max_delay=HOUR)
+        xs = [rows(2, seed) for seed in range(4)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        assert sizes(f) == {8: 1}
+
+
+async def test_results_match_an_unbatched_compiled_call(anyio_backend: str) -> None:
+    async with engine() as eng:
+        batched = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        plain = eng.compile(mlp)
+        xs = [rows(n, seed) for seed, n in enumerate([1, 2, 3])]
+        async with occupied(eng, 1):
+            calls = [batched(x) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, await within(plain(x)))
+
+
+async def test_a_function_returning_a_tuple_gives_each_caller_a_tuple_of_its_rows(anyio_backend: str) -> None:
+    def two(x: Any) -> Any:
+        return x @ W1, np.abs(x).sum(axis=1)
+
+    async with engine() as eng:
+        f = eng.compile(two, batch_axis=0, max_batch=4, max_delay=HOUR)
+        xs = [rows(1, 0), rows(3, 1)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, got in zip(xs, await results(calls), strict=True):
+            assert isinstance(got, tuple) and len(got) == 2
+            for g, w in zip(got, two(x), strict=True):
+                assert_same_bits(g, w)
+
+
+async def test_batch_axis_one(anyio_backend: str) -> None:
+    def fn(x: Any) -> Any:
+        return np.exp(x) - x.max(axis=0, keepdims=True)
+
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=1, max_batch=5, max_delay=HOUR)
+        xs = [rows(4, 0).T, rows(1, 1).T]  # (3, 4) and (3, 1): rows along axis 1
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert y.shape == x.shape
+            assert_same_bits(y, fn(x))
+        assert sizes(f) == {5: 1}
+
+
+ALLOWED: list[tuple[str, Callable[[Any], Any]]] = [
+    ("where", lambda x: np.where(x > 0, x, 0.5 * x)),
+    ("clip", lambda x: np.clip(x, -0.5, 0.5)),
+    ("astype", lambda x: x.astype(np.float32) * 2),
+    ("copy", lambda x: np.copy(x) + 1),
+    ("matmul", lambda x: x @ W6),
+    ("dot", lambda x: np.dot(x, W6)),
+    ("sum over axis 1", lambda x: x.sum(axis=1)),
+    ("max over the last axis, keepdims", lambda x: x.max(axis=-1, keepdims=True)),
+    ("reshape with len(x)", lambda x: x.reshape(len(x), 2, 3).sum(axis=2)),
+    ("reshape with -1", lambda x: x.reshape(-1, 2, 3).transpose(0, 2, 1)),
+    ("slice of another axis", lambda x: x[:, :4]),
+    ("index of another axis", lambda x: x[..., 0]),
+    ("concatenate along axis 1", lambda x: np.concatenate([x, np.sin(x)], axis=1)),
+    ("stack along axis 1", lambda x: np.stack([x, x * 2], axis=1)),
+    ("a constant of one row", lambda x: x + np.arange(6.0)[None, :]),
+]
+
+
+@pytest.mark.parametrize("fn", [fn for _, fn in ALLOWED], ids=[name for name, _ in ALLOWED])
+async def test_row_wise_functions_batch(anyio_backend: str, fn: Callable[[Any], Any]) -> None:
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0, max_batch=4, max_delay=HOUR)
+        xs = [rows(1, 0, features=6), rows(3, 1, features=6)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, fn(x))
+        assert sizes(f) == {4: 1}
+
+
+# -- row-mixing functions are refused ---------------------------------------------------------------------
+
+C2 = np.linspace(-1.0, 1.0, 2 * F).reshape(2, F)  # as many rows as the calls below: rows paired with rows
+W22 = np.linspace(-1.0, 1.0, 4).reshape(2, 2)
+W42 = np.linspace(-1.0, 1.0, 8).reshape(4, 2)
+
+MIXING: list[tuple[str, Callable[[Any], Any], list[str]]] = [
+    ("centred by the batch mean", lambda x: x - x.mean(axis=0), ["mean", "axis 0"]),
+    ("x.T @ w", lambda x: x.T @ W22, ["matmul"]),
+    ("w @ x", lambda x: W42 @ x, ["matmul"]),
+    ("sum of everything", lambda x: x.sum(), ["sum"]),
+    ("the first row", lambda x: x[0], ["axis 0"]),
+    ("concatenated along the batch", lambda x: np.concatenate([x, x], axis=0), ["concatenate"]),
+    ("flattened", lambda x: x.reshape(-1), ["reshape"]),
+    ("a constant with the batch's rows", lambda x: x + C2, ["add"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "named"), [(fn, named) for _, fn, named in MIXING], ids=[name for name, _, _ in MIXING]
+)
+async def test_row_mixing_functions_raise_batch_error_at_the_first_call(
+    anyio_backend: str, fn: Callable[[Any], Any], named: list[str]
+) -> None:
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0)
+        with pytest.raises(ss.BatchError) as info:
+            f(rows(2))
+        assert isinstance(info.value, ss.TraceError) and isinstance(info.value, ss.SchedsvcError)
+        for word in named:
+            assert word in str(info.value), f"{word!r} not in: {info.value}"
+        assert eng.stats().submitted == 0
+
+
+# -- when a batch is sent -------------------------------------------------------------------------------
+
+
+async def test_a_lone_call_on_an_idle_engine_runs_at_once(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
+        for n in (2, 1):  # the engine is idle again once the first has finished
+            x = rows(n, n)
+            assert_same_bits(await within(f(x)), mlp(x))  # within TIMEOUT, far under max_delay
+        assert sizes(f) == {2: 1, 1: 1}
+
+
+async def test_reaching_max_batch_sends_the_batch(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)
+        xs = [rows(1, seed) for seed in range(8)]
+        async with occupied(eng, 1):
+            calls = []
+            for i, x in enumerate(xs):
+                calls.append(f(x))
+                full = (i + 1) // 4  # batches sent so far: queued behind the held task
+                await state(eng, lambda full=full: eng.stats().pending == 1 + full)  # type: ignore[misc]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        assert sizes(f) == {4: 2}
+
+
+async def test_no_batch_has_more_rows_than_max_batch(anyio_backend: str) -> None:
+    counts = [3, 2, 4, 1, 2, 1, 3]
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=0.001)
+        xs = [rows(n, seed) for seed, n in enumerate(counts)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        batch_sizes = sizes(f)
+        assert max(batch_sizes) <= 4, batch_sizes
+        assert sum(n * k for n, k in batch_sizes.items()) == sum(counts)
+
+
+async def test_the_delay_sends_a_batch_that_is_not_full_while_the_engine_is_busy(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=64, max_delay=0.001)
+        xs = [rows(1, 0), rows(2, 1)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+            # not full, and the engine is busy (the held task): only the delay can send it
+            await state(eng, lambda: eng.stats().pending == 2)
+            assert not any(c.done() for c in calls)
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        assert sizes(f) == {3: 1}
+
+
+class Timers:
+    """The engine's timers (``bridge.call_later``) captured: the test fires them, no clock does."""
+
+    def __init__(self, eng: ss.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert eng._rt is not None
+        self.scheduled: list[tuple[float, Callable[[], Any]]] = []
+        self.cancelled: list[int] = []
+        monkeypatch.setattr(eng._rt.bridge, "call_later", self.call_later)
+
+    def call_later(self, delay: float, fn: Callable[[], Any]) -> Callable[[], None]:
+        number = len(self.scheduled)
+        self.scheduled.append((delay, fn))
+        return lambda: self.cancelled.append(number)
+
+    def fire(self, number: int) -> None:
+        self.scheduled[number][1]()
+
+
+async def test_the_delay_timer_sends_the_forming_batch(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with engine() as eng:
+        timers = Timers(eng, monkeypatch)
+        f = eng.compile(mlp, batch_axis=0, max_batch=64, max_delay=0.25)
+        xs = [rows(1, 0), rows(2, 1), rows(1, 2)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs[:2]]
+            assert [delay for delay, _ in timers.scheduled] == [0.25]  # one timer, from the first call
+            assert eng.stats().pending == 1 and f.stats()["batches"] == 0  # still forming
+            timers.fire(0)
+            assert eng.stats().pending == 2 and sizes(f) == {3: 1}  # sent, queued behind the held task
+            calls.append(f(xs[2]))  # a new batch, with a timer of its own
+            assert len(timers.scheduled) == 2 and eng.stats().pending == 2
+            timers.fire(1)
+            assert eng.stats().pending == 3
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        assert sizes(f) == {3: 1, 1: 1}
+        assert timers.cancelled == []
+
+
+async def test_a_batch_sent_full_stops_its_timer(anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with engine() as eng:
+        timers = Timers(eng, monkeypatch)
+        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=0.25)
+        xs = [rows(1, 0), rows(2, 1)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+            assert len(timers.scheduled) == 1 and timers.cancelled == [0]
+            assert eng.stats().pending == 2
+            timers.fire(0)  # a timer that fires late anyway sends nothing more
+            assert eng.stats().pending == 2
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        assert sizes(f) == {3: 1}
+
+
+async def test_an_idle_engine_sends_without_a_timer(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with engine() as eng:
+        timers = Timers(eng, monkeypatch)
+        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
+        assert_same_bits(await within(f(rows(2))), mlp(rows(2)))
+        assert timers.scheduled == []
+
+
+async def test_what_formed_while_a_batch_ran_goes_once_the_engine_is_idle(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch behind a held task is sent full; calls made meanwhile go when it has finished, unasked."""
+    async with engine() as eng:
+        Timers(eng, monkeypatch)  # never fired
+        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        xs = [rows(1, seed) for seed in range(3)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]  # two full, the third forming
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        assert sizes(f) == {2: 1, 1: 1}
+
+
+# -- batching keys: weights and static arguments ----------------------------------------------------------
+
+
+def affine(x: Any, w: Any, b: Any) -> Any:
+    return x @ w + b
+
+
+async def test_weights_declared_unbatched_by_position_batch_when_the_same_object(anyio_backend: str) -> None:
+    w, b = W1, B1
+    w_equal = W1.copy()  # equal values, another object: another batch
+    async with engine() as eng:
+        f = eng.compile(affine, batch_axis=0, batched=[0], max_batch=2, max_delay=HOUR)
+        xs = [rows(1, seed) for seed in range(4)]
+        weights = [w, w_equal, w, w_equal]
+        async with occupied(eng, 1):
+            calls = [f(x, wi, b) for x, wi in zip(xs, weights, strict=True)]
+        for x, wi, y in zip(xs, weights, await results(calls), strict=True):
+            assert_same_bits(y, affine(x, wi, b))
+        assert sizes(f) == {2: 2}  # {x0, x2} with w and {x1, x3} with its copy
+
+
+async def test_weights_declared_unbatched_by_keyword(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(affine, batch_axis=0, batched=["x"], max_batch=3, max_delay=HOUR)
+        xs = [rows(n, seed) for seed, n in enumerate([1, 2])]
+        async with occupied(eng, 1):
+            calls = [f(x=x, w=W1, b=B1) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, affine(x, W1, B1))
+        assert sizes(f) == {3: 1}
+
+
+async def test_different_weights_give_each_caller_its_own_weights(anyio_backend: str) -> None:
+    """Four weights, one call each, one row each: whatever the batching, nobody gets another's weights."""
+    async with engine() as eng:
+        f = eng.compile(affine, batch_axis=0, batched=(0,), max_batch=4, max_delay=0.001)
+        ws = [W1 * k for k in (1.0, -1.0, 0.5, 2.0)]
+        xs = [rows(1, seed) for seed in range(4)]
+        async with occupied(eng, 1):
+            calls = [f(x, w, B1) for x, w in zip(xs, ws, strict=True)]
+        for x, w, y in zip(xs, ws, await results(calls), strict=True):
+            assert_same_bits(y, affine(x, w, B1))
+        assert sizes(f) == {1: 4}
+
+
+async def test_static_arguments_are_part_of_the_batch_key(anyio_backend: str) -> None:
+    def scaled(x: Any, scale: float) -> Any:
+        return np.tanh(x * scale)
+
+    async with engine() as eng:
+        f = eng.compile(scaled, batch_axis=0, max_batch=2, max_delay=HOUR)
+        xs = [rows(1, seed) for seed in range(4)]
+        scales = [2.0, 3.0, 2.0, 3.0]
+        async with occupied(eng, 1):
+            calls = [f(x, s) for x, s in zip(xs, scales, strict=True)]
+        for x, s, y in zip(xs, scales, await results(calls), strict=True):
+            assert_same_bits(y, scaled(x, s))
+        assert sizes(f) == {2: 2}
+
+
+# -- Tensors and Futures as arguments ---------------------------------------------------------------------
+
+
+async def test_tensors_done_and_pending_are_arguments(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        x0, x1, x2 = rows(1, 0), rows(2, 1), rows(3, 2)
+        done = eng.asarray(x0)
+        await within(done)
+        async with occupied(eng, 1):
+            pending = eng.asarray(x1) * 2  # queued behind the held task
+            calls = [f(done), f(pending), f(x2)]
+        got = await results(calls)
+        assert_same_bits(got[0], mlp(x0))
+        assert_same_bits(got[1], mlp(x1 * 2))
+        assert_same_bits(got[2], mlp(x2))
+
+
+async def test_futures_done_and_pending_are_arguments(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=0.001)
+        x0, x1, x2 = rows(1, 0), rows(2, 1), rows(3, 2)
+        done = eng.submit_nowait(np.copy, x0)
+        await within(done)
+        gate = Gate()
+        pending = eng.submit_nowait(gate.hold(lambda: x1.copy()))  # holds the only worker
+        await gate.wait_started(1)
+        calls = [f(done), f(pending), f(x2)]
+        assert not calls[1].done()
+        gate.open()
+        got = await results(calls)
+        for x, y in zip((x0, x1, x2), got, strict=True):
+            assert_same_bits(y, mlp(x))
+
+
+def broken() -> np.ndarray:
+    raise ValueError("no rows today")
+
+
+async def test_a_failed_future_argument_fails_the_call_with_dependency_error(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
+        failed = eng.submit_nowait(broken)
+        with pytest.raises(ValueError):
+            await within(failed)
+        with pytest.raises(ss.DependencyError) as info:  # at the call, or at its await
+            await within(f(failed))
+        assert info.value.__cause__ is failed.exception()
+        assert_same_bits(await within(f(rows(2))), mlp(rows(2)))  # the engine keeps serving
+
+
+async def test_a_future_argument_that_fails_later_fails_only_its_call(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        gate = Gate()
+        failing = eng.submit_nowait(gate.hold(broken))  # holds the only worker
+        await gate.wait_started(1)
+        doomed = f(failing)
+        calls = [f(rows(1, 0)), f(rows(1, 1))]  # a full batch without it
+        gate.open()
+        with pytest.raises(ss.DependencyError) as info:
+            await within(doomed)
+        assert info.value.__cause__ is failing.exception()
+        for seed, y in enumerate(await results(calls)):
+            assert_same_bits(y, mlp(rows(1, seed)))
+        assert sizes(f) == {2: 1}
+
+
+# -- errors --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # so NumPy's invalid-value warning raises at replay
+async def test_an_error_in_the_batch_fails_every_caller_with_the_same_exception(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(np.log, batch_axis=0, max_batch=3, max_delay=HOUR)
+        xs = [np.ones((1, F)), -np.ones((1, F)), np.full((1, F), 2.0)]  # the second row has no log
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        errors = []
+        for c in calls:
+            with pytest.raises(RuntimeWarning) as info:
+                await within(c)
+            errors.append(info.value)
+        assert all(e is errors[0] for e in errors)
+        assert all(c.exception() is errors[0] for c in calls)
+        assert_same_bits(await within(f(np.ones((2, F)))), np.zeros((2, F)))  # the engine keeps serving
+
+
+# -- cancellation -------------------------------------------------------------------------------------------
+
+
+async def test_a_call_cancelled_while_its_batch_forms_leaves_it(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=HOUR)
+        xs = [rows(1, seed) for seed in range(4)]
+        async with occupied(eng, 1):
+            a, b = f(xs[0]), f(xs[1])
+            assert b.cancel()
+            assert b.cancelled() and b.done()
+            c, d = f(xs[2]), f(xs[3])  # its row left: these two fill the batch
+            await state(eng, lambda: eng.stats().pending == 2)
+        for x, y in zip((xs[0], xs[2], xs[3]), await results([a, c, d]), strict=True):
+            assert_same_bits(y, mlp(x))
+        with pytest.raises(cancelled_error()):
+            await within(b)
+        assert b.cancel()  # still cancelled (as Future.cancel says)
+        assert sizes(f) == {3: 1}
+
+
+async def test_a_call_cancelled_while_its_batch_waits_to_run_leaves_it(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=HOUR)
+        xs = [rows(1, seed) for seed in range(3)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+            await state(eng, lambda: eng.stats().pending == 2)  # sent, queued behind the held task
+            assert calls[1].cancel()
+            assert calls[1].cancelled()
+        got = await results([calls[0], calls[2]])
+        assert_same_bits(got[0], mlp(xs[0]))
+        assert_same_bits(got[1], mlp(xs[2]))
+        with pytest.raises(cancelled_error()):
+            await within(calls[1])
+        assert f.stats()["batches"] == 1
+
+
+async def test_a_done_call_cannot_be_cancelled(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0)
+        call = f(rows(2))
+        y = await within(call)
+        assert not call.cancel()
+        assert not call.cancelled()
+        assert_same_bits(y, mlp(rows(2)))
+
+
+async def test_cancelling_the_awaiting_coroutine_cancels_the_call(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=HOUR)
+        async with occupied(eng, 1):
+            kept = f(rows(1, 0))
+            given_up = f(rows(1, 1))
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await given_up
+            assert scope.cancelled_caught
+            assert given_up.cancelled()
+            last = [f(rows(1, 2)), f(rows(1, 3))]  # fill the batch the cancelled call left
+        got = await results([kept, *last])
+        for seed, y in zip((0, 2, 3), got, strict=True):
+            assert_same_bits(y, mlp(rows(1, seed)))
+        assert sizes(f) == {3: 1}
+
+
+# -- backpressure ---------------------------------------------------------------------------------------
+
+
+async def test_a_batch_is_one_task_for_max_pending(anyio_backend: str) -> None:
+    async with engine(max_pending=2) as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        xs = [rows(2, seed) for seed in range(3)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]  # six rows from three callers: one task
+            await state(eng, lambda: eng.stats().pending == 2)
+            assert eng.stats().waiting_admission == 0
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+
+
+async def test_at_max_pending_a_call_raises_queue_full_and_submit_waits(anyio_backend: str) -> None:
+    async with engine(max_pending=1) as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        xs = [rows(1, seed) for seed in range(3)]
+        async with occupied(eng, 1) as (gate, _):
+            calls = [f(xs[0]), f(xs[1])]  # full: sent, and waits for admission behind the held task
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
+            with pytest.raises(ss.QueueFull):
+                f(xs[2])
+            waiter = Background()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter.run, f.submit, xs[2])
+                await anyio.wait_all_tasks_blocked()
+                assert not waiter.finished.is_set()  # waiting for room
+                gate.open()
+                with anyio.fail_after(TIMEOUT):
+                    await waiter.finished.wait()
+            assert isinstance(waiter.value, ss.BatchCall)
+            calls.append(waiter.value)
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+
+
+async def test_a_batch_holds_the_bytes_of_its_rows(anyio_backend: str) -> None:
+    """The bytes a batch holds while it waits are those its callers' calls would hold one by one."""
+    xs = [rows(2, seed) for seed in range(3)]
+    async with engine() as eng:
+        plain = eng.compile(mlp)
+        alone = []
+        for x in xs:
+            async with occupied(eng, 1):
+                before = eng.stats().pending_bytes
+                out = plain(x)
+                alone.append(eng.stats().pending_bytes - before)
+            await within(out)
+        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        async with occupied(eng, 1):
+            before = eng.stats().pending_bytes
+            calls = [f(x) for x in xs]
+            await state(eng, lambda: eng.stats().pending == 2)
+            held = eng.stats().pending_bytes - before
+        await results(calls)
+    assert held == sum(alone), (held, alone)
+    assert held >= sum(mlp(x).nbytes for x in xs)
+
+
+# -- stats and trace -------------------------------------------------------------------------------------
+
+
+async def test_stats_count_batches_rows_and_sizes_per_function_and_engine(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)
+        g = eng.compile(np.tanh, batch_axis=0, max_batch=3, max_delay=HOUR)
+        assert f.stats()["batches"] == 0 and f.stats()["rows"] == 0 and sizes(f) == {}
+        await within(f(rows(2)))  # alone: the engine was idle
+        async with occupied(eng, 1):
+            calls = [f(rows(1, i)) for i in range(4)] + [g(rows(1, i)) for i in range(3)]
+        await results(calls)
+        assert (f.stats()["batches"], f.stats()["rows"], sizes(f)) == (2, 6, {2: 1, 4: 1})
+        assert (g.stats()["batches"], g.stats()["rows"], sizes(g)) == (1, 3, {3: 1})
+        s = eng.stats()
+        assert (s.batches, s.batch_rows, dict(s.batch_sizes)) == (3, 9, {2: 1, 4: 1, 3: 1})
+
+
+async def test_the_trace_shows_a_batch_span_with_its_callers(anyio_backend: str, tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        with eng.trace(path):
+            async with occupied(eng, 1):
+                calls = [f(rows(n, n)) for n in (1, 2, 3)]
+            await results(calls)
+    events = json.loads(path.read_text())["traceEvents"]
+    (span,) = [e for e in events if e.get("ph") == "X" and e["name"] == "batch:mlp"]
+    assert span["args"]["calls"] == 3
+    assert span["args"]["rows"] == 6
+
+
+# -- BatchCall from threads -------------------------------------------------------------------------------
+
+
+async def test_result_and_exception_from_another_thread(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        async with occupied(eng, 1) as (gate, _):
+            calls = [f(rows(1, 0)), f(rows(1, 1))]
+            seen: list[Any] = []
+
+            def in_a_thread() -> None:
+                seen.append(calls[0].result(timeout=TIMEOUT))
+
+            thread = threading.Thread(target=in_a_thread)
+            thread.start()
+            gate.open()
+            await anyio.to_thread.run_sync(thread.join, TIMEOUT)
+        assert_same_bits(seen[0], mlp(rows(1, 0)))
+        assert calls[0].exception() is None
+        assert_same_bits(await within(calls[1]), mlp(rows(1, 1)))
