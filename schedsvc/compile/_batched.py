@@ -177,13 +177,12 @@ _UNSTARTED = frozenset({"new", "admitting", "waiting", "ready"})
 class _Batch:
     """The calls of one key gathered for one replay."""
 
-    __slots__ = ("calls", "key", "rows", "stop_timer", "task", "uniform")
+    __slots__ = ("calls", "key", "rows", "stop_timer", "task")
 
     def __init__(self, key: Any) -> None:
         self.key = key
         self.calls: list[BatchCall] = []
         self.rows = 0
-        self.uniform = True  # every call has the same number of rows
         self.stop_timer: Callable[[], Any] | None = None
         self.task: Future[Any] | None = None
 
@@ -337,13 +336,9 @@ class Batched:
         if batch is not None and batch.rows + rows > self.max_batch:
             self._send(batch)
             batch = None
+        fresh = batch is None
         if batch is None:
             batch = self._forming[key] = _Batch(key)
-            fresh = True
-        else:
-            fresh = False
-            if batch.uniform and batch.calls[0].rows != rows:
-                batch.uniform = False
         batch.calls.append(call)
         batch.rows += rows
         call._batch, call.state = batch, "forming"
@@ -478,7 +473,7 @@ class Batched:
         first = calls[0]
         rows = sum(c.rows for c in calls)
         k = first.rows
-        uniform = batch.uniform and all(c.rows == k for c in calls)
+        uniform = all(c.rows == k for c in calls)
         size = k * _pow2(len(calls)) if uniform else _pow2(rows)
         plan = self._plan(batch.key, size, first)
         nbatched = sum(1 for part in batch.key if part[1] == "rows")
@@ -556,7 +551,7 @@ class Batched:
         """Trace ``fn`` with the batched arguments ``rows`` long, and prove its rows apart."""
         args: dict[Any, Any] = {}
         batched: dict[int, int] = {}
-        position = shared = nb = 0
+        position = shared = 0
         nbatched = sum(1 for part in key if part[1] == "rows")
         for part in key:
             slot, kind = part[0], part[1]
@@ -565,7 +560,6 @@ class Batched:
                 axis = self.batch_axis % (len(rest) + 1)
                 args[slot] = np.broadcast_to(np.empty((), dtype), (*rest[:axis], rows, *rest[axis:]))
                 batched[position] = axis
-                nb += 1
                 position += 1
             elif kind == "shared":
                 args[slot] = call.args[nbatched + shared]
