@@ -12,9 +12,10 @@ caller gets exactly its own rows.
 
 Before the first call of a key runs, ``_rows.plan_rows`` proves from the
 traced graph that rows stay apart; a function that mixes them raises
-``BatchError`` there.  With ``exact`` (the default), the matmuls whose rows are
-the batch compute each caller's rows as its own product, so the result is bit
-for bit the unbatched call's.
+``BatchError`` there.  With ``exact`` (the default), the ops NumPy may round
+by memory layout (matmuls, sums, transcendental ufuncs) compute each caller's
+rows as its own call would (``_rows.exact_fn``), so the result is bit for bit
+the unbatched call's.
 
 Calls are made on the engine's event loop (from coroutines); the batches'
 state lives there, so it needs no lock.
@@ -198,10 +199,8 @@ class _Plan:
         graph = entry.graph
         rows = {}
         if exact:
-            for i, (axis, out_axis) in plan.exact.items():
-                node = graph.nodes[i]
-                ndim = len(graph.nodes[node.args[0]].shape)
-                rows[i] = exact_fn(node.op, axis, ndim, out_axis)
+            for i, (operands, out_axis) in plan.exact.items():
+                rows[i] = exact_fn(graph.nodes[i], operands, out_axis)
         self.spans = bool(rows)
         self.replay = emit(graph, rows) if rows else entry.replay
 

@@ -394,8 +394,9 @@ def _last_uses(graph: Graph) -> dict[int, int]:
 def emit(graph: Graph, rows: dict[int, Callable[..., Any]] | None = None) -> Callable[..., Any]:
     """One Python function of NumPy calls that computes the graph's outputs from its inputs.
 
-    ``rows``: nodes computed by another function, called with the node's operands, the replay's last
-    argument ``spans`` and its attributes (a batched replay's exact matmuls, ``_rows.exact_fn``).
+        ``rows``: nodes computed by another function, called with the node's operands, the replay's last
+        argument ``spans``, its attributes and, for a write, ``out`` (a batched replay's nodes that compute each
+    caller's rows as its own call would, ``_rows.exact_fn``).
     """
     rows = rows or {}
     namespace: dict[str, Any] = {}
@@ -419,7 +420,8 @@ def emit(graph: Graph, rows: dict[int, Callable[..., Any]] | None = None) -> Cal
         call = f"f_{node.op}({', '.join(parts)})"
         if i in rows:
             namespace[f"r{i}"] = rows[i]
-            call = f"r{i}({', '.join([*parts[: len(node.args)], 'spans', *parts[len(node.args) :]])})"
+            out = [f"out={_name(graph, node.out)}"] if node.out is not None else []
+            call = f"r{i}({', '.join([*parts[: len(node.args)], 'spans', *parts[len(node.args) :], *out])})"
         elif node.out is not None and node.op != "setitem":  # setitem writes its first operand
             call = f"f_{node.op}({', '.join([*parts, f'out={_name(graph, node.out)}'])})"
         elif i in graph.reuse:

@@ -14,10 +14,19 @@ Anything else that touches the batch -- a reduction over it, a matmul with the
 batch on the right, ``x[0]``, a reshape that merges rows -- raises
 ``BatchError`` naming the op and the axis.
 
-Exactness: BLAS computes one row of a many-row product with other rounding
-than a one-row product, so ``exact_fn`` gives matmul/dot nodes whose rows are
-the batch a replacement that computes each caller's rows as its own product
-(one stacked matmul when every caller has the same number of rows).
+Exactness: NumPy's result can depend on more than the values.  BLAS computes
+one row of a many-row product with other rounding than a one-row product; a
+reduction sums in another order, and a transcendental ufunc may take another
+loop, when its operand is laid out otherwise (a caller's rows inside a batch
+along axis 1 are strided, its own array is not).  So the plan marks every
+node that may round by layout -- every op but the ``_SAME_BITS`` ufuncs (each
+result correctly rounded or exact), the reductions that do not round, and
+the ops that only move or cast values -- and ``exact_fn`` gives it a
+replacement that computes each caller's rows as the caller's own call would:
+matmuls as one product per caller (one stacked matmul when every caller has
+the same number of rows); other ops on the whole batch when the batch is
+along axis 0 and every operand C-contiguous (a caller's rows are then laid out
+as in its own call: measured bit-equal), else on each caller's own rows.
 """
 
 from __future__ import annotations
@@ -38,17 +47,33 @@ __all__ = ["RowPlan", "exact_fn", "plan_rows"]
 #: ops that combine operands element by element, broadcasting (besides the ufuncs)
 _ELEMENTWISE = frozenset({"pow", "ipow", "where", "clip", "astype", "copy"})
 _REDUCTIONS = frozenset({"sum", "mean", "prod", "max", "min", "argmax", "argmin", "any", "all"})
+#: ufuncs whose every result (on real numbers) is exact or correctly rounded: the same bits in any loop
+_SAME_BITS = frozenset(
+    {
+        "absolute", "add", "bitwise_and", "bitwise_or", "bitwise_xor", "ceil", "conjugate", "copysign",
+        "divide", "equal", "fabs", "floor", "fmax", "fmin", "greater", "greater_equal", "invert",
+        "isfinite", "isinf", "isnan", "left_shift", "less", "less_equal", "logical_and", "logical_not",
+        "logical_or", "logical_xor", "maximum", "minimum", "multiply", "negative", "not_equal", "positive",
+        "reciprocal", "right_shift", "rint", "sign", "signbit", "sqrt", "square", "subtract",
+        "true_divide", "trunc",
+    }
+)  # fmt: skip
+#: ops that move, pick or cast values without arithmetic, and reductions that do not round
+_NO_ROUNDING = frozenset({"where", "clip", "astype", "copy", "max", "min", "argmax", "argmin", "any", "all"})
 
 
 class RowPlan:
-    """Per node, the axis its rows lie along (None: the same for every row); the output axes; the
-    matmul/dot nodes a many-row BLAS product would round differently from one caller's own."""
+    """Per node, the axis its rows lie along (None: the same for every row); the output axes; the nodes
+    that may round a batch differently from one caller's own call (``exact``: node -> the batch axis of
+    each operand, None where unbatched, and of the result)."""
 
     __slots__ = ("axes", "exact", "outputs")
 
-    def __init__(self, axes: list[int | None], exact: dict[int, tuple[int, int]], outputs: list[int]) -> None:
+    def __init__(
+        self, axes: list[int | None], exact: dict[int, tuple[tuple[int | None, ...], int]], outputs: list[int]
+    ) -> None:
         self.axes = axes
-        self.exact = exact  # node -> (the batch axis of its left operand, of its result)
+        self.exact = exact
         self.outputs = outputs
 
 
@@ -56,16 +81,22 @@ def plan_rows(graph: Graph, batched: dict[int, int], name: str) -> RowPlan:
     """Prove ``graph`` keeps rows apart, with input ``position`` batched along ``batched[position]``."""
     nodes = graph.nodes
     axes: list[int | None] = [None] * len(nodes)
-    exact: dict[int, tuple[int, int]] = {}
+    exact: dict[int, tuple[tuple[int | None, ...], int]] = {}
     for i, node in enumerate(nodes):
         if node.op == "input":
             axes[i] = batched.get(node.value)
-        elif node.op in ("const", "dead"):
             continue
-        elif node.out is not None:
+        if node.op in ("const", "dead"):
+            continue
+        if node.out is not None:
             axes[i] = _write(graph, axes, i, node)
         elif any(isinstance(a, Ref) and axes[a] is not None for a in node.args):
             axes[i] = _rule(graph, axes, i, node, exact)
+        else:
+            continue
+        if i not in exact and axes[i] is not None and node.op != "setitem" and _rounds_by_layout(node):
+            operands = tuple(axes[a] if isinstance(a, Ref) else None for a in node.args)
+            exact[i] = (operands, _axis(axes, i))
     outputs = []
     for k, o in enumerate(graph.outputs):
         axis = axes[o]
@@ -79,7 +110,13 @@ def plan_rows(graph: Graph, batched: dict[int, int], name: str) -> RowPlan:
     return RowPlan(axes, exact, outputs)
 
 
-def _rule(graph: Graph, axes: list[int | None], i: int, node: Node, exact: dict[int, tuple[int, int]]) -> int:
+def _rule(
+    graph: Graph,
+    axes: list[int | None],
+    i: int,
+    node: Node,
+    exact: dict[int, tuple[tuple[int | None, ...], int]],
+) -> int:
     op = node.op
     fn = OPS[op].fn
     if op in ("matmul", "dot"):
@@ -102,6 +139,16 @@ def _rule(graph: Graph, axes: list[int | None], i: int, node: Node, exact: dict[
     if op in ("concatenate", "stack"):
         return _join(graph, axes, node)
     raise _refuse(node, f"schedsvc cannot prove {op}() keeps the rows of its batched operand apart")
+
+
+def _rounds_by_layout(node: Node) -> bool:
+    """Whether NumPy may compute ``node`` with other rounding on other memory layouts."""
+    if node.op in _NO_ROUNDING or node.dtype.kind in "biu":
+        return False
+    fn = OPS[node.op].fn
+    if isinstance(fn, np.ufunc) and not fn.signature:
+        return fn.__name__ not in _SAME_BITS or node.dtype.kind == "c"
+    return node.op in _REDUCTIONS or node.op in _ELEMENTWISE
 
 
 def _refs(node: Node) -> list[int]:
@@ -181,7 +228,11 @@ def _reduce(graph: Graph, axes: list[int | None], node: Node) -> int:
 
 
 def _matmul(
-    graph: Graph, axes: list[int | None], i: int, node: Node, exact: dict[int, tuple[int, int]]
+    graph: Graph,
+    axes: list[int | None],
+    i: int,
+    node: Node,
+    exact: dict[int, tuple[tuple[int | None, ...], int]],
 ) -> int:
     a, b = node.args[:2]
     left = graph.nodes[a] if isinstance(a, Ref) else None
@@ -207,11 +258,11 @@ def _matmul(
     if la == lnd - 1:
         raise _refuse(node, f"it sums over the batch axis {la} of its left operand", la)
     if node.op == "dot":  # dot(a, b): a's axes but the last, then b's
-        exact[i] = (la, la)
+        exact[i] = ((la, None), la)
         return la
     if la == lnd - 2:  # the rows of a matrix product (of a matrix-vector product, its only axis)
         where = ndim - 1 if rnd == 1 else ndim - 2
-        exact[i] = (la, where)
+        exact[i] = ((la, None), where)
         return where
     where = la + ndim - lnd  # a stacked axis: each caller's matrices are products of their own
     if right is not None and rnd > 2 and (at := where - (ndim - rnd)) >= 0 and right.shape[at] != 1:
@@ -321,21 +372,59 @@ def _write(graph: Graph, axes: list[int | None], i: int, node: Node) -> int | No
 # -- exact replay ------------------------------------------------------------------------
 
 
-def exact_fn(op: str, axis: int, ndim: int, out_axis: int) -> Callable[..., Any]:
-    """``op`` (matmul/dot) computing each caller's rows (``spans``: (start, stop) along ``axis`` of the
-    left operand, of ``ndim`` axes; ``out_axis`` of the result) as its own product: bit for bit the
-    unbatched call's."""
-    fn = OPS[op].fn
+def exact_fn(node: Node, operands: tuple[int | None, ...], out_axis: int) -> Callable[..., Any]:
+    """``node`` computing each caller's rows as the caller's own call would, bit for bit.
 
-    def rows(a: Any, b: Any, spans: Sequence[tuple[int, int]], **attrs: Any) -> Any:
-        first, stop = spans[0]
-        k = stop - first
-        one_length = all(e - s == k for s, e in spans)
-        if op == "matmul" and ndim == 2 and axis == 0 and one_length:  # one stacked product
-            product = fn(a.reshape(len(spans), k, a.shape[1]), b, **attrs)
-            return product.reshape(len(spans) * k, *product.shape[2:])
-        lead = (slice(None),) * axis
-        parts = [fn(a[(*lead, slice(s, e))], b, **attrs) for s, e in spans]
-        return np.concatenate(parts, axis=out_axis)
+    The replacement takes the node's operands, then ``spans`` (each caller's (start, stop) along the
+    batch axis, the padding's last), then the node's attributes (and ``out=`` for a write).
+    """
+    fn = OPS[node.op].fn
+    n = len(node.args)
+    if node.op in ("matmul", "dot") and node.out is None:
+        axis = operands[0]
+        assert axis is not None
+        stackable = node.op == "matmul" and axis == 0 and len(node.args) == 2
 
+        def product(a: Any, b: Any, spans: Sequence[tuple[int, int]], **attrs: Any) -> Any:
+            first, stop = spans[0]
+            k = stop - first
+            if stackable and a.ndim == 2 and all(e - s == k for s, e in spans):  # one stacked product
+                out = fn(a.reshape(len(spans), k, a.shape[1]), b, **attrs)
+                return out.reshape(len(spans) * k, *out.shape[2:])
+            lead = (slice(None),) * axis
+            return np.concatenate([fn(a[(*lead, slice(s, e))], b, **attrs) for s, e in spans], axis=out_axis)
+
+        return product
+    whole = out_axis == 0 and all(a in (None, 0) for a in operands)
+
+    def rows(*args: Any, **attrs: Any) -> Any:
+        values, spans = args[:n], args[n]
+        out = attrs.pop("out", None)
+        arrays = [v for v in (*values, out) if type(v) is np.ndarray]
+        if whole and all(v.flags.c_contiguous for v in arrays):  # each caller's rows as in its own call
+            return fn(*values, **attrs) if out is None else fn(*values, out=out, **attrs)
+        parts = []
+        for s, e in spans:
+            mine = [v if a is None else _own(v, a, s, e) for v, a in zip(values, operands, strict=True)]
+            if out is None:
+                parts.append(fn(*mine, **attrs))
+                continue
+            target = out[(slice(None),) * out_axis + (slice(s, e),)]
+            if target.flags.c_contiguous or not out.flags.c_contiguous:
+                fn(*mine, out=target, **attrs)
+            else:  # the caller's own call writes a C-contiguous array
+                target[...] = fn(*mine, out=np.empty(target.shape, out.dtype), **attrs)
+        return out if out is not None else np.concatenate(parts, axis=out_axis)
+
+    return rows
+
+
+def _own(value: Any, axis: int, start: int, stop: int) -> Any:
+    """A caller's rows of ``value`` laid out as in its own call: a fresh (C-contiguous) batch array's rows
+    copied to a fresh array; a view's rows as a view (its strides are the caller's own)."""
+    if type(value) is not np.ndarray:
+        return value
+    rows = value[(slice(None),) * axis + (slice(start, stop),)]
+    if value.flags.c_contiguous and not rows.flags.c_contiguous:
+        return np.ascontiguousarray(rows)
     return rows

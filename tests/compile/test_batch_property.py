@@ -1,21 +1,22 @@
 """Batched equals unbatched, bit for bit, on random row-wise programs; row-mixing programs are refused.
 
 A program is a list of steps over a pool of values that starts with the batched argument ``x`` (its rows
-along ``batch_axis``, 0 or 1; float64 or float32; 0-2 more axes of 1-4 elements).  Every step keeps each
-value's batch axis where it is and its rows apart: elementwise ufuncs with constants (closure arrays whose
-batch axis is 1, or that stop short of it, and scalars) or with other values, ``@ w`` / ``np.dot`` with a
-closure weight or the unbatched argument ``w``, reductions over other axes (with and without keepdims),
-reshapes that keep the batch axis (its length written as ``-1`` or as the traced length), transposes of
-other axes, basic slicing and indexing of other axes, concatenate/stack along other axes, where, clip and
-astype.  Whether a step applies depends only on the other axes, never on the number of rows, so every
-caller's rows run the same program; a step that does not apply is skipped.
+along ``batch_axis``, 0 or 1; float64 or float32; 0-2 more axes of 1-4 elements, the last sometimes 8-33
+long).  Every step keeps each value's batch axis where it is and its rows apart: elementwise ufuncs with
+constants (closure arrays whose batch axis is 1, or that stop short of it, and scalars) or with other
+values, ``@ w`` / ``np.dot`` with a closure weight or the unbatched argument ``w``, reductions over other
+axes (with and without keepdims), reshapes that keep the batch axis (its length written as ``-1`` or as
+the traced length), transposes of other axes, basic slicing and indexing of other axes, concatenate/stack
+along other axes, where, clip, astype, and writes into a copy (in-place operators, ``out=``, item
+assignment of other axes).  Whether a step applies depends only on the other axes, never on the number of
+rows, so every caller's rows run the same program; a step that does not apply is skipped.
 
 The calls (1-5 of them, 1-4 rows each) are made while the engine's only worker is held, so they batch;
-each caller's result must be exactly ``program(its rows)`` run by NumPy, dtype, shape and bits.  A
+each caller's result must be exactly ``program(its rows)`` run by NumPy: dtype, shape and bits.  A
 row-mixing program is a row-wise one whose newest value then goes through one op that pairs or mixes rows
 (a reduction over the batch axis, a matmul over it from either side, concatenation along it, picking or
 reversing rows, a constant with the batch's rows, flattening): its first call raises ``ss.BatchError``
-naming that op.
+naming that op and the axis.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import schedsvc as ss
@@ -78,6 +79,7 @@ KINDS = [
     "where",
     "clip",
     "astype",
+    "write",
 ]
 
 
@@ -219,6 +221,8 @@ class Interpreter:
             return np.clip(v, -0.5 - s.c % 3, 0.25 + s.b % 2)
         if kind == "astype":
             return v.astype(F32 if s.c % 2 else F64)
+        if kind == "write":
+            return self.write(v, s)
         raise AssertionError(f"unknown step {kind!r}")
 
     def reshape(self, v: Any, s: Step) -> Any:
@@ -247,6 +251,27 @@ class Interpreter:
             shape[self.bax + 1 :] = [int(np.prod(shape[self.bax + 1 :]))]
         new = self.row_shape(v, tuple(shape), s.seed)
         return np.reshape(v, new) if s.c // 4 % 2 else v.reshape(new)
+
+    def write(self, v: Any, s: Step) -> Any:
+        """Writes into a copy (memory of the function's own): in-place operators, ``out=``, item assignment
+        of other axes with a scalar or with rows of the same batch."""
+        u = np.copy(v)
+        variant = s.c % 4
+        if variant == 0:
+            u += constant(v.shape[self.bax + 1 :], s.seed, v.dtype)
+        elif variant == 1:
+            np.multiply(u, 0.5 + s.b % 3, out=u)
+        else:
+            others = self.others(v)
+            if not others:
+                raise Skip
+            i = others[s.b % len(others)]
+            index = (slice(None),) * i + ([0, -1, slice(None, None, 2), slice(1, None)][s.seed % 4],)
+            if variant == 2:
+                u[index] = float(constant((), s.seed))
+            else:
+                u[index] = np.sin(u[index])  # rows of the batch, written back to the same rows
+        return u
 
     def join(self, v: Any, s: Step) -> Any:
         u = self.pick(s.b)
@@ -312,10 +337,12 @@ steps = st.builds(
 @st.composite
 def programs(draw: st.DrawFn, max_steps: int = 8) -> Program:
     batch_axis = draw(st.integers(0, 1))
-    other_axes = tuple(draw(st.lists(st.integers(1, 4), min_size=batch_axis, max_size=batch_axis + 2)))
+    other_axes: tuple[int, ...] = tuple(
+        draw(st.lists(st.integers(1, 4), min_size=batch_axis, max_size=batch_axis + 2))
+    )
     if other_axes and draw(st.booleans()):  # a long last axis: matmuls whose rounding depends on the rows
         other_axes = (*other_axes[:-1], draw(st.sampled_from([8, 16, 33])))
-    dtype = draw(st.sampled_from([F64, F32]))
+    dtype: np.dtype[Any] = draw(st.sampled_from([F64, F32]))
     program_steps = tuple(draw(st.lists(steps, min_size=1, max_size=max_steps)))
     outputs = tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=2)))
     weight = (other_axes[-1], draw(st.integers(1, 3))) if other_axes and draw(st.booleans()) else None
@@ -371,10 +398,37 @@ async def batched_equals_unbatched(program: Program, plan: Calls) -> None:
         assert stats["batch_sizes"] == {sum(plan.counts): 1}, stats
 
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Cases random search finds rarely, kept as explicit examples.  A matmul whose inner axis is long enough
+# that BLAS rounds a row of a many-row product differently from a one-row product: exact mode's per-caller
+# products (each fails with exact=False).
+LONG_MATMUL = (Program(0, (16,), F64, (Step("matmul", 0, 0, 0, 0),), (0,), None), Calls((1, 2), 16, 0))
+LONG_MATMUL_F32 = (Program(0, (33,), F32, (Step("matmul", 0, 0, 0, 0),), (0,), None), Calls((1, 2, 4), 16, 3))
+STACKED_MATMUL = (
+    Program(1, (4, 8), F32, (Step("matmul", 0, 1, 2, 300),), (0,), (8, 1)),
+    Calls((4, 4, 2, 2, 2), 16, 0),
+)
+# Two cases this property found where exact=True gives a one-row caller other last bits than its own call
+# (bugs, not fixed yet; also test_batching.py's test_exact_holds_where_numpy_rounds_a_one_row_array_differently):
+# x.sum(axis=0) on float32 rows along axis 1 (the caller's (16, 1) column is summed in another order than
+# the same column of the batch), and np.arctan2(x[..., ::-1], x) on float32 (another loop).
+SUM_BEFORE_THE_BATCH_AXIS = (
+    Program(1, (16,), F32, (Step("reduce", 0, 0, 0, 0),), (0,), None),
+    Calls((1, 3), 4, 0),
+)
+ARCTAN2_OF_A_REVERSED_VIEW = (
+    Program(0, (8,), F32, (Step("slice", 0, 0, 1, 1), Step("binary_value", 0, 1, 6, 0)), (0,), None),
+    Calls((1, 3), 4, 0),
+)
 
 
 @PROPERTY
+@example(*LONG_MATMUL)
+@example(*LONG_MATMUL_F32)
+@example(*STACKED_MATMUL)
+@example(*SUM_BEFORE_THE_BATCH_AXIS)
+@example(*ARCTAN2_OF_A_REVERSED_VIEW)
 @given(programs(), calls)
 def test_batched_calls_equal_unbatched_calls_bit_for_bit(program: Program, plan: Calls) -> None:
     asyncio.run(batched_equals_unbatched(program, plan))
@@ -407,8 +461,9 @@ MIXING = [
 ]
 
 
-def mix(program: Program, v: Any, kind: int, variant: int) -> tuple[Any, set[str]]:
-    """``v`` through one op that mixes or pairs its rows, and the names its BatchError may give the op."""
+def mix(program: Program, v: Any, kind: int, variant: int) -> tuple[Any, set[str], int]:
+    """``v`` through one op that mixes or pairs its rows; the names its BatchError may give the op, and the
+    axis it must name (where the batch lies in the op's operand)."""
     bax = program.batch_axis
     name = MIXING[kind % len(MIXING)]
     n = v.shape[bax]
@@ -418,28 +473,27 @@ def mix(program: Program, v: Any, kind: int, variant: int) -> tuple[Any, set[str
         name = "reduce_batch"  # nothing besides the rows: flattening keeps them apart
     if name == "reduce_batch":
         reduction = REDUCTIONS[variant % len(REDUCTIONS)]
-        return getattr(v, reduction)(axis=bax, keepdims=bool(variant % 2)), {reduction}
+        return getattr(v, reduction)(axis=bax, keepdims=bool(variant % 2)), {reduction}, bax
     if name == "reduce_all":
         reduction = REDUCTIONS[variant % len(REDUCTIONS)]
-        return getattr(v, reduction)(), {reduction}
+        return getattr(v, reduction)(), {reduction}, bax
     if name == "transposed_matmul":  # the batch axis moved last, then summed over by a matmul
         perm = [i for i in range(v.ndim) if i != bax] + [bax]
-        return v.transpose(perm) @ constant((n, 2), variant), {"matmul", "transpose"}
+        return v.transpose(perm) @ constant((n, 2), variant), {"matmul"}, v.ndim - 1
     if name == "matmul_on_the_right":
-        return constant((2, n), variant) @ v, {"matmul"}
+        return constant((2, n), variant) @ v, {"matmul"}, bax
     if name == "concatenate_batch":
-        return np.concatenate([v, np.tanh(v)], axis=bax), {"concatenate"}
+        return np.concatenate([v, np.tanh(v)], axis=bax), {"concatenate"}, bax
     if name == "one_row":
-        return v[(slice(None),) * bax + (variant % n,)], {"getitem", "index"}
+        return v[(slice(None),) * bax + (variant % n,)], {"getitem"}, bax
     if name == "reversed_rows":
-        return v[(slice(None),) * bax + (slice(None, None, -1),)], {"getitem", "index"}
+        return v[(slice(None),) * bax + (slice(None, None, -1),)], {"getitem"}, bax
     if name == "constant_rows":
         shape = tuple(n if i == bax else (d if variant % 2 else 1) for i, d in enumerate(v.shape))
-        return v * constant(shape, variant) if variant % 3 else v + constant(shape, variant), {
-            "multiply",
-            "add",
-        }
-    return v.reshape(-1), {"reshape"}
+        if variant % 3:
+            return v * constant(shape, variant), {"multiply"}, bax
+        return v + constant(shape, variant), {"add"}, bax
+    return v.reshape(-1), {"reshape"}, bax
 
 
 @dataclass(frozen=True)
@@ -462,12 +516,14 @@ mixing = st.builds(
 async def refused(case: Mixing) -> None:
     program = case.program
     names: set[str] = set()
+    axes: set[int] = set()
 
     def fn(x: Any, w: Any = None) -> Any:
         v = Interpreter(x, w, program.batch_axis).run(program)
         v = v[0] if isinstance(v, tuple) else v
-        out, said = mix(program, v, case.kind, case.variant)
+        out, said, axis = mix(program, v, case.kind, case.variant)
         names.update(said)
+        axes.add(axis)
         return out
 
     x = rows_of(program, case.rows, case.variant)
@@ -480,14 +536,14 @@ async def refused(case: Mixing) -> None:
         except ss.BatchError as e:
             message = str(e)
             assert isinstance(e, ss.TraceError)
-            assert any(name in message for name in names), f"none of {sorted(names)} in: {message}"
-            assert f"axis {program.batch_axis}" in message or "batch" in message, message
+            assert any(f"{name}()" in message for name in names), f"none of {sorted(names)} in: {message}"
+            assert any(f"axis {axis}" in message for axis in axes), f"no axis {axes} in: {message}"
         else:
             raise AssertionError(f"a row-mixing function ({sorted(names)}) was not refused")
         assert eng.stats().submitted == 0
 
 
-@settings(PROPERTY, max_examples=60)
+@settings(PROPERTY, max_examples=300)
 @given(mixing)
 def test_row_mixing_programs_raise_batch_error(case: Mixing) -> None:
     asyncio.run(refused(case))
