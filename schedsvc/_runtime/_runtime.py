@@ -117,6 +117,9 @@ class Runtime:
         #: ``until`` waiters: (predicate, token); while any waits, each scheduling event re-checks them
         self._conditions: list[tuple[Callable[[], bool], Any]] = []
         self._recheck_scheduled = False
+        #: called once each, on the loop, once nothing is pending (a batcher's forming batch goes then)
+        self.idle_hooks: list[Callable[[], None]] = []
+        self._idle_scheduled = False
 
     def add_device(self, name: str, executor: Executor) -> None:
         self.devices[name] = executor
@@ -189,6 +192,10 @@ class Runtime:
             if wakes is None:
                 wakes = []
             wakes.append(self._recheck_soon)
+        if self.idle_hooks and core.pending == 0:
+            if wakes is None:
+                wakes = []
+            wakes.append(self._idle_soon)
         if not wakes:
             return None
         if len(wakes) == 1:
@@ -704,6 +711,22 @@ class Runtime:
             self.bridge.call_soon_threadsafe(self._recheck)
         except RuntimeError:  # the loop is closed: nobody waits on it any more
             self._recheck_scheduled = False
+
+    def _idle_soon(self) -> None:
+        """Nothing is pending (from any thread): run the idle hooks on the loop, once for a burst."""
+        if self._idle_scheduled:
+            return
+        self._idle_scheduled = True
+        try:
+            self.bridge.call_soon_threadsafe(self._idle)
+        except RuntimeError:  # the loop is closed: its batchers flushed as the engine closed
+            self._idle_scheduled = False
+
+    def _idle(self) -> None:
+        self._idle_scheduled = False
+        hooks, self.idle_hooks = self.idle_hooks, []
+        for hook in hooks:
+            hook()
 
     def _recheck(self) -> None:
         """On the loop: settle each waiter whose predicate holds now (or raised)."""

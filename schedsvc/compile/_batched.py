@@ -245,6 +245,7 @@ class Batched:
         self._plans: dict[Any, _Plan] = {}  # (key, rows) -> plan
         self._checked: set[Any] = set()  # keys proved at max_batch rows too
         self._admitting = 0  # batches sent and waiting for room
+        self._idle_hooked = False  # in the runtime's idle_hooks: a batch forms on a busy engine
         self._room: list[Any] = []  # tokens of `await submit` callers waiting for those
         self.calls = 0
         self.batches = 0
@@ -341,12 +342,13 @@ class Batched:
         batch.calls.append(call)
         batch.rows += rows
         call._batch, call.state = batch, "forming"
-        if batch.rows >= self.max_batch or self._port.rt.core.pending == 0:  # type: ignore[union-attr]
+        rt = self._port.rt
+        assert rt is not None
+        if batch.rows >= self.max_batch or rt.core.pending == 0:
             self._send(batch)
         elif fresh:
-            batch.stop_timer = self._port.running().bridge.call_later(
-                self.max_delay, lambda: self._due(batch)
-            )
+            batch.stop_timer = rt.bridge.call_later(self.max_delay, lambda: self._due(batch))
+            self._watch_idle(rt)
 
     def _parse(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], call: BatchCall
@@ -358,6 +360,11 @@ class Batched:
         shared: list[Any] = []
         rows = -1
         for slot, value in (*enumerate(args), *sorted(kwargs.items())):
+            if isinstance(value, Tensor) and value.device != "cpu":
+                raise BatchError(
+                    f"{self!r}: batched calls run on the CPU; argument {slot!r} is on {value.device}. Move it "
+                    "with t.to('cpu'), or call the function compiled without batch_axis"
+                )
             if isinstance(value, Future):
                 if value.state != "done":
                     raise DependencyError(f"{value!r}, an argument of {self!r}, did not finish") from (
@@ -382,12 +389,6 @@ class Batched:
                         f"{axis} ({rows} and {n})"
                     )
                 rows = n
-                device = value.device if isinstance(value, Tensor) else "cpu"
-                if device != "cpu":
-                    raise BatchError(
-                        f"{self!r}: batched calls run on the CPU; argument {slot!r} is on {device}. Move it "
-                        "with t.to('cpu'), or call the function compiled without batch_axis"
-                    )
                 key.append((slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype))
                 batched.append(value)
             elif array:
@@ -415,8 +416,26 @@ class Batched:
         if self._forming.get(batch.key) is batch:
             self._send(batch)
 
+    def _watch_idle(self, rt: Any) -> None:
+        """Send the forming batches once nothing is pending, however the engine gets there."""
+        if not self._idle_hooked:
+            self._idle_hooked = True
+            rt.idle_hooks.append(self._on_idle)
+        if rt.core.pending == 0:  # it went idle before the hook was in: nobody will call it for that
+            self.flush()
+
+    def _on_idle(self) -> None:
+        """The runtime's idle hook (on the loop)."""
+        self._idle_hooked = False
+        rt = self._port.rt
+        if self._forming and rt is not None and self._port.state == "running":
+            if rt.core.pending == 0:
+                self.flush()
+            else:  # busy again since: wait for the next time
+                self._watch_idle(rt)
+
     def flush(self) -> None:
-        """Send every forming batch now (the engine is closing)."""
+        """Send every forming batch now (the engine is idle, or closing)."""
         for batch in list(self._forming.values()):
             self._send(batch)
 
@@ -509,9 +528,6 @@ class Batched:
             for call in calls:
                 call._finish("cancelled", None, None)
         task.value = None  # the callers hold their rows; the task keeps none
-        rt = self._port.rt
-        if self._forming and rt is not None and rt.core.pending == 0 and self._port.state == "running":
-            self.flush()  # the engine is idle: what formed meanwhile goes now
 
     def _remove(self, call: BatchCall) -> None:
         """A call cancelled before its batch started."""

@@ -454,6 +454,33 @@ async def test_what_formed_while_a_batch_ran_goes_once_the_engine_is_idle(
         assert sizes(f) == {2: 1, 1: 1}
 
 
+async def test_a_batch_forming_goes_once_a_plain_task_leaves_the_engine_idle(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine goes idle through a task that is no batch of this function: the forming batch goes then,
+    not after max_delay (here an hour, its timer never fired)."""
+    async with engine() as eng:
+        timers = Timers(eng, monkeypatch)
+        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)
+        x = rows(2)
+        async with occupied(eng, 1):
+            call = f(x)
+            assert timers.scheduled != []  # forming behind the held task
+        assert_same_bits(await within(call), mlp(x))
+        assert sizes(f) == {2: 1}
+
+
+async def test_a_batch_waits_for_a_write_queued_to_its_tensor_argument(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(lambda v: v * 2.0, batch_axis=0, max_batch=4, max_delay=HOUR)
+        t = eng.asarray(np.zeros((2, 3)))
+        await within(t)
+        async with occupied(eng, 1):
+            t += 1.0  # a write queued behind the held task
+            call = f(t)
+        assert_same_bits(await within(call), np.full((2, 3), 2.0))
+
+
 # -- batching keys: weights and static arguments ----------------------------------------------------------
 
 
@@ -629,13 +656,6 @@ async def test_a_future_argument_that_fails_later_fails_only_its_call(anyio_back
         assert sizes(f) == {2: 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="bug: Batched._parse unwraps a Tensor as a Future (Tensor subclasses Future) before its device "
-    "check, so a cuda:0 Tensor's device array is taken for a static argument: TypeError 'arguments must be "
-    "Tensors, arrays, or constants ... got ndarray' instead of BatchError naming cuda:0 and t.to('cpu')",
-)
 async def test_a_tensor_on_a_gpu_is_refused_with_what_to_do(anyio_backend: str) -> None:
     """Batched calls run on the CPU (here the CUDA simulator's cuda:0, or a real GPU)."""
     from ..devices.cuda_helpers import cuda_engine
