@@ -330,8 +330,8 @@ class Batched:
     def _join(self, call: BatchCall, key: Any, values: list[Any], rows: int) -> None:
         """Add the call to the batch forming for ``key``; send it when full, or when the engine is idle."""
         call.args, call.rows = values, rows
-        if key not in self._checked:  # the key's first call: prove its rows apart
-            self._plan(key, _pow2(rows), call)
+        if key not in self._checked:  # the key's first call: prove its rows apart (at its own size first)
+            self._plan(key, rows, call)
         batch = self._forming.get(key)
         if batch is not None and batch.rows + rows > self.max_batch:
             self._send(batch)
@@ -585,7 +585,19 @@ class Batched:
                 args[slot] = call.statics[slot]
         positional = tuple(v for s, v in args.items() if isinstance(s, int))
         named = {s: v for s, v in args.items() if isinstance(s, str)}
-        entry, _ = self._plain._lookup(positional, named)
+        try:
+            entry, _ = self._plain._lookup(positional, named)
+        except SchedsvcError:
+            raise
+        except Exception as exc:
+            if rows == call.rows:
+                raise  # the call's own shapes fail: its own error
+            raise BatchError(
+                f"{self!r} works with {call.rows} rows along batch axis {self.batch_axis} but not with {rows} "
+                f"({type(exc).__name__}: {exc}): its shapes depend on the number of rows, so calls cannot "
+                "run as one batch. Pass such arguments as unbatched (batched=...), or compile without "
+                "batch_axis"
+            ) from exc
         plan = plan_rows(entry.graph, batched, repr(self))
         return _Plan(entry, plan, self.exact)
 

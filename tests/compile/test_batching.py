@@ -566,19 +566,7 @@ async def test_by_default_every_array_argument_is_batched(anyio_backend: str) ->
 
 @pytest.mark.parametrize(
     "n",
-    [
-        2,
-        pytest.param(
-            3,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=ValueError,
-                reason="bug: the first call is traced at its rows padded to a power of two (4), where "
-                "x @ w with w of 3 rows fails in NumPy's shape check before the rows are proved: a "
-                "ValueError about the matmul's core dimension instead of BatchError",
-            ),
-        ),
-    ],
+    [2, 3],
 )
 async def test_a_batched_argument_on_the_right_of_a_matmul_is_refused(anyio_backend: str, n: int) -> None:
     """``x @ w`` with ``w`` batched too (square, n rows each): NumPy runs it, but it sums over w's rows."""
@@ -586,6 +574,20 @@ async def test_a_batched_argument_on_the_right_of_a_matmul_is_refused(anyio_back
         f = eng.compile(affine, batch_axis=0)
         with pytest.raises(ss.BatchError, match="matmul"):
             f(rows(n, 0, features=n), rows(n, 1, features=n), rows(n, 2, features=n))
+
+
+async def test_a_function_whose_shapes_hold_only_at_its_own_row_count_is_refused(anyio_backend: str) -> None:
+    """Row-wise at the call's 3 rows, but the weight's shape follows the rows: at more rows NumPy fails,
+    which is a BatchError (the function cannot batch), not NumPy's ValueError."""
+
+    def shaped_by_rows(x: Any) -> Any:
+        return x @ np.ones((x.shape[0], 4))
+
+    async with engine() as eng:
+        f = eng.compile(shaped_by_rows, batch_axis=0)
+        with pytest.raises(ss.BatchError, match=r"works with 3 rows .* but not with \d+") as info:
+            f(rows(3, 0, features=3))
+        assert isinstance(info.value.__cause__, ValueError)
 
 
 # -- Tensors and Futures as arguments ---------------------------------------------------------------------
