@@ -228,6 +228,14 @@ class Scheduler:
         self._admit(task)
         return True
 
+    def fits_alone(self, task: Task) -> bool:
+        """Whether ``task`` alone is within the byte budgets (else ``submit`` raises MemoryLimitError)."""
+        footprint = task.out_bytes + sum(buffer[1] for buffer in task.buffers)
+        if footprint > self.max_pending_bytes:
+            return False
+        budget = self.max_device_bytes.get(task.device)
+        return budget is None or footprint <= budget
+
     def publish(self) -> None:
         """Move the staged ready tasks into their ready queues, in submission order."""
         epoch = self._epoch

@@ -446,12 +446,24 @@ class Batched:
             batch.stop_timer()
             batch.stop_timer = None
         calls = [c for c in batch.calls if c.state == "forming"]
-        if not calls:
-            return
+        if calls:
+            self._launch(batch, calls)
+
+    def _launch(self, batch: _Batch, calls: list[BatchCall]) -> None:
+        """Submit ``calls`` as one task; as two halves (and so on) while they exceed the byte budget."""
         sync = self._port.config.sync_mode  # (debugging: each batch runs in the caller, at once)
         try:
             task = self._task(batch, calls)
             rt = self._rt()
+            if len(calls) > 1 and not rt.core.fits_alone(task):  # calls that fit alone must not fail together
+                half = len(calls) // 2
+                for part in (calls[:half], calls[half:]):
+                    smaller = _Batch(batch.key)
+                    smaller.calls, smaller.rows = part, sum(c.rows for c in part)
+                    for call in part:
+                        call._batch = smaller
+                    self._launch(smaller, part)
+                return
             token = None if sync else rt.submit_or_queue(task, get_ident(), 0)
         except BaseException as exc:  # the engine closed, or the batch can never fit
             for call in calls:

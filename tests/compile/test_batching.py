@@ -849,13 +849,6 @@ async def test_a_batch_holds_the_bytes_of_its_rows(anyio_backend: str) -> None:
     assert held >= sum(mlp(x).nbytes for x in xs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ss.MemoryLimitError,
-    reason="bug: a forming batch grows past max_pending_bytes (it is cut by max_batch rows only), so calls "
-    "that fit one by one become one task that never can: MemoryLimitError ('Raise max_pending_bytes or "
-    "split the task') for every caller",
-)
 async def test_calls_that_fit_max_pending_bytes_one_by_one_are_not_failed_by_batching(
     anyio_backend: str,
 ) -> None:
