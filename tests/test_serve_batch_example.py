@@ -4,35 +4,20 @@ concurrent requests run in shared batches, and each request gets its own row bac
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
 import schedsvc as ss
+from tests.examples import client_of, load_example
 from tests.helpers import occupied, state, within
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-SERVE = Path(__file__).resolve().parents[1] / "examples" / "serve_batch.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("serve_batch_example", SERVE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-serve = _load()
+serve = load_example("serve_batch")
 
 #: one worker, and no task run inline by the awaiting request, so a held worker holds every batch
 HELD = {"cpu_workers": 1, "inline_threshold_us": 0}
@@ -40,15 +25,6 @@ HELD = {"cpu_workers": 1, "inline_threshold_us": 0}
 
 def images(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, serve.MAX_PIXEL + 1, (n, serve.PIXELS)).astype(np.float64)
-
-
-@asynccontextmanager
-async def client_of(app: Any) -> AsyncIterator[Any]:
-    """An ASGI client of ``app`` inside its lifespan (httpx's ASGITransport does not run the lifespan)."""
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
-            yield client
 
 
 def post(client: Any, row: np.ndarray) -> asyncio.Task[Any]:

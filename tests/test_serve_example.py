@@ -3,49 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
 import schedsvc as ss
+from tests.examples import client_of, load_example
 from tests.helpers import Gate, state, until, within
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 
-SERVE = Path(__file__).resolve().parents[1] / "examples" / "serve.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("serve_example", SERVE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-serve = _load()
+serve = load_example("serve")
 
 
 def rows(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, serve.IN_FEATURES))
-
-
-@asynccontextmanager
-async def client_of(app: Any) -> AsyncIterator[Any]:
-    """An ASGI client of ``app`` inside its lifespan (httpx's ASGITransport does not run the lifespan)."""
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
-            yield client
 
 
 @asynccontextmanager
