@@ -1,0 +1,77 @@
+"""Review of dynamic batching (issue 19): each test pins a bug found in review, driven deterministically (a held
+worker keeps the engine busy while calls form a batch).  Every async test runs on asyncio and on trio."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+import schedsvc as ss
+
+from ..helpers import occupied, within
+from .helpers import assert_same_bits
+
+HOUR = 3600.0  # a max_delay no test outlives
+V4 = np.linspace(-1.0, 1.0, 4)
+V3 = np.linspace(0.5, -0.5, 3)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@asynccontextmanager
+async def engine(**options: Any) -> AsyncIterator[ss.Engine]:
+    from ..helpers import started
+
+    async with started(cpu_workers=1, inline_threshold_us=0, **options) as eng:
+        yield eng
+
+
+def stacks(n: int, seed: int) -> np.ndarray:
+    """``n`` rows, each a 3x4 matrix."""
+    return np.random.default_rng(seed).standard_normal((n, 3, 4))
+
+
+# -- a matmul with a 1-d operand and the batch on a stack axis ----------------------------------------------
+
+VECTOR_MIXING: list[tuple[str, Callable[[Any], Any], str]] = [
+    ("(x @ v) summed over the batch", lambda x: (x @ V4).sum(axis=0), "sum"),
+    ("(v @ x) summed over the batch", lambda x: (V3 @ x).sum(axis=0), "sum"),
+    ("the first row of x @ v", lambda x: (x @ V4)[0], "getitem"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "op"), [(fn, op) for _, fn, op in VECTOR_MIXING], ids=[name for name, _, _ in VECTOR_MIXING]
+)
+async def test_a_matrix_vector_product_keeps_the_batch_axis_so_mixing_after_it_is_refused(
+    anyio_backend: str, fn: Callable[[Any], Any], op: str
+) -> None:
+    """``x @ v`` of (n, 3, 4) stacks and a vector is (n, 3): the batch stays on axis 0 (it was taken for axis
+    -1, so a later reduction over axis 0 passed the proof and every caller got a sum over all callers)."""
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0)
+        with pytest.raises(ss.BatchError, match=rf"{op}\(\) \(batch axis 0\)"):
+            f(stacks(1, 0))
+
+
+@pytest.mark.parametrize(
+    "fn", [lambda x: np.tanh(x @ V4), lambda x: V3 @ x], ids=["stacks @ vector", "vector @ stacks"]
+)
+async def test_a_matrix_vector_product_of_stacks_batches_row_by_row(
+    anyio_backend: str, fn: Callable[[Any], Any]
+) -> None:
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0, max_batch=4, max_delay=HOUR)
+        xs = [stacks(1, 0), stacks(3, 1)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, call in zip(xs, calls, strict=True):
+            assert_same_bits(await within(call), fn(x))
+        assert f.stats()["batch_sizes"] == {4: 1}
