@@ -392,7 +392,7 @@ class Batched:
                 key.append((slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype))
                 batched.append(value)
             elif array:
-                key.append((slot, "shared", id(value)))
+                key.append((slot, "shared", id(value), value.shape, value.dtype))  # (an id is reused)
                 shared.append(value)
             else:
                 key.append((slot, "static", _static(value)))

@@ -75,3 +75,23 @@ async def test_a_matrix_vector_product_of_stacks_batches_row_by_row(
         for x, call in zip(xs, calls, strict=True):
             assert_same_bits(await within(call), fn(x))
         assert f.stats()["batch_sizes"] == {4: 1}
+
+
+# -- an unbatched array is known by more than its id ------------------------------------------------------
+
+
+async def test_an_unbatched_array_that_changed_shape_is_proved_again(anyio_backend: str) -> None:
+    """The batch key knew an unbatched array by its id alone, so a later call with an array of another shape
+    under that id (the same object resized, or -- the common way -- a new array that got a freed one's id)
+    reused the plan proved for the old shape: ``x * w`` with ``w`` grown to 2 rows gave the caller 1 row of
+    the 2 that ``fn`` gives, where it mixes rows and must be refused."""
+    async with engine() as eng:
+        f = eng.compile(lambda x, w: x * w, batch_axis=0, batched=[0])
+        x = np.ones((1, 3))
+        w = np.full((1, 3), 2.0)
+        assert_same_bits(await within(f(x, w)), x * w)
+        w.resize((2, 3), refcheck=False)  # the same object, now of 2 rows
+        w[1] = 3.0
+        with pytest.raises(ss.BatchError, match=r"multiply\(\) \(batch axis 0\): it broadcasts the batch"):
+            f(x, w)
+        assert_same_bits(await within(f(np.ones((2, 3)), w[:1].copy())), np.full((2, 3), 2.0))
