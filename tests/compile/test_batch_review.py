@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
 import schedsvc as ss
 
-from ..helpers import occupied, within
+from ..helpers import Gate, occupied, until, within
 from .helpers import assert_same_bits
 
 HOUR = 3600.0  # a max_delay no test outlives
@@ -95,3 +96,32 @@ async def test_an_unbatched_array_that_changed_shape_is_proved_again(anyio_backe
         with pytest.raises(ss.BatchError, match=r"multiply\(\) \(batch axis 0\): it broadcasts the batch"):
             f(x, w)
         assert_same_bits(await within(f(np.ones((2, 3)), w[:1].copy())), np.full((2, 3), 2.0))
+
+
+# -- a call whose Future argument finishes while the engine closes ------------------------------------------
+
+
+async def test_a_call_whose_future_argument_finishes_while_the_engine_closes_ends_instead_of_hanging(
+    anyio_backend: str,
+) -> None:
+    """The close sends the batches forming, then waits for the pending tasks; a call whose argument was one of
+    them joined a batch only then, while another task kept the engine busy: nothing sent that batch any more
+    (the idle hook ignores a closing engine, the delay was an hour), and its awaiter hung past the close.
+    Now it is sent at once; a closing engine admits no new task, so it fails with EngineClosed, as a
+    submit would."""
+    eng = await ss.Engine(cpu_workers=2, inline_threshold_us=0).start()
+    f = eng.compile(lambda x: x * 2, batch_axis=0, max_delay=HOUR)
+    argument, other = Gate(), Gate()
+    fa = eng.submit_nowait(argument.hold(lambda: np.ones((1, 3))))
+    eng.submit_nowait(other.hold())
+    await argument.wait_started(1)
+    await other.wait_started(1)
+    call = f(fa)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(eng.aclose)
+        await until(lambda: eng._port.state == "closing")
+        argument.open()
+        await until(lambda: call.state != "new")  # it joined a batch while the other task runs
+        other.open()
+    with pytest.raises(ss.EngineClosed):
+        await within(call, 2.0)
