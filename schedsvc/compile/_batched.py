@@ -344,8 +344,8 @@ class Batched:
         call._batch, call.state = batch, "forming"
         rt = self._port.rt
         assert rt is not None
-        if batch.rows >= self.max_batch or rt.core.pending == 0:
-            self._send(batch)
+        if batch.rows >= self.max_batch or rt.core.pending == 0 or self._port.state != "running":
+            self._send(batch)  # (a closing engine flushed its batches already: nobody would send this one)
         elif fresh:
             batch.stop_timer = rt.bridge.call_later(self.max_delay, lambda: self._due(batch))
             self._watch_idle(rt)
@@ -392,7 +392,7 @@ class Batched:
                 key.append((slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype))
                 batched.append(value)
             elif array:
-                key.append((slot, "shared", id(value)))
+                key.append((slot, "shared", id(value), value.shape, value.dtype))  # (an id is reused)
                 shared.append(value)
             else:
                 key.append((slot, "static", _static(value)))

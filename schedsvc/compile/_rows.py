@@ -242,15 +242,18 @@ def _matmul(
     lnd = 0 if left is None else len(left.shape)
     rnd = 0 if right is None else len(right.shape)
     ndim = len(node.shape)
+    # matmul's result: the broadcast stack axes, then the rows (a 2-d left's) and columns (a 2-d right's);
+    # a 1-d operand has no stack axes and adds no axis of its own
+    stack = ndim - (lnd >= 2) - (rnd >= 2)
     if ra is not None:
         assert right is not None
         stacked = node.op == "matmul" and rnd > 2 and ra < rnd - 2
         if not stacked:
             raise _refuse(node, f"the batch is on its right operand (axis {ra}), whose rows it sums over", ra)
-        where = ra + ndim - rnd
-        if la is not None and la + ndim - lnd != where:
+        where = ra + stack - (rnd - 2)
+        if la is not None and (la >= lnd - 2 or la + stack - (lnd - 2) != where):
             raise _refuse(node, "its operands are batched along different axes", where)
-        at = where - (ndim - lnd)
+        at = where - stack + (lnd - 2)
         if la is None and left is not None and lnd > 2 and at >= 0 and left.shape[at] != 1:
             raise _refuse(node, f"it pairs the batch with the {left.shape[at]} matrices of its left", where)
         return where
@@ -264,8 +267,8 @@ def _matmul(
         where = ndim - 1 if rnd == 1 else ndim - 2
         exact[i] = ((la, None), where)
         return where
-    where = la + ndim - lnd  # a stacked axis: each caller's matrices are products of their own
-    if right is not None and rnd > 2 and (at := where - (ndim - rnd)) >= 0 and right.shape[at] != 1:
+    where = la + stack - (lnd - 2)  # a stacked axis: each caller's matrices are products of their own
+    if right is not None and rnd > 2 and (at := where - stack + (rnd - 2)) >= 0 and right.shape[at] != 1:
         raise _refuse(node, f"it pairs the batch with the {right.shape[at]} matrices of its right", where)
     return where
 
