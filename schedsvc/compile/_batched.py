@@ -66,6 +66,7 @@ class BatchCall:
 
     __slots__ = (
         "_batch",
+        "_gates",
         "_owner",
         "_waiters",
         "args",
@@ -89,7 +90,8 @@ class BatchCall:
         self._owner = owner
         self.number = number  # the how-manieth call of its function (the trace lists a batch's callers)
         self.statics: dict[Any, Any] | None = None  # the other arguments, by position or keyword
-        self._waiters: list[Any] | None = None  # tokens of awaiting coroutines, threads' gates
+        self._waiters: list[Any] | None = None  # tokens of awaiting coroutines (the loop's alone)
+        self._gates: list[threading.Event] | None = None  # of threads blocked in result(), under _gate_lock
         self.state = "new"  # new (inputs pending) -> forming -> sent -> done | failed | cancelled
 
     def done(self) -> bool:
@@ -130,8 +132,11 @@ class BatchCall:
             if self._owner._rt().on_loop_thread():
                 raise blocks_the_loop(self, "result()", "call")
             gate = threading.Event()
-            with _gate_lock:  # (against other threads; the loop finishes the call without it)
-                self._waiters = [*(self._waiters or ()), gate]
+            with _gate_lock:  # (against other threads, and the loop taking the gates)
+                if self._gates is None:
+                    self._gates = [gate]
+                else:
+                    self._gates.append(gate)
             if self.state in _FINAL:  # finished before it could see the gate
                 gate.set()
             if not gate.wait(timeout):
@@ -159,13 +164,15 @@ class BatchCall:
         if self.state in _FINAL:
             return
         self.value, self.error, self.state = value, error, state
-        waiters, self._waiters = self._waiters, None  # (a thread's gate added after this sees the state)
+        waiters, self._waiters = self._waiters, None
         self.args = []  # the inputs are not needed any more
         for waiter in waiters or ():
-            if isinstance(waiter, threading.Event):
-                waiter.set()
-            else:
-                settle(waiter)
+            settle(waiter)
+        if self._gates is not None:  # (a gate added after this sees the state, and sets itself)
+            with _gate_lock:
+                gates, self._gates = self._gates, None
+            for gate in gates or ():
+                gate.set()
 
     def __repr__(self) -> str:
         rows = f" rows={self.rows}" if self.state != "new" else ""
