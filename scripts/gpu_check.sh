@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command for a GPU machine that reaches no package index: the CUDA conformance suite on CuPy,
-# every gpu-marked test, the CUDA executor's tests on real CuPy, and the demo.  Every output goes under
-# $OUT when it is set (else ./gpu-check-out).  Exit status: non-zero if any step failed.
+# every gpu-marked test, the CUDA executor's tests on real CuPy, `schedsvc bench gpu`, and the demo.
+# Every output goes under $OUT when it is set (else ./gpu-check-out).  Exit status: non-zero if any step failed.
 #
 # The machine needs Python >= 3.11 with CuPy, NumPy, anyio, pytest, hypothesis; the other dependencies
 # come as wheels from .whl/ (copied from ../shared/gpu-wheels/ next to the checkout) or that folder.
@@ -48,6 +48,8 @@ step gpu-tests "$PY" -m pytest -p no:cacheprovider -m gpu -rA -q tests
 step executor-on-cupy env SCHEDSVC_TEST_CUDA=cupy "$PY" -m pytest -p no:cacheprovider -rA -q \
     tests/devices/test_cuda_executor.py tests/devices/test_cuda_conformance.py
 step info "$PY" -m schedsvc.cli info
+# G1-G6 against raw CuPy (its table in bench-gpu.log, its figures in bench-gpu.json)
+step bench-gpu "$PY" -m schedsvc.cli bench gpu --reps 5 --json "$OUT/bench-gpu.json"
 step demo "$PY" -m schedsvc.cli demo --quick --json "$OUT/demo.json"
 cat "$OUT/summary.txt"
 exit "$status"

@@ -31,6 +31,7 @@ __all__ = [
     "emit",
     "fail",
     "fancy_func",
+    "gpu_unavailable",
     "make_mlp",
     "median_figures",
     "meets",
@@ -144,6 +145,39 @@ def target_mark(met: bool) -> str:
 def target_line(t: dict[str, Any]) -> str:
     """A target check of a report as one line: the mark, the label, the value and the target."""
     return f"  [{target_mark(t['met'])}] {t['label']:42s} {t['value']:8.3g}  target {t['target']}"
+
+
+# -- GPUs -----------------------------------------------------------------------------------------------
+
+
+def gpu_unavailable(device: str = "cuda:0", *, cuda_simulator: bool | None = None) -> str | None:
+    """Why the engine cannot run tasks on ``device`` here (None when it can): CuPy missing, no such
+    device (the message says which), or a first task on it failing.  ``cuda_simulator``: the engine's
+    setting for the probe (None: the configuration's, e.g. ``SCHEDSVC_CUDA_SIMULATOR``)."""
+    import asyncio
+
+    import schedsvc as ss
+
+    from ..devices import check_device
+
+    try:
+        if not cuda_simulator:
+            check_device(device)
+        asyncio.run(_probe(device, cuda_simulator))
+    except ss.SchedsvcError as exc:  # DeviceError, or an engine that cannot run cuda tasks yet
+        return str(exc)
+    except Exception as exc:  # the device is there but a first task on it failed: say so, measure nothing
+        return f"{device} failed a first task: {type(exc).__name__}: {exc}"
+    return None
+
+
+async def _probe(device: str, cuda_simulator: bool | None) -> None:
+    import schedsvc as ss
+
+    options: dict[str, Any] = {} if cuda_simulator is None else {"cuda_simulator": cuda_simulator}
+    async with ss.Engine(devices=("cpu", device), **options) as eng:
+        ones: Any = eng.ones(2, device=device)
+        await (ones + 1)
 
 
 # -- the sources' models: the benchmarks, the demo and tune run them -------------------------------------

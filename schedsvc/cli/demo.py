@@ -38,7 +38,6 @@ import numpy as np
 
 import schedsvc as ss
 
-from ..devices import check_device
 from ._common import (
     Figures,
     MiB,
@@ -47,6 +46,7 @@ from ._common import (
     digits_weights,
     fail,
     fancy_func,
+    gpu_unavailable,
     make_mlp,
     median_figures,
     mlp_weights,
@@ -434,24 +434,6 @@ def _trace_counts(events: list[dict[str, Any]]) -> Figures:
 
 
 # -- GPU ------------------------------------------------------------------------------------------
-
-
-def gpu_unavailable(device: str = "cuda:0") -> str | None:
-    """Why the engine cannot run tasks on ``device`` here (None when it can)."""
-    try:
-        check_device(device)
-        asyncio.run(_probe(device))
-    except ss.SchedsvcError as exc:  # DeviceError, or an engine that cannot run cuda tasks yet
-        return str(exc)
-    except Exception as exc:  # the device is there but a first task on it failed: say so, measure nothing
-        return f"{device} failed a first task: {type(exc).__name__}: {exc}"
-    return None
-
-
-async def _probe(device: str) -> None:
-    async with ss.Engine(devices=_devices(device)) as eng:
-        ones: Any = eng.ones(2, device=device)
-        await (ones + 1)
 
 
 def _devices(*names: str) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """``schedsvc bench``: benchmark suites, each against baselines measured in the same run.
 
-One module per suite (``core``, ``tensor``, ``batch``, ``dask``), each with
+One module per suite (``core``, ``tensor``, ``batch``, ``dask``, ``gpu``), each with
 ``run(reps=..., progress=...) -> report`` and ``format_report(report)``; this
-command imports the suite it runs (the ``dask`` suite needs the extra).
+command imports the suite it runs (the ``dask`` suite needs the extra; the ``gpu``
+suite needs a GPU, and without one says so and measures nothing).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .._common import emit, fail, output_problem, progress
 
 __all__ = ["SUITES", "register", "run"]
 
-SUITES = ("core", "tensor", "batch", "dask")
+SUITES = ("core", "tensor", "batch", "dask", "gpu")
 
 
 def register(sub: Any) -> None:
@@ -27,6 +28,8 @@ def register(sub: Any) -> None:
     bench.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median reported)")
     bench.add_argument("--cases", help="comma-separated subset of cases (ratios need all)")
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
+    # tests only: the gpu suite's code on the CUDA simulator at tiny sizes, its figures labelled as not real
+    bench.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
     bench.set_defaults(run=run)
 
 
@@ -36,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("bench", "--reps must be at least 1")
     if problem := output_problem("--json", args.json):
         return fail("bench", problem)
+    if args.simulate and args.suite != "gpu":
+        return fail("bench", "--simulate applies to the gpu suite only")
     if args.suite != "core":
         return _other_suite(args)
     from . import core
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _other_suite(args: argparse.Namespace) -> int:
-    """``tensor``, ``batch`` or ``dask``: suites without --cases."""
+    """``tensor``, ``batch``, ``dask`` or ``gpu``: suites without --cases."""
     if args.cases:
         return fail(f"bench {args.suite}", "--cases applies to the core suite only")
     try:
@@ -56,7 +61,8 @@ def _other_suite(args: argparse.Namespace) -> int:
     except ImportError:  # only the dask suite needs an extra
         print(f"schedsvc bench {args.suite} needs Dask: pip install 'schedsvc[dask]'", file=sys.stderr)
         return 2
-    return _report(args, suite.run, suite.format_report)
+    run = functools.partial(suite.run, simulate=True) if args.simulate else suite.run
+    return _report(args, run, suite.format_report)
 
 
 def _report(

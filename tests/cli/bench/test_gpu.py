@@ -1,0 +1,112 @@
+"""``schedsvc bench gpu``: no GPU -> one line, exit 0, no figures; the simulated run's structure and labels.
+
+No timing is asserted: the simulated figures time nothing real, and the real run is the gpu-marked test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schedsvc.cli import main
+from schedsvc.cli.bench import gpu
+
+CASES = {"G1", "G2", "G3", "G4", "G5", "G6"}
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(["bench", "gpu", *argv, "--json", "-"]) == 0
+    report: dict[str, object] = json.loads(capsys.readouterr().out)
+    return report
+
+
+def test_without_a_gpu_it_says_why_and_exits_0_with_no_figures(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu, "unavailable", lambda: "cuda:0 is unavailable: CuPy is not installed")
+    assert _json(capsys) == {"gpu": None, "reason": "cuda:0 is unavailable: CuPy is not installed"}
+    assert main(["bench", "gpu"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        "schedsvc bench gpu: no GPU here, nothing measured: cuda:0 is unavailable: CuPy is not installed"
+    ]
+
+
+def test_here_without_cupy_the_reason_is_the_engines(capsys: pytest.CaptureFixture[str]) -> None:
+    if gpu.unavailable() is None:
+        pytest.skip("this machine has a GPU")
+    report = _json(capsys)
+    assert set(report) == {"gpu", "reason"} and report["gpu"] is None
+    assert "cuda:0" in str(report["reason"])
+
+
+def test_the_simulated_run_has_every_case_labelled_not_real(capsys: pytest.CaptureFixture[str]) -> None:
+    report = _json(capsys, "--simulate", "--reps", "1")
+    assert report["simulated"] == gpu.SIMULATED_LABEL
+    assert "simulated" in str(report["gpu"]) and report["reps"] == 1
+    cases = report["cases"]
+    assert isinstance(cases, dict) and set(cases) == CASES
+    for name, case in cases.items():
+        if not case["available"]:
+            assert name == "G5", f"{name}: {case}"
+            continue
+        assert case["met"] is None, name  # a simulated figure meets or misses nothing
+        assert case["engine"] > 0 and case["baseline"] > 0
+        # one repetition: the ratio is that run's engine figure over its baseline
+        assert case["ratio"] == pytest.approx(case["engine"] / case["baseline"]), name
+        assert case["figures"][gpu.CASES[name].engine] == case["engine"]
+    assert cases["G1"]["target"] == "<= 1.2" and cases["G4"]["target"] == "<= 0.7"
+    assert cases["G2"]["target"] is None
+    assert {"engine_queue_ms", "engine_finish_ms", "raw_queue_ms", "raw_finish_ms"} <= set(
+        cases["G2"]["figures"]
+    )
+    assert {"watcher_p50_us", "watcher_p99_us", "raw_p50_us", "raw_p99_us"} <= set(cases["G6"]["figures"])
+    assert cases["G6"]["missing"].startswith("host callbacks: not available")
+
+
+def test_g5_is_not_available_while_compile_captures_no_cuda_graph(capsys: pytest.CaptureFixture[str]) -> None:
+    g5 = _json(capsys, "--simulate", "--reps", "2")["cases"]["G5"]  # type: ignore[index]
+    if g5["available"]:  # compile on cuda devices captures graphs: G5 measures them
+        assert g5["target"] == "<= 0.5" and g5["engine"] > 0
+    else:
+        assert g5 == {
+            "label": gpu.CASES["G5"].label,
+            "unit": "us/call",
+            "available": False,
+            "reason": f"not available: {gpu.G5_UNAVAILABLE}",
+        }
+        assert "engine" not in g5 and "ratio" not in g5
+
+
+def test_the_simulated_table_is_labelled_and_marks_no_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "gpu", "--simulate", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert gpu.SIMULATED_LABEL in out
+    rows = [line for line in out.splitlines() if line.lstrip().startswith(("G1", "G2", "G3", "G4", "G6"))]
+    assert len(rows) == 5 and all("[sim ]" in row for row in rows)
+    assert "[met ]" not in out and "[MISS]" not in out
+
+
+def test_simulate_is_for_the_gpu_suite_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "tensor", "--simulate"]) == 2
+    assert "gpu suite only" in capsys.readouterr().err
+
+
+def test_graphs_are_counted_from_any_graph_counter() -> None:
+    assert gpu.graphs_of({"traces": 1, "replays": 3, "signatures": 1, "evictions": 0}) == 0
+    assert gpu.graphs_of({"traces": 1, "cuda_graphs": 2}) == 2
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_every_case_runs_on_cupy() -> None:
+    if (reason := gpu.unavailable()) is not None:
+        pytest.skip(reason)
+    report = gpu.run(reps=1, sizes=gpu.TINY)
+    assert report["simulated"] is False and "CuPy" in report["backend"]
+    for name, case in report["cases"].items():
+        if case["available"]:
+            assert case["engine"] > 0 and case["baseline"] > 0, name
+            assert (case["met"] is None) == (case["target"] is None), name
+        else:
+            assert name == "G5" and case["reason"].startswith("not available: "), case
