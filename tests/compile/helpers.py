@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
+import pytest
 
 import schedsvc as ss
 
-from ..helpers import within
+from ..helpers import started, within
 
 
 def assert_same_bits(got: Any, want: Any, what: str = "result") -> None:
@@ -35,3 +38,16 @@ async def assert_matches_eager(fn: Any, compiled: ss.Compiled, *args: Any) -> No
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_same_bits(g, w, f"output {i}")
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def both_backends(request: pytest.FixtureRequest) -> str:
+    """Use as ``anyio_backend = both_backends`` in a module: its anyio tests run under asyncio and trio."""
+    return str(request.param)
+
+
+@asynccontextmanager
+async def batching_engine(**options: Any) -> AsyncIterator[ss.Engine]:
+    """One worker (held busy by ``occupied``), and awaited tasks never run inline in the awaiting coroutine."""
+    async with started(cpu_workers=1, inline_threshold_us=0, **options) as eng:
+        yield eng

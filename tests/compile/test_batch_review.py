@@ -3,8 +3,7 @@ worker keeps the engine busy while calls form a batch).  Every async test runs o
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -14,24 +13,15 @@ import pytest
 import schedsvc as ss
 
 from ..helpers import Gate, occupied, until, within
-from .helpers import assert_same_bits
+from .helpers import assert_same_bits, batching_engine, both_backends
 
 HOUR = 3600.0  # a max_delay no test outlives
 V4 = np.linspace(-1.0, 1.0, 4)
 V3 = np.linspace(0.5, -0.5, 3)
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@asynccontextmanager
-async def engine(**options: Any) -> AsyncIterator[ss.Engine]:
-    from ..helpers import started
-
-    async with started(cpu_workers=1, inline_threshold_us=0, **options) as eng:
-        yield eng
+anyio_backend = both_backends
+engine = batching_engine
 
 
 def stacks(n: int, seed: int) -> np.ndarray:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 import schedsvc as ss
 
 from ..helpers import TIMEOUT, Gate, occupied, on_asyncio, started, state, within
-from .helpers import assert_same_bits
+from .helpers import assert_same_bits, batching_engine, both_backends
 
 # features of a row: long enough that BLAS rounds a row of a many-row product differently from a one-row
 # product (exact=False gives other bits here), so "bit for bit" tests the exact mode
@@ -38,16 +37,8 @@ def rows(n: int, seed: int = 0, features: int = F) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, features))
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@asynccontextmanager
-async def engine(**options: Any) -> AsyncIterator[ss.Engine]:
-    """One worker (held busy by ``occupied``), and awaited tasks never run inline in the awaiting coroutine."""
-    async with started(cpu_workers=1, inline_threshold_us=0, **options) as eng:
-        yield eng
+anyio_backend = both_backends
+engine = batching_engine
 
 
 def sizes(compiled: ss.Batched) -> dict[int, int]:
