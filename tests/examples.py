@@ -30,3 +30,13 @@ async def client_of(app: Any) -> AsyncIterator[Any]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
             yield client
+
+
+async def assert_told(app: Any, body: bytes, status: int, says: str) -> None:
+    """POST ``body`` to ``app``'s /predict: the response has ``status`` and an error that ``says`` so."""
+    from tests.helpers import within
+
+    async with client_of(app) as client:
+        response = await within(client.post("/predict", content=body))
+    assert response.status_code == status
+    assert says in response.json()["error"]

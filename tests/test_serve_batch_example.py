@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from tests.examples import client_of, load_example
+from tests.examples import assert_told, client_of, load_example
 from tests.helpers import occupied, state, within
 
 httpx = pytest.importorskip("httpx")
@@ -99,11 +99,7 @@ async def test_a_request_while_a_batch_waits_for_room_is_answered_503_with_retry
     ],
 )
 async def test_a_bad_request_is_told_what_to_send(body: bytes, status: int, says: str) -> None:
-    app = serve.create_app(ss.Config(cpu_workers=1))
-    async with client_of(app) as client:
-        response = await within(client.post("/predict", content=body))
-    assert response.status_code == status
-    assert says in response.json()["error"]
+    await assert_told(serve.create_app(ss.Config(cpu_workers=1)), body, status, says)
 
 
 def test_the_script_binds_127_0_0_1_with_its_batching_options() -> None:

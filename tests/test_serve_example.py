@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from tests.examples import client_of, load_example
+from tests.examples import assert_told, client_of, load_example
 from tests.helpers import Gate, state, until, within
 
 httpx = pytest.importorskip("httpx")
@@ -79,11 +79,7 @@ async def test_outputs_equal_the_numpy_forward_pass() -> None:
     ],
 )
 async def test_a_bad_request_is_told_what_to_send(body: bytes, status: int, says: str) -> None:
-    app = serve.create_app(ss.Config(cpu_workers=1))
-    async with client_of(app) as client:
-        response = await within(client.post("/predict", content=body))
-    assert response.status_code == status
-    assert says in response.json()["error"]
+    await assert_told(serve.create_app(ss.Config(cpu_workers=1)), body, status, says)
 
 
 async def test_overload_is_answered_503_with_retry_after_and_the_admitted_get_their_values() -> None:
