@@ -394,8 +394,8 @@ def _last_uses(graph: Graph) -> dict[int, int]:
 def emit(graph: Graph, rows: dict[int, Callable[..., Any]] | None = None) -> Callable[..., Any]:
     """One Python function of NumPy calls that computes the graph's outputs from its inputs.
 
-        ``rows``: nodes computed by another function, called with the node's operands, the replay's last
-        argument ``spans``, its attributes and, for a write, ``out`` (a batched replay's nodes that compute each
+    ``rows``: nodes computed by another function, called with the node's operands, the replay's last
+    argument ``spans``, its attributes and, for a write, ``out`` (a batched replay's nodes that compute each
     caller's rows as its own call would, ``_rows.exact_fn``).
     """
     rows = rows or {}

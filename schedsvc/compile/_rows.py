@@ -62,6 +62,11 @@ _SAME_BITS = frozenset(
 _NO_ROUNDING = frozenset({"where", "clip", "astype", "copy", "max", "min", "argmax", "argmin", "any", "all"})
 
 
+#: per node computed as each caller's own call would: the batch axis of each operand (None: unbatched), of
+#: its result
+Exact = dict[int, tuple[tuple[int | None, ...], int]]
+
+
 class RowPlan:
     """Per node, the axis its rows lie along (None: the same for every row); the output axes; the nodes
     that may round a batch differently from one caller's own call (``exact``: node -> the batch axis of
@@ -69,9 +74,7 @@ class RowPlan:
 
     __slots__ = ("axes", "exact", "outputs")
 
-    def __init__(
-        self, axes: list[int | None], exact: dict[int, tuple[tuple[int | None, ...], int]], outputs: list[int]
-    ) -> None:
+    def __init__(self, axes: list[int | None], exact: Exact, outputs: list[int]) -> None:
         self.axes = axes
         self.exact = exact
         self.outputs = outputs
@@ -81,7 +84,7 @@ def plan_rows(graph: Graph, batched: dict[int, int], name: str) -> RowPlan:
     """Prove ``graph`` keeps rows apart, with input ``position`` batched along ``batched[position]``."""
     nodes = graph.nodes
     axes: list[int | None] = [None] * len(nodes)
-    exact: dict[int, tuple[tuple[int | None, ...], int]] = {}
+    exact: Exact = {}
     for i, node in enumerate(nodes):
         if node.op == "input":
             axes[i] = batched.get(node.value)
@@ -115,7 +118,7 @@ def _rule(
     axes: list[int | None],
     i: int,
     node: Node,
-    exact: dict[int, tuple[tuple[int | None, ...], int]],
+    exact: Exact,
 ) -> int:
     op = node.op
     fn = OPS[op].fn
@@ -232,7 +235,7 @@ def _matmul(
     axes: list[int | None],
     i: int,
     node: Node,
-    exact: dict[int, tuple[tuple[int | None, ...], int]],
+    exact: Exact,
 ) -> int:
     a, b = node.args[:2]
     left = graph.nodes[a] if isinstance(a, Ref) else None
@@ -394,8 +397,7 @@ def exact_fn(node: Node, operands: tuple[int | None, ...], out_axis: int) -> Cal
             if stackable and a.ndim == 2 and all(e - s == k for s, e in spans):  # one stacked product
                 out = fn(a.reshape(len(spans), k, a.shape[1]), b, **attrs)
                 return out.reshape(len(spans) * k, *out.shape[2:])
-            lead = (slice(None),) * axis
-            return np.concatenate([fn(a[(*lead, slice(s, e))], b, **attrs) for s, e in spans], axis=out_axis)
+            return np.concatenate([fn(_own(a, axis, s, e), b, **attrs) for s, e in spans], axis=out_axis)
 
         return product
     whole = out_axis == 0 and all(a in (None, 0) for a in operands)
