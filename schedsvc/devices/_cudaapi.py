@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["CudaApi", "load"]
+__all__ = ["CudaApi", "binding_of", "load"]
 
 
 class CudaApi:
@@ -159,6 +159,19 @@ class CudaApi:
 
     # -- capture -------------------------------------------------------------
 
+    #: NumPy functions whose array-module versions call a library CuPy 14.2 refuses to call while the
+    #: stream captures (cuBLAS: ``NotImplementedError``, even warmed up; docs/cuda-facts.md)
+    refused_in_capture: ClassVar[frozenset[Any]] = frozenset({np.matmul, np.dot})
+
+    def graph_pool(self, device: int) -> Any:
+        """A memory pool of its own for ``device`` (``cupy.cuda.MemoryPool()``): what a capture allocates
+        from it is never handed to anyone but later allocations from the same pool."""
+        raise NotImplementedError
+
+    def allocating_from(self, pool: Any) -> contextlib.AbstractContextManager[None]:
+        """In the block, this thread's allocations on ``pool``'s device come from ``pool``."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def capturing(self, stream: Any) -> Iterator[list[Any]]:
         """Capture the work enqueued on ``stream`` in the block; the list then holds the ``Graph``."""
@@ -170,12 +183,23 @@ class CudaApi:
             out.append(stream.end_capture())
 
 
+_loaded: dict[type, CudaApi] = {}  # device array type -> its binding, for each binding loaded
+
+
 def load(simulated: bool) -> CudaApi:
     """The process's binding: the simulator's, or CuPy's (raises ImportError without CuPy)."""
     if simulated:
         from .cudasim import api as sim_api
 
-        return sim_api()
-    from ._cupy import api as cupy_api
+        api: CudaApi = sim_api()
+    else:
+        from ._cupy import api as cupy_api
 
-    return cupy_api()
+        api = cupy_api()
+    _loaded.setdefault(api.ndarray, api)
+    return api
+
+
+def binding_of(array: Any) -> CudaApi | None:
+    """The loaded binding whose device array ``array`` is (None: not a device array)."""
+    return _loaded.get(type(array))

@@ -12,6 +12,7 @@ pool methods enter ``Device(device)`` first.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, ClassVar
 
@@ -106,6 +107,16 @@ class CupyApi(CudaApi):
         """Give ``device``'s cached blocks back to the driver (a host sync)."""
         with cupy.cuda.Device(device):
             cupy.get_default_memory_pool().free_all_blocks()
+
+    def graph_pool(self, device: int) -> Any:
+        """A ``MemoryPool`` of its own for ``device`` (its arenas per stream, as the default pool's)."""
+        with cupy.cuda.Device(device):
+            return cupy.cuda.MemoryPool()
+
+    def allocating_from(self, pool: Any) -> contextlib.AbstractContextManager[None]:
+        """``cupy.cuda.using_allocator(pool.malloc)``: thread-local, as the current stream is."""
+        manager: contextlib.AbstractContextManager[None] = cupy.cuda.using_allocator(pool.malloc)
+        return manager
 
 
 _api: CupyApi | None = None

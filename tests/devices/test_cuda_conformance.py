@@ -53,6 +53,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[CudaApi]:
         pytest.skip(reason)
     binding = load(request.param == "simulator")
     _reset(binding)
+    binding.use_device(0)  # (the tests' kernels and allocations run on device 0)
     yield binding
     _reset(binding)
 
@@ -665,6 +666,31 @@ def test_a_new_allocation_during_capture_keeps_the_capture_valid(api: CudaApi) -
     [graph] = captured
     graph.launch(s)
     assert fetch(api, a, s)[0] == 1.0
+
+
+def test_a_capture_allocating_from_a_graph_pool_takes_nothing_from_the_devices_pool(api: CudaApi) -> None:
+    """``allocating_from(graph_pool(0))`` sends this thread's allocations to a pool of their own (CuPy:
+    ``using_allocator(MemoryPool().malloc)``): the device's pool does not grow, the graph replays, and
+    a block the capture freed is not handed out by the device's pool."""
+    s = api.stream(0)
+    with s:
+        a = api.xp.zeros((MiB,), dtype=np.float32)
+    assert synced(recorded(api, s))
+    before = api.pool_used(0)
+    pool = api.graph_pool(0)
+    with api.allocating_from(pool), s, api.capturing(s) as captured:
+        tmp = a + 1
+        address = tmp.data.ptr
+        a += tmp
+    [graph] = captured
+    assert api.pool_used(0) == before
+    del tmp
+    with s:
+        other = api.xp.empty((MiB,), dtype=np.float32)
+    assert other.data.ptr != address
+    graph.launch(s)
+    graph.launch(s)
+    assert fetch(api, a, s)[0] == 3.0  # 0 -> 1 -> 3: tmp is a + 1 at each replay
 
 
 # -- the array module ----------------------------------------------------------------

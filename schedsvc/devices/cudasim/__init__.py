@@ -24,11 +24,16 @@ it did not wait for:
 - host callbacks on one "cuda-driver" thread, where any simulated CUDA call
   raises ``CUDARuntimeError(800)``; their exceptions are lost;
 - a fault at run time puts the device in CUDA's sticky 719 state;
-- graph capture records work; a sync during it gives 900, then 901.
+- graph capture records work; a sync during it gives 900, then 901; a graph
+  launched after an array its capture allocated from the shared pool died
+  raises ``RaceError`` (a private pool, ``allocating_from(graph_pool(d))``,
+  is how captures keep their memory).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,7 +42,7 @@ from .._cudaapi import CudaApi
 from . import _xp
 from ._array import Device, ndarray
 from ._errors import CUDARuntimeError, HostSyncError, OutOfMemoryError, RaceError
-from ._memory import pinned_empty
+from ._memory import Pool, pinned_empty
 from ._sim import Simulator, simulator
 from ._stream import Event, Graph, Stream, current_stream
 
@@ -115,6 +120,22 @@ class SimApi(CudaApi):
         sim = simulator()
         sim.count_sync()
         sim.device(device).pool.free_cached()
+
+    def graph_pool(self, device: int) -> Pool:
+        return Pool(device, simulator().device(device).pool.capacity, private=True)
+
+    @contextlib.contextmanager
+    def allocating_from(self, pool: Any) -> Iterator[None]:
+        pools = simulator().local.pools
+        previous = pools.get(pool.device)
+        pools[pool.device] = pool
+        try:
+            yield
+        finally:
+            if previous is None:
+                del pools[pool.device]
+            else:
+                pools[pool.device] = previous
 
 
 _API = SimApi()

@@ -75,6 +75,21 @@ class Device:
             stream.wait_all()
 
 
+def _current_on(device: int) -> Stream:
+    """This thread's current stream on ``device``, as CuPy's ``get``/``set`` take it inside ``with
+    array.device``: the current stream if it is on that device, else that device's null stream."""
+    stream = current_stream()
+    return stream if stream.device_id == device else _null_of(device)
+
+
+def _null_of(device: int) -> Stream:
+    local = simulator().local
+    null: Stream | None = local.null.get(device)
+    if null is None:
+        null = local.null[device] = Stream(null=True, device=device)
+    return null
+
+
 def _cuda_error(status: int) -> Exception:
     from ._errors import CUDARuntimeError
 
@@ -104,7 +119,7 @@ def allocate(nbytes: int, stream: Stream) -> Block:
         return Block(state.id, 0, 0, stream.id, generation=-1)
     size = rounded(nbytes)
     sim.take_allocation_failure(size, state.id)
-    pool = state.pool
+    pool = sim.local.pools.get(state.id) or state.pool  # a private pool this thread allocates from
     block = pool.take(stream.id, size)
     if block is not None:
         try:
@@ -144,8 +159,9 @@ class ndarray:
         block = allocate(nbytes, stream)
         view = block.buffer[:nbytes].view(dt).reshape(shape, order="F" if order == "F" else "C")
         self._setup(block, view, None)
-        weakref.finalize(self, simulator().device(block.device).pool.release, block)
-        stream.keep_for_capture(self)
+        if block.pool is not None:
+            weakref.finalize(self, block.pool.release, block)
+            stream.allocated_in_capture(block)
 
     def _setup(self, block: Block, view: NDArray, base: ndarray | None) -> None:
         self._block = block
@@ -264,7 +280,7 @@ class ndarray:
         blocking: bool = True,
     ) -> NDArray:
         """Copy to the host: a host sync, unless ``out`` is pinned and ``blocking`` is False."""
-        stream = current_stream() if stream is None else stream
+        stream = _current_on(self._block.device) if stream is None else stream
         if stream.capturing:
             raise RuntimeError(_CAPTURE_D2H)
         if out is None:
@@ -290,7 +306,7 @@ class ndarray:
             raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
         if arr.dtype != self.dtype:
             raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
-        stream = current_stream() if stream is None else stream
+        stream = _current_on(self._block.device) if stream is None else stream
         target = self._np
         if is_pinned(arr):
             stream.submit(_h2d_op(target, arr, self._block))

@@ -39,9 +39,24 @@ class Access(NamedTuple):
 class Block:
     """One pool allocation: its buffer, address, arena and access history."""
 
-    __slots__ = ("arena", "buffer", "device", "generation", "last_write", "ptr", "reads", "size")
+    __slots__ = (
+        "arena",
+        "buffer",
+        "device",
+        "generation",
+        "last_write",
+        "pool",
+        "ptr",
+        "reads",
+        "releases",
+        "size",
+    )
 
-    def __init__(self, device: int, ptr: int, size: int, arena: int, generation: int) -> None:
+    def __init__(
+        self, device: int, ptr: int, size: int, arena: int, generation: int, pool: Pool | None = None
+    ) -> None:
+        self.pool = pool  # None: a zero-size block, never pooled
+        self.releases = 0  # times its owner died: a graph captured over it checks it did not since
         self.device = device
         self.ptr = ptr
         self.size = size
@@ -61,9 +76,14 @@ def rounded(nbytes: int) -> int:
 
 
 class Pool:
-    """One device's memory pool: live and cached bytes, per-arena free lists, an optional limit."""
+    """One device's memory pool: live and cached bytes, per-arena free lists, an optional limit.
 
-    def __init__(self, device: int, capacity: int) -> None:
+    ``private``: a pool of its own that only allocations inside ``SimApi.allocating_from`` use (CuPy's
+    ``MemoryPool`` under ``cupy.cuda.using_allocator``), as graph captures do.
+    """
+
+    def __init__(self, device: int, capacity: int, private: bool = False) -> None:
+        self.private = private
         self.device = device
         self.capacity = capacity
         self.limit: int | None = None
@@ -77,6 +97,7 @@ class Pool:
 
     def release(self, block: Block) -> None:
         """The last array over ``block`` died (a finaliser: only appends)."""
+        block.releases += 1
         self._pending.append(block)
 
     def drain(self) -> None:
@@ -119,7 +140,7 @@ class Pool:
     def new_block(self, arena: int, size: int) -> Block:
         """A fresh block (the caller checked ``room``)."""
         with self._lock:
-            block = Block(self.device, self._next, size, arena, self.generation)
+            block = Block(self.device, self._next, size, arena, self.generation, self)
             self._next += size
             self.used += size
             return block

@@ -72,6 +72,7 @@ class _Local(threading.local):
         self.device = 0
         self.stack: list[Any] = []
         self.null: dict[int, Any] = {}
+        self.pools: dict[int, Any] = {}  # device -> the private pool this thread allocates from
 
 
 class _Driver:

@@ -114,10 +114,11 @@ class _Worker:
 
 @dataclass(eq=False)
 class _Capture:
-    """A capture in progress: the recorded nodes, the arrays to keep, whether a sync invalidated it."""
+    """A capture in progress: the recorded nodes, the shared pool's blocks allocated during it (with
+    how often each had been freed then), whether a sync invalidated it."""
 
     nodes: list[Callable[[Stream], None]] = field(default_factory=list)
-    keep: list[Any] = field(default_factory=list)
+    blocks: list[tuple[Block, int]] = field(default_factory=list)
     invalid: bool = False
 
 
@@ -283,16 +284,19 @@ class Stream:
             raise CUDARuntimeError(400)
         if capture.invalid:
             raise CUDARuntimeError(901)
-        return Graph(capture.nodes, capture.keep)
+        return Graph(capture.nodes, capture.blocks)
 
     def is_capturing(self) -> bool:
         """Whether this stream is capturing (CuPy's name)."""
         return self.capturing
 
-    def keep_for_capture(self, array: Any) -> None:
-        """An array allocated during capture lives as long as the graph."""
-        if self._capture is not None:
-            self._capture.keep.append(array)
+    def allocated_in_capture(self, block: Block) -> None:
+        """A block allocated now: during a capture, from the device's shared pool, the graph checks at
+        each launch that its array is still alive (CuPy would hand the block to a new owner, whose data
+        every replay then overwrites).  A private pool's blocks belong to the captures that use it."""
+        capture = self._capture
+        if capture is not None and block.pool is not None and not block.pool.private:
+            capture.blocks.append((block, block.releases))
 
 
 def _again(op: Op) -> Op:
@@ -439,11 +443,17 @@ class Event:
 
 
 class Graph:
-    """Captured work: ``launch(stream)`` enqueues the recorded nodes in order."""
+    """Captured work: ``launch(stream)`` enqueues the recorded nodes in order.
 
-    def __init__(self, nodes: list[Callable[[Stream], None]], keep: list[Any]) -> None:
+    A graph writes the memory its capture allocated at every launch, by address: launching it after an
+    array allocated from the shared pool during the capture died raises ``RaceError`` (on CuPy the
+    block may belong to a new array by then, which the replay silently overwrites).
+    """
+
+    def __init__(self, nodes: list[Callable[[Stream], None]], blocks: list[tuple[Block, int]]) -> None:
         self._nodes = nodes
-        self._keep = keep
+        self._blocks = blocks
+        self._site = caller_site()
 
     def __repr__(self) -> str:
         return f"<cudasim.Graph nodes={len(self._nodes)}>"
@@ -451,6 +461,17 @@ class Graph:
     def launch(self, stream: Stream | None = None) -> None:
         """Replay the captured work on ``stream`` (default: the current stream), race-checked."""
         stream = current_stream() if stream is None else stream
+        for block, releases in self._blocks:
+            if block.releases != releases:
+                sim = simulator()
+                raise sim.record_race(
+                    RaceError(
+                        f"graph captured at {self._site} launched at {caller_site()} after an array "
+                        f"allocated during its capture ({block!r}) was freed: the pool may hand that memory "
+                        "to a new array, which every replay overwrites. Keep every array allocated during "
+                        "a capture alive as long as the graph, or capture with a private pool"
+                    )
+                )
         for node in self._nodes:
             node(stream)
 
