@@ -196,7 +196,8 @@ class CudaExecutor(Executor):
         self.flying: dict[Task, Flight] = {}  # launched, not complete (read by the launcher)
         self.completions = threading.Condition(threading.Lock())  # an OOM retry waits on it
         self.translate = _translation(api.xp)
-        api.use_device(self.index)
+        # (streams are made on their device without making it current: the opening thread -- the
+        # user's event loop -- keeps its own current device)
         self.compute = [Track(self, api.stream(self.index), f"{name}/s{i}") for i in range(streams)]
         self.h2d = Track(self, api.stream(self.index), f"{name}/h2d")
         self.d2h = Track(self, api.stream(self.index), f"{name}/d2h")

@@ -751,3 +751,12 @@ async def test_trace_shows_the_copy_out(tmp_path: Path) -> None:
     # launching threads never wait), as a task named "d2h" on that thread's track
     names = {e.get("name") for e in _events(path) if e.get("ph") == "X"}
     assert "d2h" in names, names
+
+
+async def test_opening_an_engine_leaves_the_callers_current_device_alone() -> None:
+    """The executors make their streams on their devices without making them current on the thread that
+    opens the engine: a user's own array code there stays on the device it chose."""
+    api = cuda_api()
+    api.use_device(0)
+    async with cuda_engine():
+        assert api.device_of(xp().zeros((2,))) == 0
