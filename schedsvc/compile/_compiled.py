@@ -33,7 +33,8 @@ from .._port import port_of
 from .._runtime import buffer_of
 from ..tensor import Op, Tensor
 from ..tensor._tensor import check_out
-from ..tensor._tracking import queue_op
+from ..tensor._tracking import TO_DEVICE, queue_op
+from ._cuda import CudaReplay, GraphCounts
 from ._graph import Constants, Graph, Node, Ref, emit
 from ._state import ACTIVE, tracing
 from ._trace import trace
@@ -56,14 +57,39 @@ _EVICTED_KEPT = 1024
 
 
 class _Entry:
-    """One signature's optimised graph and its replay function."""
+    """One signature's optimised graph and its replay function.
 
-    __slots__ = ("graph", "op", "out_bytes", "outputs", "replay", "signature", "tensors")
+    A signature whose first array is on a cuda device replays there (``_cuda.CudaReplay``: CUDA graphs
+    where CuPy can capture); its constant arrays are copied to that device once, by tasks of their own,
+    and passed to every replay after the arguments.
+    """
 
-    def __init__(self, signature: Any, graph: Graph) -> None:
+    __slots__ = (
+        "consts",
+        "device",
+        "device_consts",
+        "graph",
+        "op",
+        "out_bytes",
+        "outputs",
+        "replay",
+        "signature",
+        "tensors",
+    )
+
+    def __init__(self, signature: Any, graph: Graph, counts: GraphCounts) -> None:
         self.signature = signature
         self.graph = graph
-        self.replay = emit(graph)
+        self.device = _cuda_device(signature)
+        self.consts: list[int] = []
+        self.device_consts: list[Tensor] | None = None
+        if self.device is None:
+            self.replay: Callable[..., Any] = emit(graph)
+        else:
+            nodes = graph.nodes
+            self.consts = [i for i, n in enumerate(nodes) if n.op == "const" and type(n.value) is np.ndarray]
+            eager = emit(graph, const_params=self.consts)
+            self.replay = CudaReplay(graph, eager, [*graph.inputs, *self.consts], counts)
         self.op = Op(f"compiled:{graph.name}", self.replay, _no_infer)
         self.outputs = [
             (graph.nodes[o].shape, graph.nodes[o].dtype, _input_of(graph, o)) for o in graph.outputs
@@ -107,6 +133,8 @@ class _Entry:
             root, memory = (None, None) if source is None else _alias(arrays, source)
         else:
             shape, dtype, root, memory = (), _OBJECT, None, None
+        if self.consts:
+            arrays = [*arrays, *self._device_consts(engine)]
         return queue_op(
             engine,
             self.op,
@@ -123,6 +151,18 @@ class _Entry:
             True,
             waiting,
         )
+
+    def _device_consts(self, engine: Port) -> list[Tensor]:
+        """The constant arrays on the signature's device: copied there by the first call's tasks."""
+        consts = self.device_consts
+        if consts is None:
+            values = [self.graph.nodes[i].value for i in self.consts]
+            consts = [
+                queue_op(engine, TO_DEVICE, [v], None, v.shape, v.dtype, None, None, device=self.device)
+                for v in values
+            ]
+            self.device_consts = consts
+        return consts
 
     def _outputs(self, engine: Port, arrays: Sequence[Any], whole: Tensor) -> Any:
         """The call's result: the replay's Tensor, or a Tensor per output picked from it (admitted with it)."""
@@ -151,6 +191,16 @@ def _pick(results: tuple[Any, ...], index: int) -> Any:
 
 _PICK = Op("output", _pick, _no_infer)
 _OBJECT = np.dtype(object)
+
+
+def _cuda_device(signature: Any) -> str | None:
+    """The cuda device a replay of this signature runs on (its first array's, as ``queue_op`` picks), or
+    None."""
+    for part in signature if isinstance(signature, tuple) else ():
+        if isinstance(part, tuple) and len(part) == 5 and part[1] == "array":
+            device = str(part[4])
+            return device if device.startswith("cuda") else None
+    return None
 
 
 def _input_of(graph: Graph, node: int) -> int | None:
@@ -213,6 +263,7 @@ class Compiled:
         self._evicted: OrderedDict[Any, None] = OrderedDict()  # recently evicted signatures
         self._retraces = 0  # traces of signatures evicted before
         self._warned = False
+        self._graph_counts = GraphCounts()  # replays on cuda devices (CUDA graphs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Queue one call now; its Tensor (or tuple/list of them, as ``fn`` returns).
@@ -270,7 +321,7 @@ class Compiled:
                 f"saved with:\n  {known}\nThis call's signature is:\n  {signature}"
             )
         graph = trace(self._fn, self.name, list(args), kwargs, slots, self._constants)
-        entry = _Entry(signature, graph)
+        entry = _Entry(signature, graph, self._graph_counts)
         with self._lock:
             self.traces += 1
             thrashing = self._retraced(signature)
@@ -327,14 +378,27 @@ class Compiled:
             return [entry.graph for entry in self._cache.values()]
 
     def stats(self) -> dict[str, int]:
-        """Traces (one per new signature), replays, cached signatures, evictions."""
+        """Traces (one per new signature), replays, cached signatures, evictions; once it replayed on a
+        cuda device, also the CUDA graphs captured (``cuda_graphs``) and its replays there as graphs
+        (``graph_replays``) and as plain stream replays (``stream_replays``: warm-ups, and every replay of
+        a signature that cannot be captured, ``capture_off`` says why)."""
         with self._lock:
-            return {
+            stats = {
                 "traces": self.traces,
                 "replays": self.replays,
                 "signatures": len(self._cache),
                 "evictions": self.evictions,
             }
+        graphs = self._graph_counts.stats()
+        if any(graphs.values()):
+            stats.update(graphs)
+        return stats
+
+    @property
+    def capture_off(self) -> str | None:
+        """Why a cuda signature of this function replays without CUDA graphs (the first reason met), or
+        None."""
+        return self._graph_counts.why_not
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write every cached signature's graph to ``path`` as JSON (no pickle, no Python source)."""
@@ -380,7 +444,7 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
             graph = _dec_graph(item["graph"])
             _check_types(graph, signature)
             compiled._constants.share(graph)
-            compiled._store(signature, _Entry(signature, graph))
+            compiled._store(signature, _Entry(signature, graph, compiled._graph_counts))
     except RecursionError as exc:
         raise LoadError(f"{where!r} nests its values too deeply to be a saved compiled function") from exc
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:

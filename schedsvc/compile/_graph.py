@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -391,12 +391,16 @@ def _last_uses(graph: Graph) -> dict[int, int]:
 # -- replay code -----------------------------------------------------------------------
 
 
-def emit(graph: Graph, rows: dict[int, Callable[..., Any]] | None = None) -> Callable[..., Any]:
+def emit(
+    graph: Graph, rows: dict[int, Callable[..., Any]] | None = None, const_params: Sequence[int] = ()
+) -> Callable[..., Any]:
     """One Python function of NumPy calls that computes the graph's outputs from its inputs.
 
     ``rows``: nodes computed by another function, called with the node's operands, the replay's last
     argument ``spans``, its attributes and, for a write, ``out`` (a batched replay's nodes that compute each
-    caller's rows as its own call would, ``_rows.exact_fn``).
+    caller's rows as its own call would, ``_rows.exact_fn``).  ``const_params``: constant nodes whose
+    values are parameters after the inputs instead of the graph's arrays (a cuda replay takes them on
+    its device).
     """
     rows = rows or {}
     namespace: dict[str, Any] = {}
@@ -410,7 +414,8 @@ def emit(graph: Graph, rows: dict[int, Callable[..., Any]] | None = None) -> Cal
         if node.op in ("input", "dead"):
             continue
         if node.op == "const":
-            namespace[f"c{i}"] = node.value
+            if i not in const_params:
+                namespace[f"c{i}"] = node.value
             continue
         namespace[f"f_{node.op}"] = OPS[node.op].fn
         parts = [_operand(graph, a, namespace, f"k{i}_{j}") for j, a in enumerate(node.args)]
@@ -435,7 +440,13 @@ def emit(graph: Graph, rows: dict[int, Callable[..., Any]] | None = None) -> Cal
     # a constant output is copied: the caller may write it, the graph's stays read-only
     outs = [f"c{o}.copy()" if graph.nodes[o].op == "const" else _name(graph, o) for o in graph.outputs]
     result = outs[0] if graph.out_kind == "single" else f"({', '.join(outs)}{',' if len(outs) == 1 else ''})"
-    params = ", ".join([*(f"v{int(i)}" for i in graph.inputs), *(["spans"] if rows else [])])
+    params = ", ".join(
+        [
+            *(f"v{int(i)}" for i in graph.inputs),
+            *(f"c{i}" for i in const_params),
+            *(["spans"] if rows else []),
+        ]
+    )
     source = f"def replay({params}):\n" + "\n".join(lines) + f"\n    return {result}\n"
     code = compile(source, f"<schedsvc compiled {graph.name}>", "exec")
     exec(code, namespace)  # our own generated source: registry calls on named values

@@ -1,0 +1,318 @@
+"""A compiled function's replay on a cuda device: CUDA graphs where CuPy can capture, else one stream replay.
+
+The replay task of a cuda signature runs on the device's launching thread with its stream current
+(``devices.cuda``), like any cuda task, and must never wait for the device.  Per stream:
+
+1. the first replay runs the traced ops eagerly (``emit``'s function, the *stream replay*): CuPy compiles
+   its kernels and cuBLAS makes its workspace before anything is captured;
+2. the second one captures them.  Every value the ops compute is allocated from the device's graph pool
+   (``CudaApi.graph_pool``, a pool of its own) and held by the capture for its life, so a replay writes
+   the same addresses and nobody else is ever handed them.  Ops CuPy refuses to capture (cuBLAS's
+   ``matmul``/``dot``: ``CudaApi.refused_in_capture``) split the ops: each run of the others is one
+   CUDA graph, and a refused op runs between two launches, eagerly, into the memory its result got at
+   capture (``out=``).  An argument at the same address at both replays is read where it is (weights:
+   no copy); one that moved is *staged*: copied into memory of the capture before each replay;
+3. later replays copy the staged arguments in, launch the graphs (and the refused ops), and copy the
+   outputs out into new arrays (the next replay overwrites the capture's).  If an argument read in place
+   moves, the capture is retired and done again with it staged.
+
+Replays on one stream run in order, each enqueued whole by the one launching thread, so a capture is
+never used by two replays at once; the graph pool keeps one arena per stream (as CuPy's pools do), so
+its blocks are reused only behind earlier work on the same stream.  A retired capture is dropped once an
+event after its last replay passed.
+
+The stream replay stays for good -- counted, and its reason kept -- when the function returns memory of
+an argument or a constant, or when a capture fails (a host sync during it: CUDA's 900, then 901 at its
+end; any other error).  A call with an argument that is not C-contiguous runs as a stream replay (a
+staged copy would change the layout cuBLAS sees).  Results equal the stream replay's bit for bit: the
+same CuPy calls on the same values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..devices._cudaapi import CudaApi, binding_of
+from ..tensor import OPS
+from ._graph import Graph, Node, Ref
+
+__all__ = ["CudaReplay", "GraphCounts"]
+
+#: ops that only make a view (no kernel): a run of nothing else is not captured
+_VIEWS = frozenset({"transpose", "getitem"})
+_BASIC = (int, slice, type(None), type(Ellipsis))
+
+
+class GraphCounts:
+    """A compiled function's replays on cuda devices: graphs captured, replays as graphs and as stream
+    replays, and why capture is off (``Compiled.stats()``)."""
+
+    __slots__ = ("graph_replays", "graphs", "lock", "stream_replays", "why_not")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.graphs = 0
+        self.graph_replays = 0
+        self.stream_replays = 0
+        self.why_not: str | None = None
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            return {
+                "cuda_graphs": self.graphs,
+                "graph_replays": self.graph_replays,
+                "stream_replays": self.stream_replays,
+            }
+
+
+class CudaReplay:
+    """The replay task's function for one cuda signature: ``replay(*arguments, *device constants)``."""
+
+    def __init__(self, graph: Graph, eager: Callable[..., Any], params: Sequence[int], counts: GraphCounts):
+        self.graph = graph
+        self.eager = eager  # the stream replay: emit's function, with these params
+        self.params = list(params)  # the nodes the arguments become: inputs, then device constants
+        self.counts = counts
+        self.why_not: str | None = None
+        why = _uncapturable(graph)
+        if why is not None:
+            self.give_up(why)
+        self.plan = _plan(graph)
+        self._streams: dict[Any, _OnStream] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *arrays: Any) -> Any:
+        api = next((b for b in map(binding_of, arrays) if b is not None), None)
+        if api is None or self.why_not is not None or not all(a.flags.c_contiguous for a in arrays):
+            return self.stream_replay(arrays)
+        stream = api.current_stream()
+        with self._lock:
+            state = self._streams.get(stream)
+            if state is None:
+                state = self._streams[stream] = _OnStream(self, api, stream)
+        return state.replay(arrays)
+
+    def stream_replay(self, arrays: Sequence[Any]) -> Any:
+        with self.counts.lock:
+            self.counts.stream_replays += 1
+        return self.eager(*arrays)
+
+    def give_up(self, why: str) -> None:
+        """Capture is off for this signature from now on."""
+        self.why_not = why
+        with self.counts.lock:
+            if self.counts.why_not is None:
+                self.counts.why_not = why
+
+
+def _uncapturable(graph: Graph) -> str | None:
+    """Why this graph is not replayed as CUDA graphs, or None."""
+    nodes = graph.nodes
+    for o in graph.outputs:
+        owner = nodes[nodes[o].base]
+        if owner.op in ("input", "const"):
+            what = "an argument" if owner.op == "input" else "a constant"
+            return f"it returns {what} (or a view of one), which a capture cannot copy out"
+    if not any(n.op not in ("input", "const", "dead") for n in nodes):
+        return "it computes nothing"
+    return None
+
+
+def _plan(graph: Graph) -> list[tuple[str, list[int]]]:
+    """The ops in order, as ("graph", run of capturable ops), ("views", run of view ops) and ("eager",
+    [one op CuPy refuses to capture])."""
+    refused = CudaApi.refused_in_capture
+    plan: list[tuple[str, list[int]]] = []
+    for i, node in enumerate(graph.nodes):
+        if node.op in ("input", "const", "dead"):
+            continue
+        if OPS[node.op].fn in refused:
+            plan.append(("eager", [i]))
+        elif plan and plan[-1][0] in ("graph", "views"):
+            plan[-1][1].append(i)
+            if not _is_view(node):
+                plan[-1] = ("graph", plan[-1][1])
+        else:
+            plan.append(("views" if _is_view(node) else "graph", [i]))
+    return plan
+
+
+def _is_view(node: Node) -> bool:
+    if node.op == "transpose":
+        return True
+    if node.op != "getitem":
+        return False
+    index = node.attrs.get("index")
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(p, _BASIC) and not isinstance(p, bool) for p in parts)
+
+
+def _address(array: Any) -> tuple[int, tuple[int, ...]]:
+    return array.data.ptr, array.strides
+
+
+class _Capture:
+    """One stream's captured replay: the graphs and refused ops in order, its memory, what it stages."""
+
+    __slots__ = ("addresses", "held", "outputs", "staged", "steps")
+
+    def __init__(self) -> None:
+        self.steps: list[Callable[[], Any]] = []
+        self.staged: dict[int, Any] = {}  # argument position -> the capture's copy of it
+        self.addresses: list[tuple[int, tuple[int, ...]]] = []  # of every argument, at capture
+        self.held: list[Any] = []  # every array the capture computed: alive as long as it
+        self.outputs: list[Any] = []
+
+    def run(self, arrays: Sequence[Any]) -> list[Any]:
+        for position, copy in self.staged.items():
+            copy[...] = arrays[position]
+        for step in self.steps:
+            step()
+        return [o.copy() for o in self.outputs]
+
+
+class _OnStream:
+    """A compiled replay's state on one stream: warmed up, captured, retired captures."""
+
+    def __init__(self, owner: CudaReplay, api: CudaApi, stream: Any) -> None:
+        self.owner = owner
+        self.api = api
+        self.stream = stream
+        self.warm: list[tuple[int, tuple[int, ...]]] | None = None  # argument addresses at warm-up
+        self.capture: _Capture | None = None
+        self.retired: list[tuple[_Capture, Any]] = []  # with an event after its last replay
+
+    def replay(self, arrays: Sequence[Any]) -> Any:
+        owner = self.owner
+        if self.retired:
+            self.retired = [(c, e) for c, e in self.retired if not e.done]
+        addresses = [_address(a) for a in arrays]
+        capture = self.capture
+        if capture is None:
+            if self.warm is None:
+                self.warm = addresses
+                return owner.stream_replay(arrays)
+            moved = {i for i, (a, b) in enumerate(zip(addresses, self.warm, strict=True)) if a != b}
+            return self._capture(arrays, addresses, moved)
+        moved = {
+            i
+            for i, (a, b) in enumerate(zip(addresses, capture.addresses, strict=True))
+            if a != b and i not in capture.staged
+        }
+        if moved:
+            self._retire(capture)
+            return self._capture(arrays, addresses, moved | set(capture.staged))
+        outputs = capture.run(arrays)
+        with owner.counts.lock:
+            owner.counts.graph_replays += 1
+        return self._result(outputs)
+
+    def _retire(self, capture: _Capture) -> None:
+        event = self.api.event()
+        event.record(self.stream)
+        self.retired.append((capture, event))
+        self.capture = None
+
+    def _result(self, outputs: list[Any]) -> Any:
+        return outputs[0] if self.owner.graph.out_kind == "single" else tuple(outputs)
+
+    def _capture(self, arrays: Sequence[Any], addresses: list[Any], staged: set[int]) -> Any:
+        """Capture the ops (running this call through the graphs as they are made); the stream replay
+        instead, for good, if the capture fails."""
+        owner, api = self.owner, self.api
+        capture = _Capture()
+        capture.addresses = addresses
+        try:
+            with api.allocating_from(_graph_pool(api, api.device_of(arrays[0]))):
+                graphs = self._record(capture, arrays, staged)
+        except api.OutOfMemoryError:
+            raise  # the executor waits for the work in flight and retries the task
+        except Exception as exc:
+            owner.give_up(f"capturing failed: {type(exc).__name__}: {exc}")
+            return owner.stream_replay(arrays)
+        self.capture = capture
+        with owner.counts.lock:
+            owner.counts.graphs += graphs
+            owner.counts.graph_replays += 1
+        return self._result([o.copy() for o in capture.outputs])
+
+    def _record(self, capture: _Capture, arrays: Sequence[Any], staged: set[int]) -> int:
+        """Run this call as the capture will replay it, recording its steps; the graphs made."""
+        graph, stream, xp = self.owner.graph, self.stream, self.api.xp
+        values: dict[int, Any] = {}
+        for position, (param, array) in enumerate(zip(self.owner.params, arrays, strict=True)):
+            if position in staged:
+                copy = xp.empty(array.shape, array.dtype)
+                copy[...] = array
+                capture.staged[position] = array = copy
+            values[param] = array
+        made = 0
+        for kind, ops in self.owner.plan:
+            if kind == "views":
+                for i in ops:
+                    values[i] = _call(graph.nodes[i], values)
+            elif kind == "eager":
+                (i,) = ops
+                node = graph.nodes[i]
+                values[i] = _call(node, values)
+                target = values[i] if node.out is None else values[node.out]
+                capture.steps.append(_eager_step(node, values, target))
+            else:
+                launch = _captured(stream, graph.nodes, ops, values)
+                launch()
+                capture.steps.append(launch)
+                made += 1
+        capture.outputs = [values[o] for o in graph.outputs]
+        capture.held = list(values.values())
+        return made
+
+
+def _captured(stream: Any, nodes: list[Node], ops: list[int], values: dict[int, Any]) -> Callable[[], Any]:
+    """Capture ``ops`` on ``stream`` (their values go into ``values``); the graph's launch."""
+    stream.begin_capture()
+    try:
+        for i in ops:
+            values[i] = _call(nodes[i], values)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the capture is invalid (901): the first error tells why
+            stream.end_capture()
+        raise
+    graph = stream.end_capture()
+    return lambda: graph.launch(stream)
+
+
+def _operands(node: Node, values: dict[int, Any]) -> list[Any]:
+    return [values[a] if isinstance(a, Ref) else a for a in node.args]
+
+
+def _call(node: Node, values: dict[int, Any]) -> Any:
+    """Run one node as the stream replay does (``emit``): its registry function on its operands."""
+    fn = OPS[node.op].fn
+    if node.out is not None and node.op != "setitem":  # setitem writes its first operand
+        return fn(*_operands(node, values), **node.attrs, out=values[node.out])
+    return fn(*_operands(node, values), **node.attrs)
+
+
+def _eager_step(node: Node, values: dict[int, Any], target: Any) -> Callable[[], Any]:
+    """A refused op at each replay: its function on the capture's operands, into ``target``."""
+    fn = OPS[node.op].fn
+    operands = _operands(node, values)
+    attrs = node.attrs
+    return lambda: fn(*operands, **attrs, out=target)
+
+
+_pools: dict[tuple[int, int], Any] = {}  # (binding id, device) -> the device's graph pool
+_pools_lock = threading.Lock()
+
+
+def _graph_pool(api: CudaApi, device: int) -> Any:
+    """The graph pool of ``device``: one per binding and device, shared by every capture."""
+    key = (id(api), device)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = api.graph_pool(device)
+        return pool

@@ -1,0 +1,216 @@
+"""``eng.compile`` on cuda devices: CUDA graphs where CuPy can capture, bit for bit the eager results.
+
+On the CUDA simulator (or CuPy and a real GPU: ``SCHEDSVC_TEST_CUDA=cupy``).  Each test starts from a
+reset simulator and ends with no race and no fault recorded; the simulator refuses cuBLAS during
+capture as CuPy 14.2 does, fails a sync during capture with CUDA's 900/901, and refuses to launch a
+graph whose capture's memory went back to the shared pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import schedsvc as ss
+from schedsvc.cli._common import make_mlp, mlp_weights
+from schedsvc.tensor import OPS, Op
+from tests.devices.cuda_helpers import (
+    ON_CUPY,
+    checked_simulator,
+    cuda_api,
+    cuda_engine,
+    host,
+    sim,
+    simulator_only,
+)
+from tests.helpers import within
+
+DEVICE = "cuda:0"
+
+
+@pytest.fixture(autouse=True)
+def _simulator(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield from checked_simulator(request)
+
+
+@pytest.fixture
+def delays() -> None:
+    """Seeded random delays on every stream operation (the simulator only)."""
+    if not ON_CUPY:
+        sim().configure(seed=4321, max_delay_s=0.001)
+
+
+def _rows(seed: int, n: int = 4) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(seed).standard_normal((n, 512))
+
+
+def _mlp_args(eng: ss.Engine) -> list[ss.Tensor]:
+    return [eng.asarray(w, device=DEVICE) for w in mlp_weights()]
+
+
+def _mlp(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, w3: Any, b3: Any) -> Any:
+    return make_mlp([w1, b1, w2, b2, w3, b3])(x)
+
+
+async def _value(t: Any) -> np.ndarray[Any, Any]:
+    value = await within(t)
+    assert isinstance(value, cuda_api().ndarray), type(value)
+    return host(value)
+
+
+async def test_the_mlp_replays_as_cuda_graphs_bit_for_bit_the_eager_tensors() -> None:
+    """One stream: the first call warms up, the second captures (one graph per run of ops between the
+    three cuBLAS matmuls), the rest launch the graphs; every result equals the eager Tensors' bits."""
+    async with cuda_engine(streams_per_device=1) as eng:
+        weights = _mlp_args(eng)
+        x = eng.asarray(_rows(1), device=DEVICE)
+        eager = await _value(_mlp(x, *weights))
+        compiled = eng.compile(_mlp)
+        for _ in range(5):
+            got = await _value(compiled(x, *weights))
+            np.testing.assert_array_equal(got, eager)
+            assert got.tobytes() == eager.tobytes()
+        stats = compiled.stats()
+        assert stats["stream_replays"] == 1  # the warm-up
+        assert stats["cuda_graphs"] == 3  # add+relu, add+relu, add
+        assert stats["graph_replays"] == 4
+        assert compiled.capture_off is None
+
+
+async def test_new_inputs_each_call_are_staged_and_every_result_stays_its_own() -> None:
+    """A new x per call: the capture copies it in, and copies each result out, so results held at once
+    are each their own call's (the next replay writes the capture's memory, not theirs)."""
+    async with cuda_engine(streams_per_device=1) as eng:
+        weights = _mlp_args(eng)
+        compiled = eng.compile(_mlp)
+        xs = [eng.asarray(_rows(seed), device=DEVICE) for seed in range(12)]
+        results = [compiled(x, *weights) for x in xs]  # queued at once, none awaited
+        for x, result in zip(xs, results, strict=True):
+            want = await _value(_mlp(x, *weights))
+            assert (await _value(result)).tobytes() == want.tobytes()
+        stats = compiled.stats()
+        assert stats["cuda_graphs"] == 3 and stats["graph_replays"] == 11, stats
+
+
+async def test_an_argument_read_in_place_that_moves_is_captured_again_staged() -> None:
+    """Two calls with the same x capture it in place; a third with another x retires that capture and
+    captures again with x staged, after which x may change freely."""
+    async with cuda_engine(streams_per_device=1) as eng:
+        a = eng.asarray(np.arange(6.0), device=DEVICE)
+        b = eng.asarray(np.arange(6.0) * 10, device=DEVICE)
+        compiled = eng.compile(lambda x: np.sqrt(x * 2.0 + 1.0).sum())
+        for x in (a, a, b, a, b):
+            want = np.sqrt(host(await within(x)) * 2.0 + 1.0).sum()
+            got = await _value(compiled(x))
+            eager = await _value(np.sqrt(x * 2.0 + 1.0).sum())
+            assert got.tobytes() == eager.tobytes() and np.isclose(got, want)
+        stats = compiled.stats()
+        assert stats["cuda_graphs"] == 2 and stats["graph_replays"] == 4, stats
+
+
+async def test_weights_closed_over_as_numpy_arrays_go_to_the_device_once() -> None:
+    """Constants of a cuda signature are copied to the device by the first call (not per call), and the
+    replay uses them there (no 'Unsupported type ndarray')."""
+    async with cuda_engine(streams_per_device=1) as eng:
+        model = eng.compile(make_mlp(mlp_weights()))
+        weights = _mlp_args(eng)
+        x = eng.asarray(_rows(3), device=DEVICE)
+        want = await _value(_mlp(x, *weights))
+        before = eng.stats().submitted
+        for _ in range(4):
+            assert (await _value(model(x))).tobytes() == want.tobytes()
+        assert eng.stats().submitted - before == 4 + 6  # four replays, six weights copied in once
+        assert model.stats()["graph_replays"] == 3
+
+
+async def test_views_reductions_and_writes_inside_the_graph_match_eager() -> None:
+    def fn(x: Any, y: Any) -> Any:
+        t = x.T * 2.0  # a view, then a kernel
+        t[0] = -1.0  # a write into the graph's own memory
+        s = np.exp(t).sum(axis=1) + np.tanh(y[1:3]).max()
+        u = x[:, ::2]  # a strided view, read by the next kernel
+        return s * 0.5, u + 1.0
+
+    async with cuda_engine(streams_per_device=1) as eng:
+        x = eng.asarray(np.random.default_rng(5).standard_normal((3, 4)), device=DEVICE)
+        y = eng.asarray(np.random.default_rng(6).standard_normal(5), device=DEVICE)
+        compiled = eng.compile(fn)
+        eager = [await _value(t) for t in fn(x, y)]
+        for _ in range(4):
+            got = [await _value(t) for t in compiled(x, y)]
+            assert [g.tobytes() for g in got] == [e.tobytes() for e in eager]
+        assert compiled.stats()["cuda_graphs"] == 1  # no cuBLAS op: one graph
+        assert compiled.stats()["graph_replays"] == 3
+
+
+async def test_returning_an_argument_replays_on_the_stream_and_says_why() -> None:
+    async with cuda_engine(streams_per_device=1) as eng:
+        x = eng.asarray(np.arange(4.0), device=DEVICE)
+        compiled = eng.compile(lambda x: (x, x + 1.0))
+        for _ in range(3):
+            same, plus = compiled(x)
+            np.testing.assert_array_equal(await _value(plus), np.arange(4.0) + 1)
+            np.testing.assert_array_equal(await _value(same), np.arange(4.0))
+        stats = compiled.stats()
+        assert stats["stream_replays"] == 3 and stats["cuda_graphs"] == 0
+        assert compiled.capture_off is not None and "returns an argument" in compiled.capture_off
+
+
+@pytest.mark.usefixtures("delays")
+async def test_replays_on_several_streams_race_free_and_exact() -> None:
+    """Replays queued at once spread over three streams, each with its own capture; the simulator's
+    race detector (with random delays) checks every replay's copies, graphs and matmuls."""
+    async with cuda_engine(streams_per_device=3) as eng:
+        weights = _mlp_args(eng)
+        compiled = eng.compile(_mlp)
+        xs = [eng.asarray(_rows(seed, 2), device=DEVICE) for seed in range(24)]
+        results = [compiled(x, *weights) for x in xs]
+        wants = [_mlp(x, *weights) for x in xs]
+        for result, want in zip(results, wants, strict=True):
+            assert (await _value(result)).tobytes() == (await _value(want)).tobytes()
+        stats = compiled.stats()
+        assert stats["stream_replays"] + stats["graph_replays"] == 24
+        assert stats["graph_replays"] > 0
+
+
+@simulator_only
+async def test_a_host_sync_during_capture_falls_back_to_the_stream_replay_for_good(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An op that synchronises its stream invalidates the capture (900, then 901 at its end): the call
+    runs as a stream replay instead, and so do the later ones, with CUDA's error as the reason."""
+    api = cuda_api()
+
+    def syncing_tanh(x: Any, **kwargs: Any) -> Any:
+        api.current_stream().synchronize()
+        return np.tanh(x, **kwargs)
+
+    monkeypatch.setitem(OPS, "tanh", Op("tanh", syncing_tanh, OPS["tanh"].infer))
+    async with cuda_engine(streams_per_device=1) as eng:
+        x = eng.asarray(np.linspace(-2.0, 2.0, 8), device=DEVICE)
+        compiled = eng.compile(lambda x: np.tanh(x * 3.0) + 1.0)
+        for _ in range(4):
+            np.testing.assert_array_equal(
+                await _value(compiled(x)), np.tanh(np.linspace(-2.0, 2.0, 8) * 3.0) + 1.0
+            )
+        stats = compiled.stats()
+        assert stats["cuda_graphs"] == 0 and stats["stream_replays"] == 4, stats
+        assert compiled.capture_off is not None
+        assert "cudaErrorStreamCaptureUnsupported" in compiled.capture_off
+
+
+async def test_the_cpu_signature_of_the_same_function_keeps_its_own_replay() -> None:
+    """The graph cache is keyed by devices as on the CPU: a cpu call and a cuda call are two signatures."""
+    async with cuda_engine(streams_per_device=1) as eng:
+        compiled = eng.compile(lambda x: x * 2.0 + 1.0)
+        host_x = eng.asarray(np.arange(3.0))
+        dev_x = eng.asarray(np.arange(3.0), device=DEVICE)
+        for _ in range(3):
+            np.testing.assert_array_equal(await within(compiled(host_x)), np.arange(3.0) * 2 + 1)
+            np.testing.assert_array_equal(await _value(compiled(dev_x)), np.arange(3.0) * 2 + 1)
+        stats = compiled.stats()
+        assert stats["signatures"] == 2 and stats["traces"] == 2
+        assert stats["stream_replays"] == 1 and stats["graph_replays"] == 2, stats
