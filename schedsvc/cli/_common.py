@@ -180,6 +180,17 @@ async def _probe(device: str, cuda_simulator: bool | None) -> None:
         await (ones + 1)
 
 
+def randn_on(xp: Any, side: int) -> Any:
+    """A side x side float32 standard-normal matrix made on the current device and stream (a cuda
+    task's body, given the array module: the sources' ``nd.random.normal``)."""
+    import numpy as np
+
+    random = getattr(xp, "random", None)
+    if random is None:  # the simulator has no generator: a host draw copied in (simulated runs only)
+        return xp.asarray(np.random.default_rng(side).standard_normal((side, side), dtype=np.float32))
+    return random.standard_normal((side, side), dtype=np.float32)
+
+
 # -- the sources' models: the benchmarks, the demo and tune run them -------------------------------------
 
 

@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -54,6 +55,7 @@ from ._common import (
     output_problem,
     print_json,
     progress,
+    randn_on,
     runs_phrase,
     write_json,
 )
@@ -99,6 +101,8 @@ class Sizes:
     trace_chain: int = 16
     gpu_side: int = 4096
     gpu_ops: int = 16
+    gpu_randn: int = 10  # the sources' GPU experiment: (randn, matmul) pairs
+    gpu_randn_side: int = 1000
 
 
 FULL = Sizes()
@@ -119,6 +123,8 @@ QUICK = Sizes(
     trace_chain=4,
     gpu_side=256,
     gpu_ops=4,
+    gpu_randn=3,
+    gpu_randn_side=256,
 )
 
 
@@ -450,6 +456,26 @@ async def _matmuls_s(eng: ss.Engine, xs: list[Any], count: int) -> float:
     return time.perf_counter() - t0
 
 
+async def gpu_queued(s: Sizes, gpu: str = "cuda:0") -> Result:
+    """The sources' GPU experiment: (randn, matmul) pairs queued on the GPU, then waited for."""
+    from ..devices.cuda import api_for
+
+    config = ss.Config()
+    randn = functools.partial(randn_on, api_for(config.cuda_simulator).xp)
+    async with ss.Engine(config, devices=_devices(gpu)) as eng:
+        warm = eng.submit_nowait(randn, s.gpu_randn_side, device=gpu)
+        await eng.run(np.matmul, warm, warm, device=gpu)  # the generator and cuBLAS
+        t0 = time.perf_counter()
+        for _ in range(s.gpu_randn):
+            x = eng.submit_nowait(randn, s.gpu_randn_side, device=gpu)
+            eng.submit_nowait(np.matmul, x, x, device=gpu)
+        queued = time.perf_counter() - t0
+        await eng.waitall()
+        finished = time.perf_counter() - t0
+    figures = {"queue_s": queued, "finish_s": finished, "finish_over_queue": finished / queued}
+    return figures, {"device": gpu}
+
+
 async def cpu_gpu(s: Sizes, gpu: str = "cuda:0") -> Result:
     """Products on the CPU alone, on the GPU alone, and both queued together."""
     a = np.random.default_rng(0).random((s.gpu_side, s.gpu_side), dtype=np.float32)
@@ -515,14 +541,24 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 #: GPU experiments and the devices each needs.
 GPU_EXPERIMENTS: dict[str, tuple[Experiment, tuple[str, ...]]] = {
+    "gpu_queued": (gpu_queued, ("cuda:0",)),
     "cpu_gpu": (cpu_gpu, ("cuda:0",)),
     "copy_overlap": (copy_overlap, ("cuda:0",)),
     "multi_gpu": (multi_gpu, ("cuda:0", "cuda:1")),
 }
 
 
+#: why the GPU experiments do not run on the CUDA simulator
+SIMULATED_SKIP = (
+    "the configuration runs cuda devices on the CUDA simulator (SCHEDSVC_CUDA_SIMULATOR): simulated "
+    "devices are not timed as if they were real (schedsvc bench gpu --simulate runs them, labelled)"
+)
+
+
 def _skips() -> dict[str, str]:
     """GPU experiment -> why it cannot run here (absent when it can)."""
+    if ss.Config().cuda_simulator:
+        return dict.fromkeys(GPU_EXPERIMENTS, SIMULATED_SKIP)
     reasons: dict[str, str | None] = {}
     skips = {}
     for key, (_, devices) in GPU_EXPERIMENTS.items():
@@ -699,6 +735,13 @@ def _show_profile(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     )
 
 
+def _show_gpu_queued(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
+    return (
+        f"queued in {_t(f['queue_s'])}, finished after {_t(f['finish_s'])} "
+        f"({_n(f['finish_over_queue'])}x the time to queue)"
+    )
+
+
 def _show_cpu_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"CPU alone {_t(f['cpu_s'])}, GPU alone {_t(f['gpu_s'])}, both queued together "
@@ -845,6 +888,12 @@ SECTIONS: list[tuple[str, list[Row]]] = [
     (
         "GPU",
         [
+            Row(
+                "gpu_queued",
+                "{s.gpu_randn} x ({s.gpu_randn_side}x{s.gpu_randn_side} randn, matmul) on the GPU",
+                "Queuing GPU work returns at once; the GPU finishes it later.",
+                _show_gpu_queued,
+            ),
             Row(
                 "cpu_gpu",
                 "CPU and GPU in parallel",

@@ -57,7 +57,7 @@ def test_demo_prints_every_section_and_row(capsys: pytest.CaptureFixture[str]) -
         assert figures in out
     reason = demo.gpu_unavailable("cuda:0")
     if reason is not None:
-        assert out.count(f"skipped: {reason}") == 3
+        assert out.count(f"skipped: {reason}") == 4
 
 
 def test_demo_json_to_stdout_has_every_experiment(capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,7 +129,7 @@ def test_demo_on_a_cpu_only_machine_skips_the_gpu_rows_with_the_reason(
     for key in demo.GPU_EXPERIMENTS:
         assert report["experiments"][key] == {"status": "skipped", "reason": reason}
     gpu_rows = [r for r in report["rows"] if r["section"] == "GPU"]
-    assert len(gpu_rows) == 3
+    assert len(gpu_rows) == 4
     assert all(r["status"] == "skipped" and r["reason"] == reason and "measured" not in r for r in gpu_rows)
 
 
@@ -143,6 +143,7 @@ def test_gpu_found_but_engine_without_cuda_workers_is_skipped(monkeypatch: pytes
     monkeypatch.setattr(cuda, "check", lambda index, simulated=False: None)
     monkeypatch.setattr(cuda.CudaExecutor, "open", classmethod(not_built))
     assert demo._skips() == {
+        "gpu_queued": "cuda:0 is present, but this engine cannot run cuda tasks",
         "cpu_gpu": "cuda:0 is present, but this engine cannot run cuda tasks",
         "copy_overlap": "cuda:0 is present, but this engine cannot run cuda tasks",
         "multi_gpu": "cuda:0 is present, but this engine cannot run cuda tasks",
@@ -175,6 +176,23 @@ def test_figures_are_medians_over_the_runs_and_checks_come_from_the_last() -> No
         "range": {"a_s": [1.0, 3.0]},
         "checks": {"n": 3},
     }
+
+
+def test_simulated_cuda_devices_are_not_timed_as_if_real(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_CUDA_SIMULATOR", "1")
+    assert demo._skips() == dict.fromkeys(demo.GPU_EXPERIMENTS, demo.SIMULATED_SKIP)
+
+
+async def test_the_sources_gpu_experiment_queues_then_finishes_on_the_simulator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its own code on the CUDA simulator (which the demo itself never times): randn made on the device,
+    the products queued, then waited for."""
+    monkeypatch.setenv("SCHEDSVC_CUDA_SIMULATOR", "1")
+    figures, checks = await within(demo.gpu_queued(demo.QUICK), 30)
+    assert checks == {"device": "cuda:0"}
+    assert 0 < figures["queue_s"] <= figures["finish_s"]
+    assert figures["finish_over_queue"] == pytest.approx(figures["finish_s"] / figures["queue_s"])
 
 
 async def test_gpu_experiments_run_on_a_cpu_stand_in() -> None:

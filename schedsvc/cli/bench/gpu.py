@@ -38,7 +38,16 @@ import numpy as np
 
 import schedsvc as ss
 
-from .._common import Figures, gpu_unavailable, make_mlp, meets, mlp_weights, one_blas_thread, target_mark
+from .._common import (
+    Figures,
+    gpu_unavailable,
+    make_mlp,
+    meets,
+    mlp_weights,
+    one_blas_thread,
+    randn_on,
+    target_mark,
+)
 
 __all__ = [
     "CASES",
@@ -181,17 +190,9 @@ async def g1(b: Bench, engine_first: bool) -> Figures:
 # -- G2: the sources' experiment: randn and matmul, queued then finished ---------------------------------
 
 
-def _randn(xp: Any, side: int) -> Any:
-    """A side x side float32 standard-normal matrix made on the current device and stream."""
-    random = getattr(xp, "random", None)
-    if random is None:  # the simulator has no generator: a host draw copied in (simulated runs only)
-        return xp.asarray(np.random.default_rng(side).standard_normal((side, side), dtype=np.float32))
-    return random.standard_normal((side, side), dtype=np.float32)
-
-
 async def g2(b: Bench, engine_first: bool) -> Figures:
     s = b.sizes
-    randn = functools.partial(_randn, b.xp)
+    randn = functools.partial(randn_on, b.xp)
 
     async def engine() -> Figures:
         async with b.engine() as eng:
@@ -354,11 +355,8 @@ def graphs_of(stats: dict[str, Any]) -> int:
     return sum(int(v) for k, v in stats.items() if "graph" in k and isinstance(v, int | float))
 
 
-#: why G5 cannot run while ``eng.compile`` captures no CUDA graph for cuda inputs
-G5_UNAVAILABLE = (
-    "eng.compile on cuda inputs replays the traced ops as one stream task and captures no CUDA graph "
-    "(compile on cuda devices, issue 20 item 1, is not built): its stats() count no graphs"
-)
+#: why G5 cannot run: the compiled MLP captured no CUDA graph (``Compiled.capture_off`` follows)
+G5_UNAVAILABLE = "the compiled MLP replays on cuda without CUDA graphs (its stats() count none)"
 
 
 async def g5(b: Bench, engine_first: bool) -> Figures:
@@ -370,10 +368,10 @@ async def g5(b: Bench, engine_first: bool) -> Figures:
         async with b.engine() as eng:
             args: list[Any] = [eng.asarray(a, device=DEVICE) for a in (x_host, *weights)]
             compiled = eng.compile(_mlp)
-            await compiled(*args)  # the first call traces (and captures)
-            await compiled(*args)
+            for _ in range(2 * eng.config.streams_per_device + 2):  # per stream: a warm-up, then the capture
+                await compiled(*args)
             if not graphs_of(compiled.stats()):
-                raise Unavailable(G5_UNAVAILABLE)
+                raise Unavailable(f"{G5_UNAVAILABLE}: {compiled.capture_off}")
             t0 = time.perf_counter()
             for _ in range(s.mlp_calls):
                 compiled(*args)
