@@ -44,9 +44,10 @@ cat "$OUT/environment.txt"
 
 # the conformance suite (simulator and CuPy against the same expectations) and every gpu-marked test
 step gpu-tests "$PY" -m pytest -p no:cacheprovider -m gpu -rA -q tests
-# the CUDA executor's tests, on real CuPy instead of the simulator
+# the CUDA executor's and compile-on-cuda's tests (CUDA graphs), on real CuPy instead of the simulator
 step executor-on-cupy env SCHEDSVC_TEST_CUDA=cupy "$PY" -m pytest -p no:cacheprovider -rA -q \
-    tests/devices/test_cuda_executor.py tests/devices/test_cuda_conformance.py
+    tests/devices/test_cuda_executor.py tests/devices/test_cuda_conformance.py \
+    tests/devices/test_cuda_compile.py
 step info "$PY" -m schedsvc.cli info
 # G1-G6 against raw CuPy (its table in bench-gpu.log, its figures in bench-gpu.json)
 step bench-gpu "$PY" -m schedsvc.cli bench gpu --reps 5 --json "$OUT/bench-gpu.json"
