@@ -250,3 +250,31 @@ def test_an_output_copied_out_keeps_its_axis_order() -> None:
     permuted = cuda_api().xp.empty((2, 3, 4)).transpose(1, 2, 0)
     assert not permuted.flags.c_contiguous and not permuted.flags.f_contiguous
     assert _copy_like(permuted).strides == permuted.strides
+
+
+async def test_numpy_arguments_replay_on_the_device_the_call_runs_on() -> None:
+    """A call runs on its first Tensor's device (a NumPy array names none), or on the engine's default
+    device: a NumPy argument before a cuda Tensor, or NumPy arguments alone on an engine whose default is
+    cuda:0, still make a cuda signature (its closed-over constants went unconverted: 'Unsupported type
+    ndarray').  A cpu Tensor has the same signature as a NumPy array: that call runs on cuda:0 too."""
+    weights = np.random.default_rng(1).standard_normal(4)
+    h = np.random.default_rng(2).standard_normal((3, 4))
+
+    def fn(h: Any, x: Any) -> Any:
+        return x * h + weights
+
+    async with cuda_engine(streams_per_device=1) as eng:
+        x = eng.asarray(np.random.default_rng(3).standard_normal((3, 4)), device=DEVICE)
+        want = await _value(fn(h, x))
+        compiled = eng.compile(fn)
+        for _ in range(3):
+            assert (await _value(compiled(h, x))).tobytes() == want.tobytes()
+        assert compiled.stats()["graph_replays"] == 2
+        assert (await _value(compiled(eng.asarray(h), x))).tobytes() == want.tobytes()
+        assert compiled.stats()["graph_replays"] == 3
+    async with cuda_engine(devices=(DEVICE,), streams_per_device=1) as eng:
+        x_host = np.random.default_rng(3).standard_normal((3, 4))
+        compiled = eng.compile(fn)
+        for _ in range(3):
+            assert (await _value(compiled(h, x_host))).tobytes() == want.tobytes()
+        assert compiled.stats()["graph_replays"] == 2
