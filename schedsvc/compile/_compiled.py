@@ -59,9 +59,9 @@ _EVICTED_KEPT = 1024
 class _Entry:
     """One signature's optimised graph and its replay function.
 
-    A signature whose first array is on a cuda device replays there (``_cuda.CudaReplay``: CUDA graphs
-    where CuPy can capture); its constant arrays are copied to that device once, by tasks of their own,
-    and passed to every replay after the arguments.
+    A signature whose calls run on a cuda device (``_cuda_device``) replays there (``_cuda.CudaReplay``:
+    CUDA graphs where CuPy can capture); its constant arrays are copied to that device once, by tasks of
+    their own, and passed to every replay after the arguments.
     """
 
     __slots__ = (
@@ -77,10 +77,10 @@ class _Entry:
         "tensors",
     )
 
-    def __init__(self, signature: Any, graph: Graph, counts: GraphCounts) -> None:
+    def __init__(self, signature: Any, graph: Graph, counts: GraphCounts, default_device: str) -> None:
         self.signature = signature
         self.graph = graph
-        self.device = _cuda_device(signature)
+        self.device = _cuda_device(signature, default_device)
         self.consts: list[int] = []
         self.device_consts: list[Tensor] | None = None
         if self.device is None:
@@ -145,7 +145,7 @@ class _Entry:
             root,
             None,
             memory,
-            None,
+            self.device,  # a cuda signature's (a cpu Tensor before its first cuda one is moved there)
             self.out_bytes,
             compiled,
             True,
@@ -193,14 +193,18 @@ _PICK = Op("output", _pick, _no_infer)
 _OBJECT = np.dtype(object)
 
 
-def _cuda_device(signature: Any) -> str | None:
-    """The cuda device a replay of this signature runs on (its first array's, as ``queue_op`` picks), or
-    None."""
-    for part in signature if isinstance(signature, tuple) else ():
-        if isinstance(part, tuple) and len(part) == 5 and part[1] == "array":
-            device = str(part[4])
-            return device if device.startswith("cuda") else None
-    return None
+def _cuda_device(signature: Any, default_device: str) -> str | None:
+    """The cuda device the calls of this signature run on, or None.
+
+    A call runs on its first Tensor's device, else on the engine's default device (``queue_op``).  A
+    signature says "cpu" for a NumPy array and for a cpu Tensor alike, so: its first other device, else
+    the default device (cpu whenever the engine has a cpu device, the only case a cpu Tensor exists).
+    The replay is queued on this device, so a cpu Tensor before the first cuda one is copied to it.
+    """
+    parts = signature if isinstance(signature, tuple) else ()
+    devices = [str(p[4]) for p in parts if isinstance(p, tuple) and len(p) == 5 and p[1] == "array"]
+    device = next((d for d in devices if d != "cpu"), default_device)
+    return device if device.startswith("cuda") else None
 
 
 def _input_of(graph: Graph, node: int) -> int | None:
@@ -321,7 +325,7 @@ class Compiled:
                 f"saved with:\n  {known}\nThis call's signature is:\n  {signature}"
             )
         graph = trace(self._fn, self.name, list(args), kwargs, slots, self._constants)
-        entry = _Entry(signature, graph, self._graph_counts)
+        entry = _Entry(signature, graph, self._graph_counts, self._port.default_device)
         with self._lock:
             self.traces += 1
             thrashing = self._retraced(signature)
@@ -444,7 +448,8 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
             graph = _dec_graph(item["graph"])
             _check_types(graph, signature)
             compiled._constants.share(graph)
-            compiled._store(signature, _Entry(signature, graph, compiled._graph_counts))
+            entry = _Entry(signature, graph, compiled._graph_counts, compiled._port.default_device)
+            compiled._store(signature, entry)
     except RecursionError as exc:
         raise LoadError(f"{where!r} nests its values too deeply to be a saved compiled function") from exc
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:

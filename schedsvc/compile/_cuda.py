@@ -13,7 +13,9 @@ The replay task of a cuda signature runs on the device's launching thread with i
    capture (``out=``).  An argument at the same address at both replays is read where it is (weights:
    no copy); one that moved is *staged*: copied into memory of the capture before each replay;
 3. later replays copy the staged arguments in, launch the graphs (and the refused ops), and copy the
-   outputs out into new arrays (the next replay overwrites the capture's).  If an argument read in place
+   outputs out into new arrays (the next replay overwrites the capture's): the array each output lives
+   in is copied once with its layout and the output is the same view of it, so outputs are laid out and
+   share memory as the stream replay's are.  If an argument read in place
    moves, the capture is retired and done again with it staged.
 
 Replays on one stream run in order, each enqueued whole by the one launching thread, so a capture is
@@ -157,21 +159,57 @@ def _address(array: Any) -> tuple[int, tuple[int, ...]]:
 class _Capture:
     """One stream's captured replay: the graphs and refused ops in order, its memory, what it stages."""
 
-    __slots__ = ("addresses", "held", "outputs", "staged", "steps")
+    __slots__ = ("addresses", "graph", "staged", "steps", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
         self.steps: list[Callable[[], Any]] = []
         self.staged: dict[int, Any] = {}  # argument position -> the capture's copy of it
         self.addresses: list[tuple[int, tuple[int, ...]]] = []  # of every argument, at capture
-        self.held: list[Any] = []  # every array the capture computed: alive as long as it
-        self.outputs: list[Any] = []
+        self.values: dict[int, Any] = {}  # node -> its array (the capture's memory: alive as long as it)
 
     def run(self, arrays: Sequence[Any]) -> list[Any]:
         for position, copy in self.staged.items():
             copy[...] = arrays[position]
         for step in self.steps:
             step()
-        return [o.copy() for o in self.outputs]
+        return self.copied_out()
+
+    def copied_out(self) -> list[Any]:
+        """The outputs in new memory (the next replay overwrites the capture's), as the stream replay
+        returns them: each array they live in copied once with its own layout, and each output the same
+        view of that copy -- a transposed output stays transposed, and outputs that share memory still
+        share it."""
+        graph, values = self.graph, self.values
+        copies: dict[int, Any] = {}
+
+        def out(i: int) -> Any:
+            node = graph.nodes[i]
+            if node.out is not None:  # a write: its value is its target's array
+                return out(node.out)
+            if node.base == i or i in graph.reuse:  # an array of its own (captured ops reuse none)
+                if i not in copies:
+                    copies[i] = _copy_like(values[i])
+                return copies[i]
+            source = node.args[0]  # a view of its first operand (getitem, reshape, transpose)
+            return _call(node, {source: out(source)})
+
+        return [out(o) for o in self.graph.outputs]
+
+
+def _copy_like(array: Any) -> Any:
+    """A copy of ``array`` (an op's result: dense) with its strides, as NumPy's order 'K' copies it."""
+    if array.flags.c_contiguous:
+        return array.copy()
+    if array.flags.f_contiguous:
+        return array.copy(order="F")
+    outer_first = sorted(range(array.ndim), key=lambda d: -array.strides[d])
+    binding = binding_of(array)
+    assert binding is not None  # (a capture's memory is device memory)
+    copy = binding.xp.empty(tuple(array.shape[d] for d in outer_first), array.dtype)
+    copy = copy.transpose(tuple(outer_first.index(d) for d in range(array.ndim)))
+    copy[...] = array
+    return copy
 
 
 class _OnStream:
@@ -223,7 +261,7 @@ class _OnStream:
         """Capture the ops (running this call through the graphs as they are made); the stream replay
         instead, for good, if the capture fails."""
         owner, api = self.owner, self.api
-        capture = _Capture()
+        capture = _Capture(owner.graph)
         capture.addresses = addresses
         try:
             with api.allocating_from(_graph_pool(api, api.device_of(arrays[0]))):
@@ -237,7 +275,7 @@ class _OnStream:
         with owner.counts.lock:
             owner.counts.graphs += graphs
             owner.counts.graph_replays += 1
-        return self._result([o.copy() for o in capture.outputs])
+        return self._result(capture.copied_out())
 
     def _record(self, capture: _Capture, arrays: Sequence[Any], staged: set[int]) -> int:
         """Run this call as the capture will replay it, recording its steps; the graphs made."""
@@ -265,8 +303,7 @@ class _OnStream:
                 launch()
                 capture.steps.append(launch)
                 made += 1
-        capture.outputs = [values[o] for o in graph.outputs]
-        capture.held = list(values.values())
+        capture.values = values
         return made
 
 

@@ -214,3 +214,67 @@ async def test_the_cpu_signature_of_the_same_function_keeps_its_own_replay() -> 
         stats = compiled.stats()
         assert stats["signatures"] == 2 and stats["traces"] == 2
         assert stats["stream_replays"] == 1 and stats["graph_replays"] == 2, stats
+
+
+async def test_outputs_keep_the_eager_layout_and_share_memory_as_eager_ones_do() -> None:
+    """A captured replay's outputs are laid out as the stream replay returns them: a transposed result
+    stays transposed (a reduction over it then adds in the eager order, bit for bit), and outputs that
+    are views of one array still share it (a write into one shows in the others, as eager)."""
+
+    def fn(x: Any) -> Any:
+        t = x * 2.0
+        return t.T, t, t[1]
+
+    async with cuda_engine(streams_per_device=1) as eng:
+        x = eng.asarray(np.random.default_rng(7).standard_normal((40, 300)), device=DEVICE)
+        compiled = eng.compile(fn)
+        eager = fn(x)
+        want_strides = [(await within(t)).strides for t in eager]
+        want_sum = await _value(eager[0].sum(axis=0))
+        eager[1][1] = 7.0
+        want_row = await _value(eager[2])
+        for _ in range(3):
+            got = compiled(x)
+            assert [(await within(t)).strides for t in got] == want_strides
+            assert (await _value(got[0].sum(axis=0))).tobytes() == want_sum.tobytes()
+            got[1][1] = 7.0
+            assert (await _value(got[2])).tobytes() == want_row.tobytes()
+        assert compiled.stats()["graph_replays"] == 2
+
+
+def test_an_output_copied_out_keeps_its_axis_order() -> None:
+    """The copy of a dense array whose axes are permuted (CuPy lays a ufunc's result out like its
+    operand, order 'K') has its strides, not C order's."""
+    from schedsvc.compile._cuda import _copy_like
+
+    permuted = cuda_api().xp.empty((2, 3, 4)).transpose(1, 2, 0)
+    assert not permuted.flags.c_contiguous and not permuted.flags.f_contiguous
+    assert _copy_like(permuted).strides == permuted.strides
+
+
+async def test_numpy_arguments_replay_on_the_device_the_call_runs_on() -> None:
+    """A call runs on its first Tensor's device (a NumPy array names none), or on the engine's default
+    device: a NumPy argument before a cuda Tensor, or NumPy arguments alone on an engine whose default is
+    cuda:0, still make a cuda signature (its closed-over constants went unconverted: 'Unsupported type
+    ndarray').  A cpu Tensor has the same signature as a NumPy array: that call runs on cuda:0 too."""
+    weights = np.random.default_rng(1).standard_normal(4)
+    h = np.random.default_rng(2).standard_normal((3, 4))
+
+    def fn(h: Any, x: Any) -> Any:
+        return x * h + weights
+
+    async with cuda_engine(streams_per_device=1) as eng:
+        x = eng.asarray(np.random.default_rng(3).standard_normal((3, 4)), device=DEVICE)
+        want = await _value(fn(h, x))
+        compiled = eng.compile(fn)
+        for _ in range(3):
+            assert (await _value(compiled(h, x))).tobytes() == want.tobytes()
+        assert compiled.stats()["graph_replays"] == 2
+        assert (await _value(compiled(eng.asarray(h), x))).tobytes() == want.tobytes()
+        assert compiled.stats()["graph_replays"] == 3
+    async with cuda_engine(devices=(DEVICE,), streams_per_device=1) as eng:
+        x_host = np.random.default_rng(3).standard_normal((3, 4))
+        compiled = eng.compile(fn)
+        for _ in range(3):
+            assert (await _value(compiled(h, x_host))).tobytes() == want.tobytes()
+        assert compiled.stats()["graph_replays"] == 2
