@@ -18,7 +18,7 @@ import numpy as np
 
 from ._memory import Block, is_pinned, rounded
 from ._sim import caller_site, simulator
-from ._stream import Op, Stream, current_stream, order
+from ._stream import Op, Stream, current_stream, null_stream, order
 
 __all__ = ["Device", "MemoryPointer", "allocate", "launch", "ndarray", "sentinel_fill", "to_numpy_args"]
 
@@ -79,15 +79,7 @@ def _current_on(device: int) -> Stream:
     """This thread's current stream on ``device``, as CuPy's ``get``/``set`` take it inside ``with
     array.device``: the current stream if it is on that device, else that device's null stream."""
     stream = current_stream()
-    return stream if stream.device_id == device else _null_of(device)
-
-
-def _null_of(device: int) -> Stream:
-    local = simulator().local
-    null: Stream | None = local.null.get(device)
-    if null is None:
-        null = local.null[device] = Stream(null=True, device=device)
-    return null
+    return stream if stream.device_id == device else null_stream(device)
 
 
 def _cuda_error(status: int) -> Exception:

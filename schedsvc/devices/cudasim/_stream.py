@@ -485,7 +485,13 @@ def current_stream() -> Stream:
     if local.stack:
         stream: Stream = local.stack[-1]
         return stream
-    null: Stream | None = local.null.get(local.device)
+    return null_stream(local.device)
+
+
+def null_stream(device: int) -> Stream:
+    """This thread's null stream of ``device`` (made on first use)."""
+    local = simulator().local
+    null: Stream | None = local.null.get(device)
     if null is None:
-        null = local.null[local.device] = Stream(null=True, device=local.device)
+        null = local.null[device] = Stream(null=True, device=device)
     return null
