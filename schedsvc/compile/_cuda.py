@@ -32,7 +32,6 @@ same CuPy calls on the same values.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -118,8 +117,6 @@ def _uncapturable(graph: Graph) -> str | None:
         if owner.op in ("input", "const"):
             what = "an argument" if owner.op == "input" else "a constant"
             return f"it returns {what} (or a view of one), which a capture cannot copy out"
-    if not any(n.op not in ("input", "const", "dead") for n in nodes):
-        return "it computes nothing"
     return None
 
 
@@ -299,7 +296,7 @@ class _OnStream:
                 target = values[i] if node.out is None else values[node.out]
                 capture.steps.append(_eager_step(node, values, target))
             else:
-                launch = _captured(stream, graph.nodes, ops, values)
+                launch = _captured(self.api, stream, graph.nodes, ops, values)
                 launch()
                 capture.steps.append(launch)
                 made += 1
@@ -307,17 +304,14 @@ class _OnStream:
         return made
 
 
-def _captured(stream: Any, nodes: list[Node], ops: list[int], values: dict[int, Any]) -> Callable[[], Any]:
+def _captured(
+    api: CudaApi, stream: Any, nodes: list[Node], ops: list[int], values: dict[int, Any]
+) -> Callable[[], Any]:
     """Capture ``ops`` on ``stream`` (their values go into ``values``); the graph's launch."""
-    stream.begin_capture()
-    try:
+    with api.capturing(stream) as captured:
         for i in ops:
             values[i] = _call(nodes[i], values)
-    except BaseException:
-        with contextlib.suppress(Exception):  # the capture is invalid (901): the first error tells why
-            stream.end_capture()
-        raise
-    graph = stream.end_capture()
+    graph = captured[0]
     return lambda: graph.launch(stream)
 
 

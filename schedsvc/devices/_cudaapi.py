@@ -174,13 +174,18 @@ class CudaApi:
 
     @contextlib.contextmanager
     def capturing(self, stream: Any) -> Iterator[list[Any]]:
-        """Capture the work enqueued on ``stream`` in the block; the list then holds the ``Graph``."""
+        """Capture the work enqueued on ``stream`` in the block; the list then holds the ``Graph``.  If the
+        block raises, the capture is ended (its own error, 901 for an invalidated capture, dropped: the
+        block's error says why) and the block's error propagates."""
         out: list[Any] = []
         stream.begin_capture()
         try:
             yield out
-        finally:
-            out.append(stream.end_capture())
+        except BaseException:
+            with contextlib.suppress(Exception):
+                stream.end_capture()
+            raise
+        out.append(stream.end_capture())
 
 
 _loaded: dict[type, CudaApi] = {}  # device array type -> its binding, for each binding loaded
