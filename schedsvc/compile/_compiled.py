@@ -33,7 +33,7 @@ from .._port import port_of
 from .._runtime import buffer_of
 from ..tensor import Op, Tensor
 from ..tensor._tensor import check_out
-from ..tensor._tracking import TO_DEVICE, queue_op
+from ..tensor._tracking import asarray, queue_op
 from ._cuda import CudaReplay, GraphCounts
 from ._graph import Constants, Graph, Node, Ref, emit
 from ._state import ACTIVE, tracing
@@ -157,10 +157,7 @@ class _Entry:
         consts = self.device_consts
         if consts is None:
             values = [self.graph.nodes[i].value for i in self.consts]
-            consts = [
-                queue_op(engine, TO_DEVICE, [v], None, v.shape, v.dtype, None, None, device=self.device)
-                for v in values
-            ]
+            consts = [asarray(engine, v, None, self.device, None) for v in values]
             self.device_consts = consts
         return consts
 
