@@ -351,8 +351,8 @@ def _mlp(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, w3: Any, b3: Any) -> Any:
 
 
 def graphs_of(stats: dict[str, Any]) -> int:
-    """CUDA graphs a compiled function's ``stats()`` counts (any counter named for graphs; 0: none)."""
-    return sum(int(v) for k, v in stats.items() if "graph" in k and isinstance(v, int | float))
+    """CUDA graphs a compiled function's ``stats()`` counts (``cuda_graphs``; 0: none, or never on cuda)."""
+    return int(stats.get("cuda_graphs", 0))
 
 
 #: why G5 cannot run: the compiled MLP captured no CUDA graph (``Compiled.capture_off`` follows)

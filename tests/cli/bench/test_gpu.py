@@ -89,7 +89,7 @@ def test_simulate_is_for_the_gpu_suite_only(capsys: pytest.CaptureFixture[str]) 
     assert "gpu suite only" in capsys.readouterr().err
 
 
-def test_graphs_are_counted_from_any_graph_counter() -> None:
+def test_graphs_are_counted_from_the_cuda_graphs_counter() -> None:
     assert gpu.graphs_of({"traces": 1, "replays": 3, "signatures": 1, "evictions": 0}) == 0
     assert gpu.graphs_of({"traces": 1, "cuda_graphs": 2}) == 2
 
