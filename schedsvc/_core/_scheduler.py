@@ -104,6 +104,7 @@ class Scheduler:
     __slots__ = (
         "_admission",
         "_ahead",
+        "_along",
         "_barriers",
         "_behind",
         "_behind_of",
@@ -195,6 +196,8 @@ class Scheduler:
         self._hooks = check or self._budgeted  # _admit and _release call their (cold) hooks
         self._buffers: dict[int, _BufferState] = {}
         self._admission: deque[tuple[Task | None, Any]] = deque()
+        #: a queued task -> the tasks made for it (its device copies), admitted with it, just before it
+        self._along: dict[Task, list[Task]] = {}
         self._barriers: list[list[Any]] = []  # [last seq, unfinished count, token]
         self._live: dict[Task, list[Task]] = {}  # check mode: live task -> its parents
         # asynchronous devices: edges passed at a parent's launch, held until it completes
@@ -208,25 +211,47 @@ class Scheduler:
 
     # -- events --------------------------------------------------------------
 
-    def submit(self, task: Task, force: bool = False, stage: bool = False) -> bool:
+    def submit(
+        self, task: Task, force: bool = False, stage: bool = False, along: list[Task] | None = None
+    ) -> bool:
         """Admit ``task`` if it fits (``force``: regardless); False leaves it untouched.
 
         ``stage``: the task belongs to the current burst; whenever it becomes
         ready before the next ``publish()`` it is held back from ``take`` (the
         runtime batches hand-offs this way).  Raises MemoryLimitError if the
         task alone exceeds max_pending_bytes or its device's budget.
+        ``along``: tasks made for it (the copies of its arguments to its device), part of its
+        admission: they fit the limits together, and are admitted (just before it) or not with it.
         """
         footprint = task.out_bytes
         for buffer in task.buffers:
             footprint += buffer[1]
         if footprint > self._max_footprint:
             self._refuse(task, footprint)
+        if along:
+            return self._submit_along(task, force, stage, along)
         if not force and (self._admission or not self._fits(task)):
             return False
         if stage:
             task.staged = self._epoch
         self._admit(task)
         return True
+
+    def _submit_along(self, task: Task, force: bool, stage: bool, along: list[Task]) -> bool:
+        for extra in along:
+            self._refuse_never_fitting(extra)
+        if not force and (self._admission or not self._fits_group([*along, task])):
+            return False
+        for extra in (*along, task):
+            if stage:
+                extra.staged = self._epoch
+            self._admit(extra)
+        return True
+
+    def _refuse_never_fitting(self, task: Task) -> None:
+        footprint = task.out_bytes + sum(buffer[1] for buffer in task.buffers)
+        if footprint > self._max_footprint:
+            self._refuse(task, footprint)
 
     def fits_alone(self, task: Task) -> bool:
         """Whether ``task`` alone is within the byte budgets (else ``submit`` raises MemoryLimitError)."""
@@ -245,13 +270,16 @@ class Scheduler:
             if task.staged == epoch:  # not claimed or cancelled meanwhile
                 self.queues[task.device].push(task)
 
-    def enqueue(self, task: Task | None, token: Any) -> None:
+    def enqueue(self, task: Task | None, token: Any, along: list[Task] | None = None) -> None:
         """Queue ``task`` for admission; ``("admitted", token)`` follows when it gets in.
 
-        With ``task=None`` the token just waits for room (``throttle``).
+        With ``task=None`` the token just waits for room (``throttle``).  ``along``: as ``submit``'s,
+        admitted with it when it gets in.
         """
         if task is not None:
             self._move(task, "admitting")
+            if along:
+                self._along[task] = along
         self._admission.append((task, token))
         self._admit_waiters()
 
@@ -341,11 +369,15 @@ class Scheduler:
         state = task.state
         if state == "admitting":
             self._admission = deque(e for e in self._admission if e[0] is not task)
-            self._final(task, "cancelled", None)
+            self._along.pop(task, None)  # never admitted: nothing else saw them
+            self._final(task, "cancelled", None, admitted=False)
+            if task.dependents is not None:  # ordered after it while it was queued: not any more
+                self._finalize_dependents(task)
+                self._release_and_cascade(task, admitted=False)
             self._admit_waiters()  # those queued behind it may fit now
             return True
         if state == "new":
-            self._final(task, "cancelled", None)
+            self._final(task, "cancelled", None, admitted=False)
             return True
         if state not in ("waiting", "ready"):
             return False
@@ -428,7 +460,9 @@ class Scheduler:
         self._admit_waiters()
         return True
 
-    def submit_reserved(self, task: Task, token: Any, stage: bool = False) -> bool:
+    def submit_reserved(
+        self, task: Task, token: Any, stage: bool = False, along: list[Task] | None = None
+    ) -> bool:
         """Admit ``task`` on the slot reserved for ``token``, ahead of the queue (it was let through first).
 
         The reservation is used up either way; False (no such reservation, or
@@ -437,8 +471,8 @@ class Scheduler:
         """
         if not self._release_reservation(token):
             return False
-        if self._fits(task):
-            return self.submit(task, force=True, stage=stage)
+        if self._fits_group([*along, task]) if along else self._fits(task):
+            return self.submit(task, force=True, stage=stage, along=along)
         self._admit_waiters()
         return False
 
@@ -453,7 +487,8 @@ class Scheduler:
         while self._admission:
             task, token = self._admission.popleft()
             if task is not None:
-                self._final(task, "cancelled", None)
+                self._along.pop(task, None)
+                self._final(task, "cancelled", None, admitted=False)
             tokens.append(token)
         for task in [*self.staged, *(t for q in self.queues.values() for t in q.tasks())]:
             self.cancel(task)
@@ -533,6 +568,24 @@ class Scheduler:
             return False
         return not self._budgeted or self._fits_device(task.device, need)
 
+    def _fits_group(self, tasks: list[Task]) -> bool:
+        """Do ``tasks`` (one submission and what was made for it) fit the limits together?  (A group of
+        more tasks than ``max_pending`` needs every slot: it gets in once nothing else is pending.)"""
+        if self.pending + min(len(tasks), self.max_pending) > self._limit:
+            return False
+        known = set(self._buffers)
+        need: dict[str, int] = {}
+        for task in tasks:
+            added = task.out_bytes
+            for key, nbytes, _ in task.buffers:
+                if key not in known:
+                    known.add(key)
+                    added += nbytes
+            need[task.device] = need.get(task.device, 0) + added
+        if self.pending_bytes + sum(need.values()) > self.max_pending_bytes:
+            return False
+        return not self._budgeted or all(self._fits_device(d, n) for d, n in need.items())
+
     def _fits_device(self, device: str, need: int) -> bool:
         budget = self.max_device_bytes.get(device)
         return budget is None or self._device_pending[device] + need <= budget
@@ -568,6 +621,10 @@ class Scheduler:
                 self._edge(dep, task, parents)
             elif self.edges is not None:  # tracing: a finished parent's value still flows to the child
                 self.edges.append((dep.seq, task.seq))
+        if task.after:  # parents it only runs after: their failure is not its own
+            for parent in task.after:
+                if parent.state not in FINAL_STATES:
+                    self._edge(parent, task, parents)
         bytes_in = task.out_bytes
         buffers = self._buffers
         for key, nbytes, write in task.buffers:
@@ -680,17 +737,20 @@ class Scheduler:
                 elif child not in self._doomed:  # running or launched behind it
                     self._doomed[child] = parent
 
-    def _release_and_cascade(self, root: Task, inline_ok: bool = False) -> Task | None:
+    def _release_and_cascade(self, root: Task, inline_ok: bool = False, admitted: bool = True) -> Task | None:
         """Release a final task with no unfinished parents; queue dependents it made ready.
 
         With ``inline_ok``, the first task this release made ready is returned
         instead of queued.  Dependents that were finalized early are released in turn.
+        ``admitted=False``: ``root`` was cancelled while queued for admission (it holds nothing to
+        release); only the tasks ordered after it meanwhile are let go.
         """
         inline: Task | None = None
         stack: list[Task] = []  # final tasks whose last parent just finished
         task = root
         while True:
-            self._release(task)
+            if admitted or task is not root:
+                self._release(task)
             dependents = task.dependents
             if dependents is not None:
                 task.dependents = None
@@ -791,10 +851,16 @@ class Scheduler:
         err.__cause__ = cause
         return err
 
-    def _final(self, task: Task, state: TaskState, error: BaseException | None) -> None:
+    def _final(
+        self, task: Task, state: TaskState, error: BaseException | None, admitted: bool = True
+    ) -> None:
+        """``task`` ends ``state``; counted unless it was never admitted (cancelled while it waited for
+        admission), so that submitted == completed + failed + cancelled + pending."""
         self._move(task, state)
         task.error = error
-        if state == "cancelled":
+        if not admitted:
+            pass
+        elif state == "cancelled":
             self.cancelled += 1
         else:
             self.failed += 1
@@ -892,13 +958,17 @@ class Scheduler:
             if task is None:  # a throttle waiter: let through only onto a free slot, which it reserves
                 if self.pending >= self._limit or self.pending_bytes >= self.max_pending_bytes:
                     return
-            elif not self._fits(task):
-                return
+            else:
+                along = self._along.get(task) if self._along else None
+                if not (self._fits_group([*along, task]) if along else self._fits(task)):
+                    return
             token = admission.popleft()[1]
             if task is None:
                 self._reservations.add(token)
                 self._limit -= 1
             else:
+                for extra in self._along.pop(task, ()) if self._along else ():
+                    self._admit(extra)
                 self._admit(task)
             self.out.append(("admitted", token))
 
@@ -929,7 +999,8 @@ class Scheduler:
         assert all(t.state == "ready" and t in live for t in staged)
         assert sum(q.count for q in self.queues.values()) + len(staged) == states.count("ready")
         for task, parents in live.items():
-            unfinished = [p for p in parents if p in live]  # released parents are gone
+            # released parents are gone; one still queued for admission holds its edges
+            unfinished = [p for p in parents if p in live or p.state == "admitting"]
             # an edge from a parent launched on the task's device was passed at that launch
             ahead = [p for p in unfinished if p.state == "launched" and p.device == task.device]
             assert task.n_waiting == len(unfinished) - len(ahead), (task, task.n_waiting, unfinished)

@@ -67,6 +67,7 @@ class Task:
     """A unit of work and its scheduling state."""
 
     __slots__ = (
+        "after",
         "args",
         "buffers",
         "dependents",
@@ -114,6 +115,9 @@ class Task:
         self.out_bytes = nbytes  # bytes its result will hold (counted while it is pending)
         self.buffers = buffers
         self.deps = deps
+        #: parents it is ordered after but whose value it does not take (a Tensor's pending write): their
+        #: failure does not fail it
+        self.after: tuple[Task, ...] = ()
         self.name = name
         self.nested = nested
         self.seq = -1

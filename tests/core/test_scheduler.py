@@ -591,6 +591,77 @@ def test_cancel_a_task_waiting_for_admission() -> None:
     assert ("admitted", "tb") not in out
 
 
+def test_a_task_cancelled_before_admission_is_not_counted() -> None:
+    """Regression: stats counted a submission cancelled while it waited for admission as cancelled,
+    though it was never submitted, so submitted != completed + failed + cancelled + pending."""
+    s = make(max_pending=1)
+    a, b, c = task("a"), task("b"), task("c")
+    submit(s, a)
+    enqueue(s, b, "tb")
+    enqueue(s, c, "tc")
+    cancel(s, b)
+    s.cancel_pending()  # c, still queued, and a, admitted and not started
+    s.validate()
+    assert (s.submitted, s.completed, s.failed, s.cancelled, s.pending) == (1, 0, 0, 1, 0)
+    assert a.state == b.state == c.state == "cancelled"
+
+
+def test_a_task_ordered_after_one_cancelled_before_admission_runs() -> None:
+    """A task ordered after a queued one (``after``: a Tensor's pending write) that is then cancelled
+    does not wait for it forever."""
+    s = make(max_pending=1)
+    blocker, queued = task("blocker"), task("queued")
+    submit(s, blocker)
+    enqueue(s, queued, "tq")
+    later = task("later", nested=True)  # (admitted over the limits, as a running task's submission is)
+    later.after = (queued,)
+    assert s.submit(later, force=True)
+    assert later.state == "waiting"
+    cancel(s, queued)
+    s.validate()
+    assert later.state == "ready"
+
+
+def test_a_parent_it_runs_after_does_not_fail_it() -> None:
+    """``after``: ordered after the parent, but its failure is not the task's own."""
+    s = make()
+    writer, reader, dependent = task("writer"), task("reader"), task("dependent", deps=())
+    submit(s, writer)
+    reader.after = (writer,)
+    dependent.deps = (writer,)
+    submit(s, reader, dependent)
+    assert reader.state == "waiting"
+    take(s)
+    finish(s, writer, error=ValueError("boom"))
+    s.validate()
+    assert reader.state in ("ready", "running")  # (running: handed back to run at once)
+    assert dependent.state == "failed" and isinstance(dependent.error, DependencyError)
+
+
+def test_a_task_and_its_copies_are_admitted_together_or_not_at_all() -> None:
+    s = make(max_pending=2)
+    blocker, copy, t = task("blocker"), task("copy"), task("t")
+    t.deps = (copy,)
+    submit(s, blocker)
+    assert s.submit(t, along=[copy]) is False  # 1 + 2 > 2: neither is admitted
+    assert copy.state == t.state == "new" and s.pending == 1
+    s.enqueue(t, "tt", along=[copy])
+    assert out_of(s) == []
+    take(s)
+    out = finish(s, blocker)
+    assert ("admitted", "tt") in out
+    assert copy.seq < t.seq and s.pending == 2
+    s.validate()
+
+
+def test_a_group_larger_than_max_pending_gets_in_once_nothing_is_pending() -> None:
+    s = make(max_pending=1)
+    copy, t = task("copy"), task("t")
+    t.deps = (copy,)
+    assert s.submit(t, along=[copy])
+    assert s.pending == 2  # (the one way past max_pending besides nested tasks: validate() would say so)
+
+
 # -- admission ------------------------------------------------------------------------------
 
 
