@@ -32,7 +32,7 @@ from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
 from ._lifecycle import STARTED, finish, watch_loop_end
 from ._port import LOOP_CLOSED, Port
-from ._runtime import Runtime, scan
+from ._runtime import NOW, QUEUE, Runtime, Task, scan
 from ._runtime._bridge import is_cancellation
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
@@ -77,7 +77,6 @@ class Engine:
             config = config.replace(**overrides)
         self.config = config
         self._port = Port(config, TensorMemory())
-        self._sync_mode = config.sync_mode
         self._vet: list[Executor] = []  # executors that check each task at submission (check_task)
         self._closing: anyio.Event | None = None  # set once the first aclose has finished
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
@@ -103,7 +102,8 @@ class Engine:
             clock=time.perf_counter,
             **scheduler_options(kinds, self.config),
         )
-        rt = Runtime(core, self.config.inline_threshold_us / 1e6, _refusal(port))
+        rt = Runtime(core, self.config.inline_threshold_us / 1e6, _refusal(port), self.config.sync_mode)
+        rt.claim_writes = port.tensors.claim
         for name, kind in kinds.items():
             rt.add_device(name, await kind.open(rt, name, self.config))
         for executor in rt.devices.values():
@@ -212,30 +212,17 @@ class Engine:
         if rt is None or port.state != "running" or rt.bridge.closed():
             raise port.refusal()
         tid = get_ident()
-        task: Future[T] = _task(
+        task: Future[T]
+        task, written = _task(
             port, self._vet, fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid
         )
-        if self._sync_mode:
-            try:
-                return port.run_here(task)  # type: ignore[no-any-return]
-            except StopIteration as exc:  # PEP 479 would make it a bare RuntimeError in this coroutine
-                raise stop_through_await(task, exc) from exc
-        tensors = port.tensors
-        try:
-            token = rt.submit_or_queue(task, tid, priority)
-        except BaseException:  # not admitted (closed, MemoryLimitError): as if never submitted
-            tensors.unwrite(task)
-            raise
-        if tensors.unadmitted:
-            tensors.unadmitted.pop(task, None)  # admitted, or queued in order: its writes stand
-        if token is not None:
-            try:
-                await token
-            except BaseException:  # cancelled, or Ctrl-C (trio delivers it here): nobody holds the future
-                task.cancel()  # not admitted yet, or admitted and now unwanted
-                raise
-        if rt.forwarding:
-            rt.admitted(task)
+        token = rt.admit(task, tid, QUEUE, written)
+        if token is not True:  # queued: wait for room (cancelled meanwhile: the task is cancelled)
+            await rt.admission(task, token)
+        elif rt.sync_mode and task.state == "failed" and task.error is not None:  # its error at the call
+            if isinstance(task.error, StopIteration):  # PEP 479 would make it a bare RuntimeError here
+                raise stop_through_await(task, task.error) from task.error
+            raise task.error
         return task
 
     def submit_nowait(
@@ -261,25 +248,14 @@ class Engine:
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
-        task: Future[T] = _task(
+        task: Future[T]
+        task, written = _task(
             port, self._vet, fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid
         )
-        if self._sync_mode:
-            return port.run_here(task)  # type: ignore[no-any-return]
-        tensors = port.tensors
-        try:
-            admitted = rt.submit(task, tid, priority)
-        except BaseException:  # not admitted (closed, MemoryLimitError): as if never submitted
-            tensors.unwrite(task)
-            raise
-        if tensors.unadmitted:
-            if not admitted:
-                tensors.unwrite(task)
-            tensors.unadmitted.pop(task, None)
-        if not admitted:
+        if not rt.admit(task, tid, NOW, written):
             raise QueueFull(port.full_message(task))
-        if rt.forwarding:
-            rt.admitted(task)
+        if rt.sync_mode and task.state == "failed" and task.error is not None:  # its error at the call
+            raise task.error
         return task
 
     def executor(self, *, device: str | None = None, priority: int = 0) -> EngineExecutor:
@@ -551,8 +527,9 @@ def _task(
     writes: Any,
     nbytes: int | None,
     tid: int,
-) -> Future[Any]:
-    """Check a submission and build its task (not admitted yet)."""
+) -> tuple[Future[Any], list[Tensor]]:
+    """Check a submission and build its task (not admitted yet); and the Tensors it writes (claimed by
+    the door when it is admitted)."""
     if ACTIVE[0] and tracing.depth:
         raise submit_while_tracing(fn)
     kind = type(fn)
@@ -581,20 +558,21 @@ def _task(
         if type(dep) is Tensor:
             tensors = True
     written: list[Tensor] = []
-    if tensors:  # their pending writes are dependencies too
-        deps, written = port.tensors.ordered(deps, buffers, kwargs, writes)
+    after: tuple[Task, ...] = ()
+    if tensors:  # it runs after their pending writes
+        after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
     else:
         for buffer in buffers:
             if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
-                deps, written = port.tensors.ordered(deps, buffers, kwargs, writes)
+                after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
                 break
     nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
     task: Future[Any] = Future(
         port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
     )
-    if written:  # undone by unwrite if the task is not admitted after all
-        port.tensors.claim(task, written)
-    return task
+    if after:
+        task.after = after
+    return task, written
 
 
 async def _say_what_close_waits_for(port: Port) -> None:

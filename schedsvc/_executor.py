@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._config import Config
 from ._engine import _task
 from ._errors import EngineClosed, QueueFull, SchedsvcError
+from ._runtime import BLOCK, NOW
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -167,43 +168,32 @@ class EngineExecutor(concurrent.futures.Executor):
             if self._shutdown:  # shut down meanwhile (and its engine closed)
                 raise RuntimeError(_AFTER_SHUTDOWN)
             raise port.refusal()
-        task: Future[T] = _task(
+        task: Future[T]
+        task, written = _task(
             port, self._engine._vet, fn, args, kwargs, self._device, self._priority, None, (), (), None, tid
         )
         fut = ExecutorFuture(task, self)
         rt.watch_off_loop(task, fut._task_final)
         if self._live is not None and not self._track(fut):
-            port.tensors.unwrite(task)
             raise RuntimeError(_AFTER_SHUTDOWN)
-        if self._engine._sync_mode:
-            rt.run_here(task)  # the future is completed as the task ends, its error kept there
-            return fut
-        tensors = port.tensors
+        # a thread blocks in the admission queue at the limits; the event loop's thread must not
+        on_loop = tid == rt.loop_thread and tid not in rt.worker_threads
         try:
-            if tid == rt.loop_thread and tid not in rt.worker_threads:
-                if not rt.submit(task, tid, self._priority):
-                    raise QueueFull(
-                        port.full_message(task)
-                        + " (executor.submit() on the event loop's thread does not block the loop)"
-                    )
-            else:
-                rt.submit_blocking(task, tid, self._priority, None)  # False: cancelled while it waited
+            if not rt.admit(task, tid, NOW if on_loop else BLOCK, written) and on_loop:
+                raise QueueFull(
+                    port.full_message(task)
+                    + " (executor.submit() on the event loop's thread does not block the loop)"
+                )
         except EngineClosed:
             if task.state == "cancelled":  # queued, then the engine closed cancelling pending work
                 return fut
             self._forget(fut)
-            tensors.unwrite(task)
             if self._shutdown:  # shut down meanwhile (and its engine closed)
                 raise RuntimeError(_AFTER_SHUTDOWN) from None
             raise
         except BaseException:  # not admitted (QueueFull, MemoryLimitError, closed): as if never submitted
             self._forget(fut)
-            tensors.unwrite(task)
             raise
-        if tensors.unadmitted:
-            tensors.unadmitted.pop(task, None)
-        if rt.forwarding:
-            rt.admitted(task)
         return fut
 
     def _track(self, fut: ExecutorFuture[Any]) -> bool:

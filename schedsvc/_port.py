@@ -118,13 +118,6 @@ class Port:
                 "(eng.submit(np.matmul, a, b)), or use backend='threads'"
             )
 
-    def run_here(self, task: Any) -> Any:
-        """sync_mode: run the task in the caller now; its error is raised here."""
-        self.running().run_here(task)
-        if task.state == "failed" and task.error is not None:
-            raise task.error
-        return task
-
     def full_message(self, task: Any, waiting_form: str = "await eng.submit(...)") -> str:
         rt = self.rt
         assert rt is not None

@@ -48,10 +48,18 @@ from ._threads import ThreadToken
 if TYPE_CHECKING:
     from ..devices import Executor
 
-__all__ = ["Runtime", "current_worker", "set_worker"]
+__all__ = ["BLOCK", "NOW", "OVER", "QUEUE", "Runtime", "current_worker", "set_worker"]
+
+#: what a submission does at the engine's limits (``Runtime.admit``): is not admitted (``submit_nowait``),
+#: queues for admission FIFO and awaits (``await eng.submit``), blocks its thread in that queue (the
+#: executor view), or is admitted over them (operators, which cannot wait)
+NOW, QUEUE, BLOCK, OVER = 0, 1, 2, 3
 
 
 _SPINS = 16  # GIL yields before a contended acquire blocks
+#: how long tasks staged on the loop's thread wait for the loop to hand them over before a worker
+#: with nothing to do takes them itself (the loop is busy: it has not come round to its flush)
+_STALE_S = 0.002
 
 _LockType = type(threading.Lock())
 _local = threading.local()
@@ -77,8 +85,10 @@ class Runtime:
         core: Scheduler,
         inline_threshold_s: float = 0.0,
         refusal: Callable[[], BaseException] | None = None,
+        sync_mode: bool = False,
     ) -> None:
         self.core = core
+        self.sync_mode = sync_mode  # debugging: every task runs at its submission, in the caller
         self.inline_threshold_s = inline_threshold_s
         self._costs: dict[Any, float] = {}  # (code, log2 input bytes) -> seconds, smoothed
         self.lock = threading.Lock()
@@ -91,6 +101,9 @@ class Runtime:
         #: why a closed engine takes no work (the frontend's message), raised by the submit methods
         #: with the lock held: it must have no side effect (never take the lock)
         self.refusal: Callable[[], BaseException] = refusal or (lambda: EngineClosed("the engine is closed"))
+        #: the frontend's own registration of a task's writes (``claim(task, claims)``: the Tensors it
+        #: writes), made by the door once the task is admitted or queued, never for one it refuses
+        self.claim_writes: Callable[[Task, Any], None] = _no_claims
         self.devices: dict[str, Executor] = {}
         self._pools: list[tuple[Executor, Any]] = []  # (executor, its ready queue), for collect()
         self.anywhere: set[str] = set()  # devices whose queued task any thread may run itself
@@ -113,6 +126,7 @@ class Runtime:
         # their asyncio task); the caller's next submission takes the slot, ahead of the queue
         self.held: list[tuple[Any, Any]] = []
         self._flush_scheduled = False
+        self._staged_since = 0.0  # when this burst's flush was scheduled (next_task: a stalled loop)
         self._eager_left = 0
         #: ``until`` waiters: (predicate, token); while any waits, each scheduling event re-checks them
         self._conditions: list[tuple[Callable[[], bool], Any]] = []
@@ -153,6 +167,7 @@ class Runtime:
             self._eager_left -= 1
             if self._eager_left == 0 and not self._flush_scheduled:
                 self._flush_scheduled = True  # the flush re-arms the budget
+                self._staged_since = time.perf_counter()
                 self.bridge.call_soon(self._flush)
             return False
         return True
@@ -248,83 +263,97 @@ class Runtime:
             return task.watchers is None
         return False
 
-    # -- submitting (the frontend's door) ----------------------------------------
+    # -- the door: every submission enters here ------------------------------------
 
-    def submit(self, task: Task, tid: int, priority: int) -> bool:
-        """Admit ``task`` now if it fits; False at the limits (staged work is handed over, so a caller
-        that retries sees progress).  A nested task (submitted by a running task) is admitted over the
-        limits, and while the engine closes."""
-        with self.lock:
-            if self.closed and not task.nested:
-                raise self.refusal()
-            if self.preparers:
-                self._prepare(task)
-            stage = tid == self.loop_thread and self.stage_next(priority)
-            admitted = self.core.submit(task, task.nested, stage) or self._use_reserved(task, tid, stage)
-            if not admitted:
-                self.core.publish()
-            after = self.collect()
-        if after is not None:
-            after()
-        return admitted
+    def admit(
+        self, task: Task, tid: int, how: int, claims: Any = None, counted: Callable[[], None] | None = None
+    ) -> Any:
+        """Take ``task`` (a whole task description) into the engine: the one door every way of
+        submitting goes through.
 
-    def submit_or_queue(self, task: Task, tid: int, priority: int) -> Any:
-        """Admit ``task`` now, or queue it for admission (FIFO); return the token to await, or None."""
-        token = None
-        with self.lock:
-            if self.closed:
-                raise self.refusal()
-            if self.preparers:
-                self._prepare(task)
-            stage = tid == self.loop_thread and self.stage_next(priority)
-            if not self.core.submit(task, task.nested, stage) and not self._use_reserved(task, tid, stage):
-                token = self.bridge.token()
-                self.core.enqueue(task, token)
-                self.core.publish()  # we are about to wait: let staged work run
-            after = self.collect()
-        if after is not None:
-            after()
-        return token
+        In this order, under one lock hold: refuse it if the engine takes no work; make the copies
+        of its arguments its device needs (part of its admission); admit it within the limits --
+        ``how`` says what happens at them (``NOW``: not admitted, ``QUEUE``: queued for admission
+        FIFO, ``BLOCK``: this thread waits in that queue, ``OVER``: admitted over them, as operators
+        cannot wait) -- registering its reads and writes, and the frontend's ``claims`` on what it
+        writes (``claim_writes``); hand it to its executor.  A task that is not admitted leaves no
+        trace: its copies are dropped, its claims never made.  A nested task (submitted by a running
+        task) is admitted over the limits, and while the engine closes.  ``counted`` runs under the
+        lock once it is admitted or queued.
 
-    def submit_blocking(self, task: Task, tid: int, priority: int, timeout: float | None) -> bool:
-        """Admit ``task``, blocking this thread (not the event loop's) while the engine is at its limits.
-
-        It queues for admission FIFO with the ``await submit`` callers, and its
-        thread is woken by whoever makes room, directly (``ThreadToken``), not
-        through the loop.  A nested task is admitted over the limits at once.
-        False: not admitted -- ``timeout`` seconds passed, or the task was
-        cancelled while it waited (it is cancelled either way).  A close that
-        cancels pending work raises its error here.
+        Returns True (admitted), False (``NOW``: at the limits; ``BLOCK``: it timed out or was
+        cancelled while it waited), or with ``QUEUE`` the token to await (``admission``).
         """
         token = None
         with self.lock:
             if self.closed and not task.nested:
                 raise self.refusal()
-            if self.preparers:
-                self._prepare(task)
-            stage = tid == self.loop_thread and self.stage_next(priority)
-            if not self.core.submit(task, task.nested, stage):
-                token = ThreadToken()
-                self.other_loops = True  # its watcher is woken off the loop
-                watch(task, token)  # cancelled while queued (fut.cancel()): this thread is woken too
-                self.core.enqueue(task, token)
-                self.core.publish()  # we are about to wait: let staged work run
+            along = self._prepare(task) if self.preparers else None
+            stage = tid == self.loop_thread and self.stage_next(task.priority)
+            core = self.core
+            if how == OVER or task.nested or self.sync_mode:
+                admitted = core.submit(task, True, stage, along)
+            else:  # (MemoryLimitError raised here, for a task that could never fit, leaves nothing behind)
+                admitted = core.submit(task, False, stage, along) or self._use_reserved(
+                    task, tid, stage, along
+                )
+            if not admitted:
+                if how != NOW:
+                    token = self.bridge.token() if how == QUEUE else self._thread_token(task)
+                    core.enqueue(task, token, along)
+                core.publish()  # a caller about to wait, or to retry, must see progress
+            if admitted or token is not None:
+                if claims:
+                    self.claim_writes(task, claims)
+                if counted is not None:
+                    counted()
             after = self.collect()
         if after is not None:
             after()
-        if token is None:
+        if admitted:
+            if self.sync_mode:
+                self._run_here(task)
+            elif self.forwarding:
+                self.admitted(task)
             return True
+        if how == BLOCK and token is not None:
+            return self._wait_admission(task, token)
+        return token if how == QUEUE else False
+
+    async def admission(self, task: Task, token: Any) -> None:
+        """Wait, on the loop, until ``task`` -- queued by ``admit(..., QUEUE)`` -- is admitted; if this
+        wait is cancelled (or Ctrl-C arrives here), nobody holds the task: it is cancelled."""
         try:
-            woken = token.wait(timeout)
+            await token
+        except BaseException:
+            self.cancel(task)  # not admitted yet, or admitted and now unwanted
+            raise
+        if self.forwarding:
+            self.admitted(task)
+
+    def _thread_token(self, task: Task) -> ThreadToken:
+        """A token a thread blocks on until ``task`` is admitted, or cancelled while it waits."""
+        token = ThreadToken()
+        self.other_loops = True  # its watcher is woken off the loop
+        watch(task, token)  # cancelled while queued (fut.cancel()): this thread is woken too
+        return token
+
+    def _wait_admission(self, task: Task, token: ThreadToken) -> bool:
+        """Block this thread (not the event loop's) until ``task`` is admitted; False if it was cancelled
+        while it waited.  A close that cancels pending work raises its error here."""
+        try:
+            token.wait(None)
         except BaseException:  # interrupted (Ctrl-C): not wanted, admitted or not
             if self._give_up(task):
                 self.cancel(task)
             raise
-        if not woken:
-            return self._give_up(task)
         if token.error is not None:
             raise token.error
-        return task.state != "cancelled"
+        if task.state == "cancelled":
+            return False
+        if self.forwarding:
+            self.admitted(task)
+        return True
 
     def _give_up(self, task: Task) -> bool:
         """A blocked submission stops waiting: cancel its task unless it got in; True if it did."""
@@ -343,59 +372,23 @@ class Runtime:
         self.other_loops = True  # (collect looks for watchers woken elsewhere from now on)
         watch(task, ThreadToken(then))
 
-    def submit_op(
-        self,
-        task: Task,
-        tid: int,
-        limits: bool,
-        waiting: list[Any] | None,
-        counted: Callable[[], None] | None,
-    ) -> bool:
-        """Admit an operator's task (a Tensor op, a compiled replay): over the limits, as operators
-        cannot wait -- or with ``limits``, as ``submit`` does, or (given ``waiting``) queued with its
-        token appended there.  ``counted`` runs under the lock once it is admitted or queued."""
-        with self.lock:
-            if self.closed and not task.nested:
-                raise self.refusal()
-            if self.preparers:
-                self._prepare(task)
-            stage = tid == self.loop_thread and self.stage_next(0)
-            core = self.core
-            if not limits:
-                admitted = core.submit(task, True, stage)
-            elif core.submit(task, task.nested, stage) or self._use_reserved(task, tid, stage):
-                admitted = True
-            elif waiting is None:
-                core.publish()  # a caller that retries must see progress
-                admitted = False
-            else:
-                token = self.bridge.token()  # the caller's loop: it awaits the token
-                core.enqueue(task, token)
-                core.publish()  # the caller is about to wait: let staged work run
-                waiting.append(token)
-                admitted = True  # queued: counted as a call now
-            if counted is not None and admitted:  # under the lock already held, not a second one
-                counted()
-            after = self.collect()
-        if after is not None:
-            after()
-        return admitted
-
-    def _prepare(self, task: Task) -> None:
+    def _prepare(self, task: Task) -> list[Task] | None:
         """With the lock held, before ``task`` is admitted, on an engine with devices of their own memory:
         its device's executor moves host arguments in as copy tasks; a task elsewhere taking such a
-        device's value gets a copy task out instead; a write drops the copies of what it writes."""
+        device's value gets a copy task out instead; a write drops the copies of what it writes.
+        Returns the copy tasks made for it (admitted with it, or not at all), if any."""
         copies = self.copies
         assert copies is not None
         if task.buffers:
             copies.written(task)
+        along: list[Task] = []
         preparer = self.preparers.get(task.device)
         if preparer is not None:
-            preparer.prepare(task, self._submit_copy, copies)
-            return
+            preparer.prepare(task, along.append, copies)
+            return along or None
         for owner in self.preparers.values():
             if task.fn == owner.to_host:  # a copy out is not copied out again
-                return
+                return None
         # the values it takes that live on such a device (its results, or its arrays passed as they
         # are) are copied out first, each by a copy task that reads that memory (so it is ordered
         # after writes to it); its other dependencies on them only order it
@@ -404,9 +397,10 @@ class Runtime:
         args = replace_leaves(task.args, out_of_devices)
         kwargs = replace_leaves(task.kwargs, out_of_devices) if task.kwargs else task.kwargs
         if not swapped:
-            return
+            return None
         task.args, task.kwargs = args, kwargs
         task.deps = (*(d for d in task.deps if id(d) not in swapped), *swapped.values())
+        return list(swapped.values())
 
     def _copy_out(self, task: Task, swapped: dict[int, Task], value: Any) -> Any:
         """``value`` as ``task`` (elsewhere) takes it: if it lives on a device of its own memory (a task
@@ -425,13 +419,7 @@ class Runtime:
         copy = swapped.get(id(value))
         if copy is None:
             copy = swapped[id(value)] = owner.host_copy(value, task)
-            self._submit_copy(copy)
         return copy
-
-    def _submit_copy(self, copy: Task) -> None:
-        """With the lock held: admit a copy task a submission needs, over the limits (it is part of
-        that submission, which is checked against them)."""
-        self.core.submit(copy, force=True)
 
     def admitted(self, task: Task) -> None:
         """``task`` was admitted waiting for parents: an executor that sends work ahead may send it."""
@@ -439,20 +427,14 @@ class Runtime:
         if executor is not None and task.state == "waiting":
             executor.admitted(task)
 
-    def run_here(self, task: Task) -> None:
-        """sync_mode: admit ``task`` and run it on this thread now."""
-        with self.lock:
-            self.core.submit(task, force=True)
-            claimed = self.core.claim(task)
-            after = self.collect()
-        if after is not None:
-            after()
-        if claimed:
+    def _run_here(self, task: Task) -> None:
+        """sync_mode: run the admitted ``task`` on this thread now."""
+        if self.claim(task):
             self.execute(task, chain=False)
         elif task.state not in FINAL_STATES:
             self.wait_blocking(task, None)  # sync_mode blocks the caller, the loop's thread too
 
-    def _use_reserved(self, task: Task, tid: int, stage: bool) -> bool:
+    def _use_reserved(self, task: Task, tid: int, stage: bool, along: list[Task] | None) -> bool:
         """With the lock held, ``task`` did not fit: admit it on the slot throttle() let its caller onto."""
         if not self.held or tid != self.loop_thread:
             return False
@@ -462,7 +444,7 @@ class Runtime:
         for entry in self.held:
             if entry[1] == caller:  # (asyncio: the task itself; trio: the task and its yields so far)
                 self.held.remove(entry)
-                return self.core.submit_reserved(task, entry[0], stage)
+                return self.core.submit_reserved(task, entry[0], stage, along)
         return False
 
     async def throttle(self) -> None:
@@ -748,18 +730,47 @@ class Runtime:
         with self.lock:
             self.worker_threads.add(get_ident())
 
-    def next_task(self, executor: Executor, worker: Any) -> Task | bool | None:
+    def next_task(self, executor: Executor, worker: Any) -> Task | bool | float | None:
         """A worker of ``executor`` asks for work: a task (running now), None (it is parked: wait for
-        its wake-up), or False (it leaves: ``executor.leaving`` said so)."""
+        its wake-up), False (it leaves: ``executor.leaving`` said so), or a number of seconds: it is
+        parked, but tasks staged on the loop's thread wait to be handed over -- if no wake-up comes
+        within that time, it says so (``unpark``) and asks again.  Staged tasks the loop has not
+        handed over within ``_STALE_S`` are taken here: a loop kept busy (a long synchronous handler,
+        a notebook cell that does not await) does not hold back the work queued before."""
+        after = None
+        park = None
         with self.lock:
-            if executor.leaving(worker, self.core.queues[executor.name].count):
+            core = self.core
+            if executor.leaving(worker, core.queues[executor.name].count):
                 self.worker_threads.discard(get_ident())
                 return False
-            task = self.core.take(executor.name)
+            task = core.take(executor.name)
+            if task is None and self._flush_scheduled and executor.parks_timed:  # (the loop may be staging)
+                if not core.staged:
+                    park = _STALE_S * 5  # (until it stages, or its flush comes)
+                elif (waited := time.perf_counter() - self._staged_since) >= _STALE_S:
+                    core.publish()  # the loop has not come round to its flush: it is busy
+                    task = core.take(executor.name)
+                    after = self.collect()  # (the other devices' workers, for what was theirs)
+                else:
+                    park = _STALE_S - waited
             if task is None:  # parked: notify() wakes it
                 executor.idle.append(worker)
                 executor.hungry = True
-        return task
+        if after is not None:
+            after()
+        return task if task is not None else park
+
+    def unpark(self, executor: Executor, worker: Any) -> bool:
+        """A worker parked with a time limit (``next_task``) woke without being notified: True if it is
+        no longer parked; False if it was notified meanwhile -- its wake-up is on its way, and the
+        worker must take it (acquire its park lock) before it asks for work again."""
+        with self.lock:
+            if worker not in executor.idle:
+                return False
+            executor.idle.remove(worker)
+            executor.hungry = bool(executor.idle)
+            return True
 
     def take_all(self, executor: Executor) -> list[Task]:
         """Every ready task of ``executor``'s device, taken (running now); the executor is ``hungry``
@@ -1029,6 +1040,10 @@ def _without_foreign(items: list[tuple[str, Any]], bridge: Bridge) -> list[tuple
         for item in items
         if (item[1].watchers is not None if item[0] == "resolve" else not bridge.foreign(item[1]))
     ]
+
+
+def _no_claims(task: Task, claims: Any) -> None:
+    raise AssertionError(f"{task!r} claims writes, but no frontend registers them")
 
 
 def _call_all(calls: list[Callable[[], None]]) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
 from .._future import Future, blocks_the_loop
-from .._runtime import buffer_of, scan
+from .._runtime import QUEUE, buffer_of, scan
 from .._runtime._bridge import cancelled_error, is_cancellation, new_token, settle
 from ..tensor import Tensor
 from ._compiled import MAX_SIGNATURES, Compiled, _static
@@ -471,7 +471,8 @@ class Batched:
                         call._batch = smaller
                     self._launch(smaller, part)
                 return
-            token = None if sync else rt.submit_or_queue(task, get_ident(), 0)
+            admitted = rt.admit(task, get_ident(), QUEUE)  # (sync_mode: run there, at once)
+            token = None if admitted is True else admitted
         except BaseException as exc:  # the engine closed, or the batch can never fit
             for call in calls:
                 call._finish("failed", None, exc)
@@ -488,7 +489,6 @@ class Batched:
         counts.batch_rows += rows
         counts.batch_sizes[rows] = counts.batch_sizes.get(rows, 0) + 1
         if sync:
-            rt.run_here(task)
             self._finished(batch, calls)
             return
         if token is not None:  # at the engine's limits: the batch waits for room, and new calls with it
@@ -736,9 +736,14 @@ def _batch_task(port: Port, run: _Run, values: list[Any], out_bytes: int, name: 
         *((key, nbytes, False) for key, nbytes in memory.items() if key not in {b[0] for b in found}),
         *found,
     )
-    if any(type(dep) is Tensor for dep in deps):  # their pending writes are dependencies too
-        deps, _ = port.tensors.ordered(deps, buffers, {}, ())
-    return Future(port, run, tuple(values), None, "cpu", 0, out_bytes, buffers, deps, name, False)
+    after: tuple[Any, ...] = ()
+    if any(type(dep) is Tensor for dep in deps):  # it runs after their pending writes
+        after, _ = port.tensors.ordered(deps, buffers, {}, ())
+    task: Future[Any] = Future(
+        port, run, tuple(values), None, "cpu", 0, out_bytes, buffers, deps, name, False
+    )
+    task.after = after
+    return task
 
 
 def _rows_of(array: Any, axis: int, start: int, stop: int) -> Any:

@@ -112,12 +112,8 @@ class _Entry:
         """Queue one replay, waiting for room (FIFO) while the engine is at its limits."""
         waiting: list[Any] = []
         whole = self._replay(engine, arrays, compiled, waiting)
-        if waiting:
-            try:
-                await waiting[0]
-            except BaseException:  # cancelled, or Ctrl-C (trio delivers it here): nobody holds the call
-                whole.cancel()  # not admitted yet, or admitted and now unwanted
-                raise
+        if waiting:  # (cancelled while it waits, or Ctrl-C: nobody holds the call, it is cancelled)
+            await whole._rt.admission(whole, waiting[0])
         return self._outputs(engine, arrays, whole)
 
     def _replay(

@@ -315,7 +315,7 @@ class Tensor(ArrayOps, Future[Any]):
     ``repr(t)`` never waits.
     """
 
-    __slots__ = ("__weakref__", "_last_write", "_root", "dtype", "memory", "shape")
+    __slots__ = ("__weakref__", "_last_write", "_root", "_unseen", "dtype", "memory", "shape")
     _op_priority = 1
     __hash__ = Task.__hash__  # elementwise __eq__ must not make tasks unhashable
 
@@ -324,6 +324,9 @@ class Tensor(ArrayOps, Future[Any]):
     memory: Buffer  # (buffer key, bytes, False): a read of the memory the value lives in
     _root: Tensor | None  # the tensor that owns that memory; None: itself (no reference cycle)
     _last_write: Future[Any] | None  # on the root: the last queued write to its memory
+    #: on the root: the writes to its memory an await has not seen yet (those not final, and the first
+    #: that failed: the next await raises its error), kept by ``TensorMemory``
+    _unseen: list[Task] | None
 
     @property
     def owner(self) -> Tensor:
@@ -360,9 +363,7 @@ class Tensor(ArrayOps, Future[Any]):
         if target is not None:
             check_out(op, shape, dtype, target)
             kwargs = attrs if op.name == "setitem" else {**attrs, "out": target}
-            task = queue_op(engine, op, args, kwargs, target.shape, target.dtype, target.owner, target)
-            root = target.owner
-            root._last_write = task
+            queue_op(engine, op, args, kwargs, target.shape, target.dtype, target.owner, target)
             return target
         base = args[0].owner if view and isinstance(args[0], Tensor) else None
         if view and base is None:  # a view of a plain ndarray operand: that array's memory
@@ -372,14 +373,17 @@ class Tensor(ArrayOps, Future[Any]):
     # -- sync points -------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, Any]:
-        last = self.owner._last_write
+        owner = self.owner
+        last = owner._last_write
         if last is not None and last.state not in FINAL_STATES:
             yield from last.wait().__await__()
         value = yield from Future.__await__(self)
-        if last is not None and last.state == "failed" and last.error is not None:
-            if isinstance(last.error, StopIteration):  # PEP 479 would make it a bare RuntimeError
-                raise stop_through_await(last, last.error) from last.error
-            raise last.error
+        if last is not None:
+            error = self._port.tensors.seen(owner)
+            if error is not None:  # a write to its memory failed since the last await: raised once
+                if isinstance(error, StopIteration):  # PEP 479 would make it a bare RuntimeError
+                    raise stop_through_await(last, error) from error
+                raise error
         return value
 
     def to(self, device: str) -> Tensor:
@@ -391,16 +395,19 @@ class Tensor(ArrayOps, Future[Any]):
 
     def wait_to_read(self, timeout: float | None = None) -> Any:
         """Block this thread until the value (and every queued write to it) is there; return it."""
-        last = self.owner._last_write
+        owner = self.owner
+        last = owner._last_write
         pending = self.state not in FINAL_STATES or (last is not None and last.state not in FINAL_STATES)
         if pending and self._rt.on_loop_thread():
             raise blocks_the_loop(self, "wait_to_read()", "t")
         if last is not None:
             if last.state not in FINAL_STATES and not self._rt.wait_blocking(last, timeout):
                 raise TimeoutError(f"the last write to {self!r} did not finish within {timeout} s")
-            if last.state == "failed" and last.error is not None:
-                self.result(timeout)  # its own error first, as await does
-                raise last.error
+            value = self.result(timeout)  # its own error first, as await does
+            error = self._port.tensors.seen(owner)
+            if error is not None:  # a write to its memory failed since the last await: raised once
+                raise error
+            return value
         return self.result(timeout)
 
     def asnumpy(self, timeout: float | None = None) -> Any:
@@ -491,7 +498,7 @@ def concrete(port: Port, array: Any, device: str, memory: tuple[int, int] | None
     key, nbytes = buffer_of(array) if memory is None else memory
     t.memory = (key, nbytes, False)
     t._root = None
-    t._last_write = None
+    t._last_write = t._unseen = None
     return t
 
 

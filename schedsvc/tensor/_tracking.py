@@ -2,7 +2,9 @@
 
 ``await t`` must return what sequential NumPy would hold at that point, so a
 Tensor's owner remembers its last queued write (``_last_write``), and every
-task reading or writing that memory also depends on it.  ``TensorMemory``
+task reading or writing that memory runs after it (``Task.after``: it only
+orders, so a write that fails does not fail the tasks after it -- they see
+the memory as the failed write left it).  ``TensorMemory``
 (one per engine) maps memory to the Tensor that owns it, for arrays wrapped
 by ``eng.asarray``: Tensors over one array share their writes, and
 ``eng.submit(..., out=array)`` counts as a write of them.  ``queue_op``
@@ -14,17 +16,18 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 import weakref
 from collections.abc import Sequence
 from threading import get_ident
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .._core import Buffer, Task
+from .._core import FINAL_STATES, Buffer, Task
 from .._errors import QueueFull
 from .._future import Future
-from .._runtime import buffer_of
+from .._runtime import NOW, OVER, QUEUE, buffer_of
 from .._runtime._scan import _KEYERS
 from ..compile._state import ACTIVE, tracing
 from ..devices._transfer import to_device
@@ -38,13 +41,18 @@ __all__ = ["TensorMemory", "asarray", "create", "queue_op", "shape_arg"]
 
 
 class TensorMemory:
-    """An engine's Tensors by the memory they own, and the writes of tasks not admitted yet."""
+    """An engine's Tensors by the memory they own, and the writes to it an ``await`` has not seen.
+
+    A write that fails leaves the memory as it was, and the tasks after it run.  Its error is
+    raised by the next ``await`` (or ``wait_to_read``) of a Tensor over that memory -- once: the
+    ``await`` after that gives the memory as it is, as NumPy's array is after the line that raised.
+    """
 
     def __init__(self) -> None:
         # memory key -> the Tensor that owns it, for arrays wrapped by asarray
         self.owners: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
-        # a task that writes Tensors, until admitted -> each owner and its last write before the task
-        self.unadmitted: dict[Task, list[tuple[Tensor, Any]]] = {}
+        # (each owner's writes an await has not seen are its ``_unseen``)
+        self._lock = threading.Lock()  # the door (a thread, under the runtime's lock) and awaits
 
     def adopt(self, tensor: Tensor) -> None:
         """``tensor`` wraps an array: it owns that memory, or shares the owner already there."""
@@ -57,30 +65,54 @@ class TensorMemory:
     def ordered(
         self, deps: tuple[Task, ...], buffers: tuple[Buffer, ...], kwargs: dict[str, Any], writes: Any
     ) -> tuple[tuple[Task, ...], list[Tensor]]:
-        """A submitted task's dependencies, plus the pending writes of the Tensors it reads or
-        writes; and the Tensors it writes (``claim`` them once the task exists)."""
+        """The pending writes of the Tensors a submitted task reads or writes (it runs after them:
+        ``Task.after``); and the Tensors it writes (the door ``claim``s them once it is admitted)."""
+        after: tuple[Task, ...] = ()
         for dep in deps:
             if type(dep) is Tensor and dep.owner._last_write is not None:
-                deps = with_pending_writes(deps, deps)
+                after = with_pending_writes(after, deps)
                 break
         for buffer in buffers:
             if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
                 written = _tensors_in((kwargs.get("out"), writes))
                 written += [o for b in buffers if b[2] and (o := self.owners.get(b[0])) is not None]
-                return with_pending_writes(deps, written), written
-        return deps, []
+                return with_pending_writes(after, written), written
+        return after, []
 
-    def claim(self, task: Future[Any], written: list[Tensor]) -> None:
-        """``task`` is now the last write of ``written`` (undone by ``unwrite`` if it is not admitted)."""
-        self.unadmitted[task] = [(t.owner, t.owner._last_write) for t in written]
-        for target in written:
-            target.owner._last_write = task
+    def claim(self, task: Task, written: list[Tensor]) -> None:
+        """``task`` is now the last write of ``written`` (the runtime's door calls this once it is
+        admitted or queued for admission)."""
+        write = cast("Future[Any]", task)  # (every task the door takes is a Future)
+        with self._lock:
+            for target in written:
+                owner = target.owner
+                owner._last_write = write
+                unseen = owner._unseen
+                owner._unseen = [write] if unseen is None else [*_unsettled(unseen), write]
 
-    def unwrite(self, task: Task) -> None:
-        """``task`` was not admitted (QueueFull, closed, too big): its Tensors' last writes are as before."""
-        for owner, previous in self.unadmitted.pop(task, ()):
-            if owner._last_write is task:
-                owner._last_write = previous
+    def seen(self, owner: Tensor) -> BaseException | None:
+        """An await of ``owner``'s memory has waited for its writes: the error of the first of them
+        that failed since the last await, if any (reported once)."""
+        with self._lock:
+            unseen, owner._unseen = owner._unseen, None
+        for write in unseen or ():
+            if write.state == "failed":
+                return write.error
+        return None
+
+
+def _unsettled(writes: list[Task]) -> list[Task]:
+    """The writes an await must still look at: those not final, and the first that failed."""
+    kept = []
+    failed = False
+    for write in writes:
+        state = write.state
+        if state == "failed" and not failed:
+            failed = True
+            kept.append(write)
+        elif state not in FINAL_STATES:
+            kept.append(write)
+    return kept
 
 
 def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) -> Tensor:
@@ -190,6 +222,7 @@ def queue_op(
         raise port.refusal()
     args = tuple(args)
     deps: list[Task] = []
+    after: list[Task] = []  # pending writes to the memory it reads or writes: it runs after them
     plain = True  # are the deps exactly the operands, in order? (then they share one tuple)
     buffers: list[Buffer] = []
     for arg in args:  # hot path: one pass, no helper calls for the common operand
@@ -201,8 +234,7 @@ def queue_op(
             owner = arg._root
             last = (arg if owner is None else owner)._last_write
             if last is not None and last is not arg and last.state != "done":
-                deps.append(last)  # reading after a write that fails fails, as NumPy stops
-                plain = False
+                after.append(last)
             continue
         plain = False
         if isinstance(arg, Task):
@@ -214,7 +246,7 @@ def queue_op(
                 buffers.append(held)
                 pending = pending_write(arg)
                 if pending is not None:
-                    deps.append(pending)
+                    after.append(pending)
         elif isinstance(arg, np.ndarray):
             key, nb = buffer_of(arg)
             buffers.append((key, nb, False))
@@ -224,7 +256,7 @@ def queue_op(
         buffers.append((target.memory[0], target.memory[1], True))
         previous = pending_write(target)
         if previous is not None:
-            deps.append(previous)  # a failed write fails the writes after it, as NumPy would stop
+            after.append(previous)
     if len(buffers) > 1:
         buffers = _merge(buffers)
     if out_bytes is None:
@@ -243,7 +275,9 @@ def queue_op(
         op.name,
         tid in rt.worker_threads,
     )
-    task.shape, task.dtype, task._last_write = shape, dtype, None
+    task.shape, task.dtype, task._last_write, task._unseen = shape, dtype, None, None
+    if after:
+        task.after = tuple(after)
     if target is not None:  # a write: the owner points at it (_last_write), not back
         task.memory, task._root = target.memory, None
     elif root is not None:
@@ -252,13 +286,15 @@ def queue_op(
         task.memory = (id(task), out_bytes, False) if memory is None else (memory[0], memory[1], False)
         task._root = None
     counted = None if replay is None else replay.count_replay
-    if port.config.sync_mode:
-        if counted is not None:
-            counted()
-        port.run_here(task)
+    how = OVER if not limits else NOW if waiting is None else QUEUE
+    admitted = rt.admit(task, tid, how, None if target is None else [target], counted)
+    if admitted is True:
+        if rt.sync_mode and task.state == "failed" and task.error is not None:
+            raise task.error  # sync_mode: its error at the call
         return task
-    if not rt.submit_op(task, tid, limits, waiting, counted):
+    if how == NOW:
         raise QueueFull(port.full_message(task, "await compiled.submit(...)"))
+    waiting.append(admitted)  # type: ignore[union-attr]
     return task
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -558,25 +559,47 @@ async def test_backpressure_counts_launched_gpu_work_until_it_completes() -> Non
         assert eng.stats().pending == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: Runtime._prepare admits a cuda task's H2D copy tasks (force=True, over the limits) "
-    "before the task itself is admitted: a submit_nowait refused with QueueFull leaves its copy "
-    "admitted and running (submitted and pending count it; pending goes over max_pending)",
-)
+# Regression: Runtime._prepare admitted a cuda task's H2D copy tasks (over the limits) before the task
+# itself: a submit_nowait refused with QueueFull left its copy admitted and running, and each retry added one
 async def test_a_refused_submission_admits_no_copy_task() -> None:
     opened = threading.Event()
     async with cuda_engine(max_pending=1) as eng:
         blocker = eng.submit_nowait(lambda: opened.wait(TIMEOUT), device="cpu")
         try:
-            with pytest.raises(ss.QueueFull):
-                eng.submit_nowait(np.add, np.arange(4.0), 1.0, device="cuda:0")
+            for _ in range(3):  # retries leave nothing behind either
+                with pytest.raises(ss.QueueFull):
+                    eng.submit_nowait(np.add, np.arange(4.0), 1.0, device="cuda:0")
             assert eng.stats().submitted == 1
             assert eng.stats().pending <= 1
         finally:
             opened.set()
         await within(blocker)
+        done = eng.submit_nowait(np.add, np.arange(4.0), 1.0, device="cuda:0")  # room now: it and its copy
+        np.testing.assert_array_equal(host(await within(done)), np.arange(4.0) + 1)
+
+
+# Regression: the copies of 4 producers were admitted over the limits, pushing pending above max_pending
+async def test_copies_are_admitted_within_max_pending() -> None:
+    opened = threading.Event()
+    async with cuda_engine(max_pending=2) as eng:
+        blocker = eng.submit_nowait(lambda: opened.wait(TIMEOUT), device="cpu")
+        peak = 0
+
+        async def produce(i: int) -> Any:
+            nonlocal peak
+            fut = await eng.submit(np.add, np.full(4, float(i)), 1.0, device="cuda:0")
+            peak = max(peak, eng.stats().pending)
+            return await fut
+
+        async with anyio.create_task_group() as group:
+            for i in range(4):
+                group.start_soon(produce, i)
+            await anyio.sleep(0)
+            assert eng.stats().pending <= 2
+            opened.set()
+        await within(blocker)
+        assert peak <= 2
+        assert eng.stats().pending == 0
 
 
 # -- 6. cancel and close -----------------------------------------------------------------------------
