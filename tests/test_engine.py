@@ -158,6 +158,35 @@ async def test_throttle_waits_until_there_is_room() -> None:
         await within(asyncio.gather(*held))
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_queued_work_runs_while_the_loop_is_blocked(workers: int, backend: str) -> None:
+    """A notebook cell that submits without awaiting, or a long synchronous handler, blocks the loop:
+    the tasks submitted before still run, every one, while it is blocked (a worker that finishes
+    takes the next itself).  (Regression: the tasks past the first of each worker were staged for the
+    loop to hand over, and waited until a later cell awaited.)"""
+    import anyio
+
+    n = 5
+    ran: list[int] = []
+    all_ran = threading.Event()
+
+    def tiny(i: int) -> int:
+        ran.append(i)
+        if len(ran) == n:
+            all_ran.set()
+        return i
+
+    async def main() -> None:
+        async with ss.Engine(cpu_workers=workers) as eng:
+            futures = [eng.submit_nowait(tiny, i) for i in range(n)]
+            blocked = all_ran.wait(5.0)  # the loop's thread blocks here: nothing on the loop runs
+            assert blocked, f"{len(ran)} of {n} tasks ran while the loop was blocked"
+            assert [await within(f) for f in futures] == list(range(n))
+
+    anyio.run(main, backend=backend)
+
+
 async def test_submit_from_another_thread(engine: ss.Engine) -> None:
     fut = await within(asyncio.to_thread(engine.submit_nowait, operator.mul, 6, 7))
     assert await within(fut) == 42

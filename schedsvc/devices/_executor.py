@@ -66,6 +66,10 @@ class Executor:
     asynchronous: ClassVar[bool] = False
     #: does its device have memory of its own?  Then ``Config.max_device_bytes`` budgets it
     own_memory: ClassVar[bool] = False
+    #: do its workers park with a time limit when ``rt.next_task`` returns a number of seconds (and call
+    #: ``rt.unpark`` when it runs out)?  Then they take the tasks a busy event loop has staged and not
+    #: handed over; without it a parked worker waits for the loop to hand them over
+    parks_timed: ClassVar[bool] = False
     #: argument types it understands as memory, beyond NumPy arrays and the buffer protocol
     #: (which every engine scans), with how to key them
     buffer_types: Mapping[type, Keyer] = {}

@@ -54,8 +54,10 @@ class CpuWorker:
                 self.run_chain(None)
             elif found is None:
                 self.park.acquire()
-            else:  # retired: a stand-in no longer needed, or the engine is closing
+            elif found is False:  # retired: a stand-in no longer needed, or the engine is closing
                 return
+            elif not self.park.acquire(timeout=found) and not pool.rt.unpark(pool, self):
+                self.park.acquire()  # notified as the time ran out: take that wake-up
 
     def run_chain(self, task: Task | None) -> None:
         """Run ``task`` (or the one handed over in ``first``), then what each finish hands on."""
@@ -84,6 +86,7 @@ class CpuPool(Executor):
 
     kind = "cpu"
     runs_anywhere = True
+    parks_timed = True
 
     def __init__(self, rt: Runtime, size: int, name: str = "cpu") -> None:
         super().__init__(rt, name)

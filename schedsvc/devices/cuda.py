@@ -180,6 +180,7 @@ class CudaExecutor(Executor):
     kind = "cuda"
     asynchronous = True
     own_memory = True
+    parks_timed = True
     prepares = True
 
     def __init__(self, rt: Runtime, name: str, api: CudaApi, streams: int) -> None:
@@ -280,8 +281,12 @@ class CudaExecutor(Executor):
             if task is None:
                 self.wake.acquire()
                 continue
-            if not isinstance(task, Task):  # False: the engine is closing
+            if task is False:  # the engine is closing
                 return
+            if not isinstance(task, Task):  # staged work the busy loop has not handed over: look again soon
+                if not self.wake.acquire(timeout=task) and not rt.unpark(self, self):
+                    self.wake.acquire()  # notified as the time ran out: take that wake-up
+                continue
             self._launch_task(task)
             del task  # (parked with no reference: a result lives as long as its users keep it)
 
