@@ -424,12 +424,15 @@ class Engine:
     # -- tensors ---------------------------------------------------------------
 
     def asarray(self, obj: Any, dtype: Any = None, *, device: str | None = None, shape: Any = None) -> Tensor:
-        """A Tensor of ``obj`` (an array, anything ``np.asarray`` takes, a Tensor or a Future).
+        """A Tensor of ``obj`` (an array, anything ``np.asarray`` takes, a Tensor, a Future, or a
+        ``concurrent.futures.Future`` of ``eng.executor()``).
 
         An ndarray is used as it is, not copied (as ``np.asarray``): in-place
         Tensor operations write it, ordered with the tasks that use it.  A
         Future that is not done needs ``shape=`` and ``dtype=``: its value is
-        checked against them when it arrives.
+        checked against them when it arrives.  Without ``device``, a device
+        array (or a Tensor, or a Future's value) stays on the device it lives
+        on; with ``device``, it is copied there as ``t.to(device)`` copies.
         """
         return asarray(self._port, obj, dtype, device, shape)
 

@@ -603,6 +603,29 @@ async def test_executor_future_as_dependency() -> None:
                 await other.submit(mul, ones, 2)
 
 
+async def test_asarray_of_an_executor_future() -> None:
+    async with ss.Engine(cpu_workers=2) as eng:
+        ex = eng.executor()
+        ones = await asyncio.to_thread(ex.submit, np.ones, 3)
+        await asyncio.to_thread(ones.result, TIMEOUT)
+        t = eng.asarray(ones)  # done: its value
+        assert (t.shape, t.dtype) == ((3,), np.float64)
+        np.testing.assert_array_equal(await within(t), np.ones(3))
+        gate = Gate()
+        held = ex.submit(gate.hold(lambda: np.arange(4.0)))
+        with pytest.raises(TypeError, match="shape= and dtype="):
+            eng.asarray(held)
+        declared = eng.asarray(held, shape=(4,), dtype=np.float64)  # not done: it is a dependency
+        assert not declared.done()
+        gate.open()
+        np.testing.assert_array_equal(await within(declared), np.arange(4.0))
+        foreign: cf.Future[Any] = cf.Future()
+        with pytest.raises(TypeError, match="has not finished"):
+            eng.asarray(foreign)
+        foreign.set_result([1.0, 2.0])
+        np.testing.assert_array_equal(await within(eng.asarray(foreign)), [1.0, 2.0])
+
+
 async def test_executor_future_completes_while_the_loop_is_blocked() -> None:
     """The futures are completed where the task ends: a thread sees its result while the engine's loop
     is blocked (a busy loop, or none at all, never holds them up)."""
