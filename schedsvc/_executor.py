@@ -30,6 +30,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._config import Config
+from ._core import FINAL_STATES
 from ._engine import _task
 from ._errors import EngineClosed, QueueFull, SchedsvcError
 
@@ -68,17 +69,21 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         return self._task.cancel()
 
     def result(self, timeout: float | None = None) -> T:
-        """The task's value (its exception raised), waiting as ``Future.result`` does (see ``_wait``)."""
+        """The task's value (its exception raised), waiting as ``Future.result`` does (see ``_wait``).
+
+        On the event loop's thread, a task that has not finished raises
+        SchedsvcError instead of blocking the loop that drives the engine.
+        """
         if self._state != FINISHED:
-            timeout = self._wait(timeout)
+            timeout = self._wait(timeout, "result()")
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._state != FINISHED:
-            timeout = self._wait(timeout)
+            timeout = self._wait(timeout, "exception()")
         return super().exception(timeout)
 
-    def _wait(self, timeout: float | None) -> float | None:
+    def _wait(self, timeout: float | None, call: str) -> float | None:
         """Wait as ``Future.result`` does before the standard wait; return the time left of ``timeout``.
 
         On one of the engine's workers (a task waiting on another), a queued task
@@ -86,10 +91,15 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         task waiting on another never starves the engine.  On another thread
         without a timeout, a task still queued runs right here too (this thread
         would only wait); with a timeout it waits, so the timeout holds whatever
-        the task takes.  The event loop's thread never runs a task.
+        the task takes.  The event loop's thread never runs a task, nor waits for
+        one: its work may be held until the loop runs again.
         """
         rt = self._task._rt
-        if rt.on_loop_thread() or (timeout is not None and get_ident() not in rt.worker_threads):
+        if rt.on_loop_thread():
+            if self._task.state not in FINAL_STATES:
+                raise _blocks_the_loop(self, call)
+            return timeout  # final: this future is being completed on the thread that ended it
+        if timeout is not None and get_ident() not in rt.worker_threads:
             return timeout
         if timeout is None:
             rt.wait_blocking(self._task, None)
@@ -120,6 +130,16 @@ class ExecutorFuture(concurrent.futures.Future[T]):
 
     def __schedsvc_substitute__(self) -> Any:
         return self._task.value
+
+
+def _blocks_the_loop(fut: ExecutorFuture[Any], call: str) -> SchedsvcError:
+    """The refusal of a blocking wait for an executor future on the event loop's thread."""
+    return SchedsvcError(
+        f"{fut!r}.{call} on the event loop's thread would block the loop that drives the engine until "
+        "the value is there; on the loop, pass the future to eng.submit or eng.asarray as a dependency, "
+        "or await it ('await asyncio.wrap_future(fut)' under asyncio); "
+        f"{call} is for other threads"
+    )
 
 
 class EngineExecutor(concurrent.futures.Executor):

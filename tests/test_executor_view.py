@@ -650,6 +650,28 @@ async def test_loop_thread_submit_at_the_limit_refuses() -> None:
             ex.submit(mul, 1, 2)
 
 
+async def test_result_on_the_loop_thread_refuses_instead_of_blocking_the_loop() -> None:
+    """As ``ss.Future.result()``: on the event loop's thread a future that is not final raises at once
+    (its task may be staged until the loop runs again), and a final one gives its value."""
+    async with ss.Engine(cpu_workers=1) as eng:
+        ex = eng.executor()
+        first = ex.submit(mul, 2, 3)
+        second = ex.submit(mul, 3, 3)  # staged behind the first until the loop runs again
+        with pytest.raises(ss.SchedsvcError, match="event loop's thread"):
+            second.result(TIMEOUT)
+        with pytest.raises(ss.SchedsvcError, match="event loop's thread"):
+            second.exception(TIMEOUT)
+        assert await within(asyncio.wrap_future(second)) == 9
+        assert second.result() == 9 and second.exception() is None
+        assert await within(asyncio.wrap_future(first)) == 6
+        gate = Gate()
+        held = ex.submit(gate.hold(lambda: 5))
+        with pytest.raises(ss.SchedsvcError, match=r"asyncio\.wrap_future"):
+            held.result()
+        gate.open()
+        assert await within(asyncio.wrap_future(held)) == 5
+
+
 async def test_run_in_executor() -> None:
     async with ss.Engine(cpu_workers=2) as eng:
         loop = asyncio.get_running_loop()
