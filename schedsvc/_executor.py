@@ -24,7 +24,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -132,6 +132,32 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         return self._task.value
 
 
+def _results(
+    futures: list[ExecutorFuture[T]], end: float | None, unsubmitted: bool, timeout: float | None
+) -> Iterator[T]:
+    """``map``'s iterator: each result in order, waiting until ``end``; the futures not reached are
+    cancelled when it stops.  ``unsubmitted``: an item after these found no room in time."""
+    try:
+        futures.reverse()
+        while futures:  # (no local holds a future while its result is yielded: the caller may drop it)
+            yield _result_or_cancel(futures.pop(), None if end is None else end - time.monotonic())
+        if unsubmitted:
+            raise TimeoutError(
+                f"Executor.map: the engine was at its limits for the whole timeout of {timeout} s, so not every "
+                "item could be submitted; give map a longer timeout, or raise the engine's max_pending"
+            )
+    finally:
+        for fut in futures:
+            fut.cancel()
+
+
+def _result_or_cancel(fut: ExecutorFuture[T], timeout: float | None) -> T:
+    try:
+        return fut.result(timeout)
+    finally:
+        fut.cancel()
+
+
 def _blocks_the_loop(fut: ExecutorFuture[Any], call: str) -> SchedsvcError:
     """The refusal of a blocking wait for an executor future on the event loop's thread."""
     return SchedsvcError(
@@ -178,6 +204,13 @@ class EngineExecutor(concurrent.futures.Executor):
         task submitting is admitted over them; on the event loop's thread it
         raises QueueFull).  RuntimeError after ``shutdown()``.
         """
+        return self._submit(fn, args, kwargs, None)
+
+    def _submit(
+        self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
+    ) -> ExecutorFuture[T]:
+        """``submit``; a thread at the limits waits at most ``timeout`` seconds for room (then the
+        future comes back cancelled, never admitted)."""
         if self._shutdown:
             raise RuntimeError(_AFTER_SHUTDOWN)
         port = self._port
@@ -207,7 +240,8 @@ class EngineExecutor(concurrent.futures.Executor):
                         + " (executor.submit() on the event loop's thread does not block the loop)"
                     )
             else:
-                rt.submit_blocking(task, tid, self._priority, None)  # False: cancelled while it waited
+                # False: cancelled while it waited, or not admitted within the timeout (cancelled too)
+                rt.submit_blocking(task, tid, self._priority, timeout)
         except EngineClosed:
             if task.state == "cancelled":  # queued, then the engine closed cancelling pending work
                 return fut
@@ -225,6 +259,33 @@ class EngineExecutor(concurrent.futures.Executor):
         if rt.forwarding:
             rt.admitted(task)
         return fut
+
+    def map(
+        self, fn: Callable[..., T], /, *iterables: Any, timeout: float | None = None, chunksize: int = 1
+    ) -> Iterator[T]:
+        """``Executor.map``: ``fn`` of each item, as tasks submitted now; an iterator of their results.
+
+        ``timeout`` counts from this call, and bounds the submissions that wait
+        for room at the engine's limits too: an item that could not be
+        submitted, or whose result is not there, by then raises TimeoutError
+        at its turn, and the items after it are cancelled.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
+        futures: list[ExecutorFuture[T]] = []
+        unsubmitted = False
+        try:
+            for args in zip(*iterables, strict=False):
+                left = None if end is None else max(0.0, end - time.monotonic())
+                fut = self._submit(fn, args, {}, left)
+                if end is not None and fut.cancelled() and time.monotonic() >= end:
+                    unsubmitted = True  # no room for it within the timeout
+                    break
+                futures.append(fut)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+        return _results(futures, end, unsubmitted, timeout)
 
     def _track(self, fut: ExecutorFuture[Any]) -> bool:
         """Count ``fut`` among those shutdown waits for; False if shut down meanwhile."""

@@ -173,6 +173,40 @@ def test_map_timeout_cancels_the_rest() -> None:
     assert log == ["first started", "first stopped"]
 
 
+def test_map_timeout_bounds_submissions_waiting_at_the_limits() -> None:
+    """The timeout counts from the call to map, as in the standard library: submissions blocked at the
+    engine's limits count against it, and what found no room raises TimeoutError at its turn."""
+    gate = Gate()
+    returned = threading.Event()
+    outcome: list[Any] = []
+
+    def call_map(ex: cf.Executor) -> None:
+        t0 = time.monotonic()
+        results = ex.map(mul, [1, 2, 3], [1, 1, 1], timeout=0.2)
+        outcome.append(time.monotonic() - t0)
+        returned.set()
+        try:
+            outcome.append(list(results))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with ss.executor(max_workers=1, max_pending=1) as ex:
+        held = ex.submit(gate.hold())
+        assert gate.started.acquire(timeout=TIMEOUT)
+        caller = threading.Thread(target=call_map, args=(ex,))
+        caller.start()
+        try:
+            assert returned.wait(TIMEOUT), "map() did not return within its timeout"
+        finally:
+            gate.open()
+            caller.join(TIMEOUT)
+        held.result(TIMEOUT)
+        assert outcome[0] < TIMEOUT / 2
+        assert isinstance(outcome[1], TimeoutError)
+        assert "max_pending" in str(outcome[1])
+        assert list(ex.map(mul, [1, 2, 3], [1, 1, 1], timeout=TIMEOUT)) == [1, 2, 3]
+
+
 def test_shutdown_race_issue12456(executor: cf.Executor) -> None:
     executor.map(str, [2] * (WORKERS + 1))
     executor.shutdown()
