@@ -344,7 +344,9 @@ class Engine:
         source's, is raised at its place in that order.  When the generator
         ends early (an error, ``aclose()``, a cancelled consumer), unstarted
         tasks are cancelled and a generator source is closed.  ``options``
-        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``.
+        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``.  Iterate it
+        on the engine's event loop (another loop gets SchedsvcError); other
+        threads use ``eng.executor().map``.
         """
         from ._pipeline import pipeline
 

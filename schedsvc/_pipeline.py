@@ -24,12 +24,14 @@ import contextlib
 import math
 import types
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._core import name_of
+from ._errors import SchedsvcError
 from ._future import stop_through_await
 
 if TYPE_CHECKING:
@@ -137,9 +139,16 @@ class _Pipeline(Generic[T]):
 
     async def results(self) -> AsyncGenerator[T, None]:
         """The generator ``eng.map`` returns: results in source order, or as they complete."""
+        rt = self.engine._port.running()
+        if get_ident() != rt.loop_thread:  # its feeder runs on the engine's loop, sharing state with it
+            raise SchedsvcError(
+                f"eng.map({name_of(self.fn)}, ...) is iterated on an event loop other than the engine's "
+                "(another thread's asyncio.run or trio.run); iterate it with 'async for' on the loop "
+                "that runs 'async with ss.Engine()', or from other threads use eng.executor().map(...)"
+            )
         self.slots = anyio.Semaphore(self.window)
         self.events, self.received = anyio.create_memory_object_stream(math.inf)
-        bridge = self.engine._port.running().bridge
+        bridge = rt.bridge
         # interruptible: Ctrl-C in the source (the caller's code) reaches the consumer, as on asyncio
         self.feeder = bridge.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}", interruptible=True)
         try:

@@ -247,6 +247,35 @@ async def test_map_on_a_closed_or_unstarted_engine_raises_engine_closed() -> Non
         eng.map(abs, range(3))
 
 
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+async def test_iterating_on_another_threads_loop_is_refused(engine: ss.Engine, library: str) -> None:
+    """Its feeder runs on the engine's loop: another loop (another thread's asyncio.run or trio.run)
+    is told to iterate it there, at once, rather than hang or fail inside anyio."""
+    gen = engine.map(abs, range(3))
+    outcome: list[Any] = []
+
+    async def consume() -> list[int]:
+        return [x async for x in gen]
+
+    def run() -> None:
+        try:
+            if library == "trio":
+                trio = pytest.importorskip("trio")
+                outcome.append(trio.run(consume))
+            else:
+                outcome.append(asyncio.run(consume()))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    await asyncio.to_thread(thread.join, TIMEOUT)
+    assert not thread.is_alive(), "iterating eng.map on another loop hung"
+    assert isinstance(outcome[0], ss.SchedsvcError), outcome
+    assert "engine's" in str(outcome[0]) and "executor().map" in str(outcome[0])
+    assert [x async for x in engine.map(abs, range(3))] == [0, 1, 2]  # on the engine's loop it works
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 
