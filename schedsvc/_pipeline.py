@@ -73,6 +73,11 @@ def pipeline(
 ) -> AsyncGenerator[T, None]:
     """Check the arguments now (not at the first ``__anext__``) and return the generator."""
     rt = port.running()  # fn was checked by eng.map (check_fn)
+    if type(ordered) is not bool:
+        raise TypeError(
+            f"eng.map(ordered=...) must be a bool (True: results in source order; False: as they finish), "
+            f"got {type(ordered).__name__} {ordered!r}"
+        )
     device = port.device(device)
     window = rt.devices[device].window if max_inflight is None else _checked_window(max_inflight)
     items = _iterator(source)

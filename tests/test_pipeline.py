@@ -228,6 +228,12 @@ async def test_max_inflight_not_an_int_is_a_type_error(engine: ss.Engine, bad: A
         engine.map(abs, range(3), max_inflight=bad)
 
 
+@pytest.mark.parametrize("bad", ["no", 0, None, np.bool_(False)])
+async def test_ordered_not_a_bool_is_a_type_error(engine: ss.Engine, bad: Any) -> None:
+    with pytest.raises(TypeError, match=r"ordered=.*must be a bool"):
+        engine.map(abs, range(3), ordered=bad)
+
+
 async def test_bad_fn_source_or_device_fail_at_the_call(engine: ss.Engine) -> None:
     with pytest.raises(ss.InvalidTask, match="callable"):
         engine.map(42, range(3))  # type: ignore[arg-type]
