@@ -818,6 +818,29 @@ async def test_trace_shows_the_copy_out(tmp_path: Path) -> None:
     assert "d2h" in names, names
 
 
+@simulator_only
+async def test_no_simulator_thread_outlives_the_engine() -> None:
+    """Its streams are closed at aclose: their threads, and the driver thread that ran their host
+    callbacks, have ended when ``async with`` returns (not at garbage collection)."""
+    called = threading.Event()
+
+    def with_host_callback(x: Any) -> Any:
+        xp().cuda.get_current_stream().launch_host_func(lambda _: called.set(), None)
+        return x + 1
+
+    before = set(threading.enumerate())
+    async with ss.Engine(cuda_simulator=True, devices=("cpu", "cuda:0")) as eng:
+        t = eng.asarray(np.arange(4.0), device="cuda:0")
+        y = await eng.submit(with_host_callback, t * 2, device="cuda:0")
+        await within(y)
+        np.testing.assert_array_equal(await within(eng.asarray(y, device="cpu")), np.arange(4.0) * 2 + 1)
+        assert called.is_set()
+        kept = eng.asarray(y)  # a device array the caller keeps past the close
+    left = [t.name for t in threading.enumerate() if t not in before]
+    assert not left, f"threads alive after aclose: {left}"
+    assert kept.device == "cuda:0"
+
+
 async def test_opening_an_engine_leaves_the_callers_current_device_alone() -> None:
     """The executors make their streams on their devices without making them current on the thread that
     opens the engine: a user's own array code there stays on the device it chose."""
