@@ -521,6 +521,7 @@ class Engine:
         from .compile import Compiled
 
         self._port.local("eng.compile")
+        _check_compile_options(name, exact)
         if batch_axis is None:
             return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
         from .compile._batched import Batched
@@ -600,6 +601,15 @@ def _task(
     if written:  # undone by unwrite if the task is not admitted after all
         port.tensors.claim(task, written)
     return task
+
+
+def _check_compile_options(name: Any, exact: Any) -> None:
+    """``eng.compile``'s options that no later step checks with a message of its own."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            f"eng.compile(name=...) must be a str (the name its tasks and traces show) or None for the "
+            f"function's own name, got {type(name).__name__} {name!r}"
+        )
 
 
 async def _say_what_close_waits_for(port: Port) -> None:

@@ -235,6 +235,11 @@ async def test_compile_checks_its_arguments(engine: ss.Engine) -> None:
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="max_signatures"):
             engine.compile(lambda x: x, max_signatures=bad)  # type: ignore[arg-type]
+    for bad_name in (5, b"model", ["model"]):
+        with pytest.raises(TypeError, match=r"name=.*must be a str"):
+            engine.compile(lambda x: x, name=bad_name)  # type: ignore[call-overload]
+        with pytest.raises(TypeError, match=r"name=.*must be a str"):
+            engine.compile(lambda x: x, batch_axis=0, name=bad_name)  # type: ignore[call-overload]
     c = engine.compile(lambda x, o: x)
     with pytest.raises(TypeError, match="arguments must be Tensors, arrays, or constants"):
         c(X, object())
