@@ -610,6 +610,11 @@ def _check_compile_options(name: Any, exact: Any) -> None:
             f"eng.compile(name=...) must be a str (the name its tasks and traces show) or None for the "
             f"function's own name, got {type(name).__name__} {name!r}"
         )
+    if type(exact) is not bool:
+        raise TypeError(
+            f"eng.compile(exact=...) must be a bool (True: each caller's rows bit for bit as the unbatched "
+            f"call; False: results may differ from it in the last bits), got {type(exact).__name__} {exact!r}"
+        )
 
 
 async def _say_what_close_waits_for(port: Port) -> None:
