@@ -735,7 +735,12 @@ CANNOT = {
     "global": (lambda x: (PENDING_GLOBAL.append(x * 2), x + 1)[1], r"outlived the trace"),
     "returns int": (lambda x: 3, r"must return a tensor .*got int"),
     "returns None": (lambda x: None, r"must return a tensor .*got NoneType"),
-    "returns a tuple with an int": (lambda x: (x + 1, 3), r"must return a tensor .*got int"),
+    "returns a tuple with an int": (lambda x: (x + 1, 3), r"must return a tensor .*got int as item 1"),
+    "returns a nested list": (
+        lambda x: [[x + 1]],
+        r"flat tuple or list of tensors.*got list as item 0 of the returned list: nested containers",
+    ),
+    "returns a dict in a tuple": (lambda x: (x, {"y": x}), r"flat tuple or list.*got dict as item 1"),
 }
 
 
