@@ -22,6 +22,7 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import TraceError
 from .._future import Future
+from ..devices._cudaapi import binding_of
 from ..tensor import ArrayOps, Op, Tensor
 from ..tensor._tensor import check_out
 from ._graph import Constants, Graph, Node, Ref, optimize
@@ -159,7 +160,7 @@ class _Trace:
             raise TraceError(
                 f"{op.name}(): a Future inside a compiled function; pass its value as an argument"
             )
-        array = obj if isinstance(obj, np.ndarray) else np.asarray(obj)
+        array = obj if isinstance(obj, np.ndarray) else _host_array(obj)
         ref = self.const(array)
         return ref, (array.shape, array.dtype)
 
@@ -253,6 +254,14 @@ def trace(
     graph = optimize(Graph(name, record.nodes, input_nodes, outputs, kind))
     constants.share(graph)
     return graph
+
+
+def _host_array(obj: Any) -> np.ndarray[Any, Any]:
+    """A captured value as NumPy; a device array (a finished cuda Tensor's, say) is copied to the host,
+    as every capture is snapshotted: a replay on its device gets it copied back there once."""
+    if binding_of(obj) is not None:  # its values are complete: the copy waits for nothing else
+        return np.asarray(obj.get())
+    return np.asarray(obj)
 
 
 def _output(record: _Trace, value: Any, where: str) -> int:
