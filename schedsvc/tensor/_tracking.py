@@ -194,7 +194,8 @@ def _future_tensor(port: Port, fut: Future[Any], dtype: Any, shape: Any, asked: 
         device = port.device(asked)
     else:  # where its value will live: a device of memory of its own keeps its results there
         device = fut.device if fut.device in rt.preparers else port.default_device
-    attrs = {"shape": shape_arg(shape), "dtype": np.dtype(dtype)}
+    # on the host, a device array as the value is refused: the Tensor would be labelled with the wrong device
+    attrs = {"shape": shape_arg(shape), "dtype": np.dtype(dtype), "host": device not in rt.preparers}
     return queue_op(port, _CHECKED, [fut], attrs, attrs["shape"], attrs["dtype"], None, None, device=device)
 
 
@@ -337,9 +338,17 @@ def shape_arg(shape: Any) -> tuple[int, ...]:
     return tuple(operator.index(d) for d in shape)
 
 
-def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-    """The value of a Future made a Tensor: it must have the shape and dtype declared for it."""
-    array = value if type(value) in _KEYERS else np.asarray(value)  # a device array stays there
+def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any], host: bool = False) -> Any:
+    """The value of a Future made a Tensor: it must have the shape and dtype declared for it (and, for a
+    Tensor on the host, be in host memory)."""
+    on_device = type(value) in _KEYERS
+    if host and on_device:
+        raise TypeError(
+            f"eng.asarray(future, shape={shape}, dtype={dtype}) on the host: the future's value is a device "
+            f"array ({type(value).__module__}.{type(value).__name__}); ask for the Tensor on the device the "
+            "array lives on (device=...), or have the task return host memory"
+        )
+    array = value if on_device else np.asarray(value)  # a device array stays there
     if array.shape != shape or array.dtype != dtype:
         raise TypeError(
             f"eng.asarray(future, shape={shape}, dtype={dtype}): the future's value has "

@@ -300,6 +300,18 @@ async def test_asarray_of_an_unfinished_future_of_a_device_stays_on_it() -> None
         np.testing.assert_array_equal(await within(host_t), np.ones(3))
 
 
+async def test_asarray_on_the_host_of_a_future_whose_value_is_a_device_array_is_refused() -> None:
+    async with cuda_engine() as eng:
+        on_device = await within(await eng.submit(np.arange, 3.0, device="cuda:0"))
+        fut = await eng.submit(lambda: on_device, device="cpu")  # a host task handing out a device array
+        t = eng.asarray(fut, shape=(3,), dtype=np.float64)
+        assert t.device == "cpu"
+        with pytest.raises(TypeError, match=r"device array.*device=\.\.\."):
+            await within(t)
+        on_its_device = eng.asarray(fut, shape=(3,), dtype=np.float64, device="cuda:0")
+        np.testing.assert_array_equal(host(await within(on_its_device)), np.arange(3.0))
+
+
 async def test_asarray_of_a_tensor_on_another_device_moves_it() -> None:
     async with cuda_engine() as eng:
         t = eng.asarray(np.arange(5.0), device="cuda:0")
