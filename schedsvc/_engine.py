@@ -320,7 +320,9 @@ class Engine:
         source's, is raised at its place in that order.  When the generator
         ends early (an error, ``aclose()``, a cancelled consumer), unstarted
         tasks are cancelled and a generator source is closed.  ``options``
-        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``.
+        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``.  Iterate it
+        on the engine's event loop (another loop gets SchedsvcError); other
+        threads use ``eng.executor().map``.
         """
         from ._pipeline import pipeline
 
@@ -400,12 +402,15 @@ class Engine:
     # -- tensors ---------------------------------------------------------------
 
     def asarray(self, obj: Any, dtype: Any = None, *, device: str | None = None, shape: Any = None) -> Tensor:
-        """A Tensor of ``obj`` (an array, anything ``np.asarray`` takes, a Tensor or a Future).
+        """A Tensor of ``obj`` (an array, anything ``np.asarray`` takes, a Tensor, a Future, or a
+        ``concurrent.futures.Future`` of ``eng.executor()``).
 
         An ndarray is used as it is, not copied (as ``np.asarray``): in-place
         Tensor operations write it, ordered with the tasks that use it.  A
         Future that is not done needs ``shape=`` and ``dtype=``: its value is
-        checked against them when it arrives.
+        checked against them when it arrives.  Without ``device``, a device
+        array (or a Tensor, or a Future's value) stays on the device it lives
+        on; with ``device``, it is copied there as ``t.to(device)`` copies.
         """
         return asarray(self._port, obj, dtype, device, shape)
 
@@ -492,6 +497,7 @@ class Engine:
         from .compile import Compiled
 
         self._port.local("eng.compile")
+        _check_compile_options(name, exact)
         if batch_axis is None:
             return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
         from .compile._batched import Batched
@@ -573,6 +579,20 @@ def _task(
     if after:
         task.after = after
     return task, written
+
+
+def _check_compile_options(name: Any, exact: Any) -> None:
+    """``eng.compile``'s options that no later step checks with a message of its own."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            f"eng.compile(name=...) must be a str (the name its tasks and traces show) or None for the "
+            f"function's own name, got {type(name).__name__} {name!r}"
+        )
+    if type(exact) is not bool:
+        raise TypeError(
+            f"eng.compile(exact=...) must be a bool (True: each caller's rows bit for bit as the unbatched "
+            f"call; False: results may differ from it in the last bits), got {type(exact).__name__} {exact!r}"
+        )
 
 
 async def _say_what_close_waits_for(port: Port) -> None:

@@ -24,12 +24,13 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._config import Config
+from ._core import FINAL_STATES
 from ._engine import _task
 from ._errors import EngineClosed, QueueFull, SchedsvcError
 from ._runtime import BLOCK, NOW
@@ -69,17 +70,21 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         return self._task.cancel()
 
     def result(self, timeout: float | None = None) -> T:
-        """The task's value (its exception raised), waiting as ``Future.result`` does (see ``_wait``)."""
+        """The task's value (its exception raised), waiting as ``Future.result`` does (see ``_wait``).
+
+        On the event loop's thread, a task that has not finished raises
+        SchedsvcError instead of blocking the loop that drives the engine.
+        """
         if self._state != FINISHED:
-            timeout = self._wait(timeout)
+            timeout = self._wait(timeout, "result()")
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._state != FINISHED:
-            timeout = self._wait(timeout)
+            timeout = self._wait(timeout, "exception()")
         return super().exception(timeout)
 
-    def _wait(self, timeout: float | None) -> float | None:
+    def _wait(self, timeout: float | None, call: str) -> float | None:
         """Wait as ``Future.result`` does before the standard wait; return the time left of ``timeout``.
 
         On one of the engine's workers (a task waiting on another), a queued task
@@ -87,10 +92,15 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         task waiting on another never starves the engine.  On another thread
         without a timeout, a task still queued runs right here too (this thread
         would only wait); with a timeout it waits, so the timeout holds whatever
-        the task takes.  The event loop's thread never runs a task.
+        the task takes.  The event loop's thread never runs a task, nor waits for
+        one: its work may be held until the loop runs again.
         """
         rt = self._task._rt
-        if rt.on_loop_thread() or (timeout is not None and get_ident() not in rt.worker_threads):
+        if rt.on_loop_thread():
+            if self._task.state not in FINAL_STATES:
+                raise _blocks_the_loop(self, call)
+            return timeout  # final: this future is being completed on the thread that ended it
+        if timeout is not None and get_ident() not in rt.worker_threads:
             return timeout
         if timeout is None:
             rt.wait_blocking(self._task, None)
@@ -121,6 +131,42 @@ class ExecutorFuture(concurrent.futures.Future[T]):
 
     def __schedsvc_substitute__(self) -> Any:
         return self._task.value
+
+
+def _results(
+    futures: list[ExecutorFuture[T]], end: float | None, unsubmitted: bool, timeout: float | None
+) -> Iterator[T]:
+    """``map``'s iterator: each result in order, waiting until ``end``; the futures not reached are
+    cancelled when it stops.  ``unsubmitted``: an item after these found no room in time."""
+    try:
+        futures.reverse()
+        while futures:  # (no local holds a future while its result is yielded: the caller may drop it)
+            yield _result_or_cancel(futures.pop(), None if end is None else end - time.monotonic())
+        if unsubmitted:
+            raise TimeoutError(
+                f"Executor.map: the engine was at its limits for the whole timeout of {timeout} s, so not every "
+                "item could be submitted; give map a longer timeout, or raise the engine's max_pending"
+            )
+    finally:
+        for fut in futures:
+            fut.cancel()
+
+
+def _result_or_cancel(fut: ExecutorFuture[T], timeout: float | None) -> T:
+    try:
+        return fut.result(timeout)
+    finally:
+        fut.cancel()
+
+
+def _blocks_the_loop(fut: ExecutorFuture[Any], call: str) -> SchedsvcError:
+    """The refusal of a blocking wait for an executor future on the event loop's thread."""
+    return SchedsvcError(
+        f"{fut!r}.{call} on the event loop's thread would block the loop that drives the engine until "
+        "the value is there; on the loop, pass the future to eng.submit or eng.asarray as a dependency, "
+        "or await it ('await asyncio.wrap_future(fut)' under asyncio); "
+        f"{call} is for other threads"
+    )
 
 
 class EngineExecutor(concurrent.futures.Executor):
@@ -159,6 +205,13 @@ class EngineExecutor(concurrent.futures.Executor):
         task submitting is admitted over them; on the event loop's thread it
         raises QueueFull).  RuntimeError after ``shutdown()``.
         """
+        return self._submit(fn, args, kwargs, None)
+
+    def _submit(
+        self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
+    ) -> ExecutorFuture[T]:
+        """``submit``; a thread at the limits waits at most ``timeout`` seconds for room (then the
+        future comes back cancelled, never admitted)."""
         if self._shutdown:
             raise RuntimeError(_AFTER_SHUTDOWN)
         port = self._port
@@ -179,7 +232,8 @@ class EngineExecutor(concurrent.futures.Executor):
         # a thread blocks in the admission queue at the limits; the event loop's thread must not
         on_loop = tid == rt.loop_thread and tid not in rt.worker_threads
         try:
-            if not rt.admit(task, tid, NOW if on_loop else BLOCK, written) and on_loop:
+            # BLOCK: False if cancelled while it waited, or not admitted within the timeout (cancelled too)
+            if not rt.admit(task, tid, NOW if on_loop else BLOCK, written, None, timeout) and on_loop:
                 raise QueueFull(
                     port.full_message(task)
                     + " (executor.submit() on the event loop's thread does not block the loop)"
@@ -195,6 +249,33 @@ class EngineExecutor(concurrent.futures.Executor):
             self._forget(fut)
             raise
         return fut
+
+    def map(
+        self, fn: Callable[..., T], /, *iterables: Any, timeout: float | None = None, chunksize: int = 1
+    ) -> Iterator[T]:
+        """``Executor.map``: ``fn`` of each item, as tasks submitted now; an iterator of their results.
+
+        ``timeout`` counts from this call, and bounds the submissions that wait
+        for room at the engine's limits too: an item that could not be
+        submitted, or whose result is not there, by then raises TimeoutError
+        at its turn, and the items after it are cancelled.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
+        futures: list[ExecutorFuture[T]] = []
+        unsubmitted = False
+        try:
+            for args in zip(*iterables, strict=False):
+                left = None if end is None else max(0.0, end - time.monotonic())
+                fut = self._submit(fn, args, {}, left)
+                if end is not None and fut.cancelled() and time.monotonic() >= end:
+                    unsubmitted = True  # no room for it within the timeout
+                    break
+                futures.append(fut)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+        return _results(futures, end, unsubmitted, timeout)
 
     def _track(self, fut: ExecutorFuture[Any]) -> bool:
         """Count ``fut`` among those shutdown waits for; False if shut down meanwhile."""

@@ -173,6 +173,40 @@ def test_map_timeout_cancels_the_rest() -> None:
     assert log == ["first started", "first stopped"]
 
 
+def test_map_timeout_bounds_submissions_waiting_at_the_limits() -> None:
+    """The timeout counts from the call to map, as in the standard library: submissions blocked at the
+    engine's limits count against it, and what found no room raises TimeoutError at its turn."""
+    gate = Gate()
+    returned = threading.Event()
+    outcome: list[Any] = []
+
+    def call_map(ex: cf.Executor) -> None:
+        t0 = time.monotonic()
+        results = ex.map(mul, [1, 2, 3], [1, 1, 1], timeout=0.2)
+        outcome.append(time.monotonic() - t0)
+        returned.set()
+        try:
+            outcome.append(list(results))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with ss.executor(max_workers=1, max_pending=1) as ex:
+        held = ex.submit(gate.hold())
+        assert gate.started.acquire(timeout=TIMEOUT)
+        caller = threading.Thread(target=call_map, args=(ex,))
+        caller.start()
+        try:
+            assert returned.wait(TIMEOUT), "map() did not return within its timeout"
+        finally:
+            gate.open()
+            caller.join(TIMEOUT)
+        held.result(TIMEOUT)
+        assert outcome[0] < TIMEOUT / 2
+        assert isinstance(outcome[1], TimeoutError)
+        assert "max_pending" in str(outcome[1])
+        assert list(ex.map(mul, [1, 2, 3], [1, 1, 1], timeout=TIMEOUT)) == [1, 2, 3]
+
+
 def test_shutdown_race_issue12456(executor: cf.Executor) -> None:
     executor.map(str, [2] * (WORKERS + 1))
     executor.shutdown()
@@ -603,6 +637,29 @@ async def test_executor_future_as_dependency() -> None:
                 await other.submit(mul, ones, 2)
 
 
+async def test_asarray_of_an_executor_future() -> None:
+    async with ss.Engine(cpu_workers=2) as eng:
+        ex = eng.executor()
+        ones = await asyncio.to_thread(ex.submit, np.ones, 3)
+        await asyncio.to_thread(ones.result, TIMEOUT)
+        t = eng.asarray(ones)  # done: its value
+        assert (t.shape, t.dtype) == ((3,), np.float64)
+        np.testing.assert_array_equal(await within(t), np.ones(3))
+        gate = Gate()
+        held = ex.submit(gate.hold(lambda: np.arange(4.0)))
+        with pytest.raises(TypeError, match="shape= and dtype="):
+            eng.asarray(held)
+        declared = eng.asarray(held, shape=(4,), dtype=np.float64)  # not done: it is a dependency
+        assert not declared.done()
+        gate.open()
+        np.testing.assert_array_equal(await within(declared), np.arange(4.0))
+        foreign: cf.Future[Any] = cf.Future()
+        with pytest.raises(TypeError, match="has not finished"):
+            eng.asarray(foreign)
+        foreign.set_result([1.0, 2.0])
+        np.testing.assert_array_equal(await within(eng.asarray(foreign)), [1.0, 2.0])
+
+
 async def test_executor_future_completes_while_the_loop_is_blocked() -> None:
     """The futures are completed where the task ends: a thread sees its result while the engine's loop
     is blocked (a busy loop, or none at all, never holds them up)."""
@@ -625,6 +682,28 @@ async def test_loop_thread_submit_at_the_limit_refuses() -> None:
         ex = eng.executor()
         with pytest.raises(ss.QueueFull, match="event loop's thread"):
             ex.submit(mul, 1, 2)
+
+
+async def test_result_on_the_loop_thread_refuses_instead_of_blocking_the_loop() -> None:
+    """As ``ss.Future.result()``: on the event loop's thread a future that is not final raises at once
+    (its task may be staged until the loop runs again), and a final one gives its value."""
+    async with ss.Engine(cpu_workers=1) as eng:
+        ex = eng.executor()
+        first = ex.submit(mul, 2, 3)
+        second = ex.submit(mul, 3, 3)  # staged behind the first until the loop runs again
+        with pytest.raises(ss.SchedsvcError, match="event loop's thread"):
+            second.result(TIMEOUT)
+        with pytest.raises(ss.SchedsvcError, match="event loop's thread"):
+            second.exception(TIMEOUT)
+        assert await within(asyncio.wrap_future(second)) == 9
+        assert second.result() == 9 and second.exception() is None
+        assert await within(asyncio.wrap_future(first)) == 6
+        gate = Gate()
+        held = ex.submit(gate.hold(lambda: 5))
+        with pytest.raises(ss.SchedsvcError, match=r"asyncio\.wrap_future"):
+            held.result()
+        gate.open()
+        assert await within(asyncio.wrap_future(held)) == 5
 
 
 async def test_run_in_executor() -> None:

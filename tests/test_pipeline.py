@@ -228,6 +228,12 @@ async def test_max_inflight_not_an_int_is_a_type_error(engine: ss.Engine, bad: A
         engine.map(abs, range(3), max_inflight=bad)
 
 
+@pytest.mark.parametrize("bad", ["no", 0, None, np.bool_(False)])
+async def test_ordered_not_a_bool_is_a_type_error(engine: ss.Engine, bad: Any) -> None:
+    with pytest.raises(TypeError, match=r"ordered=.*must be a bool"):
+        engine.map(abs, range(3), ordered=bad)
+
+
 async def test_bad_fn_source_or_device_fail_at_the_call(engine: ss.Engine) -> None:
     with pytest.raises(ss.InvalidTask, match="callable"):
         engine.map(42, range(3))  # type: ignore[arg-type]
@@ -245,6 +251,35 @@ async def test_map_on_a_closed_or_unstarted_engine_raises_engine_closed() -> Non
         pass
     with pytest.raises(ss.EngineClosed, match="closed"):
         eng.map(abs, range(3))
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+async def test_iterating_on_another_threads_loop_is_refused(engine: ss.Engine, library: str) -> None:
+    """Its feeder runs on the engine's loop: another loop (another thread's asyncio.run or trio.run)
+    is told to iterate it there, at once, rather than hang or fail inside anyio."""
+    gen = engine.map(abs, range(3))
+    outcome: list[Any] = []
+
+    async def consume() -> list[int]:
+        return [x async for x in gen]
+
+    def run() -> None:
+        try:
+            if library == "trio":
+                trio = pytest.importorskip("trio")
+                outcome.append(trio.run(consume))
+            else:
+                outcome.append(asyncio.run(consume()))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    await asyncio.to_thread(thread.join, TIMEOUT)
+    assert not thread.is_alive(), "iterating eng.map on another loop hung"
+    assert isinstance(outcome[0], ss.SchedsvcError), outcome
+    assert "engine's" in str(outcome[0]) and "executor().map" in str(outcome[0])
+    assert [x async for x in engine.map(abs, range(3))] == [0, 1, 2]  # on the engine's loop it works
 
 
 # -- errors --------------------------------------------------------------------------------------

@@ -266,7 +266,13 @@ class Runtime:
     # -- the door: every submission enters here ------------------------------------
 
     def admit(
-        self, task: Task, tid: int, how: int, claims: Any = None, counted: Callable[[], None] | None = None
+        self,
+        task: Task,
+        tid: int,
+        how: int,
+        claims: Any = None,
+        counted: Callable[[], None] | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Take ``task`` (a whole task description) into the engine: the one door every way of
         submitting goes through.
@@ -279,7 +285,8 @@ class Runtime:
         writes (``claim_writes``); hand it to its executor.  A task that is not admitted leaves no
         trace: its copies are dropped, its claims never made.  A nested task (submitted by a running
         task) is admitted over the limits, and while the engine closes.  ``counted`` runs under the
-        lock once it is admitted or queued.
+        lock once it is admitted or queued.  ``BLOCK`` waits ``timeout`` seconds at most (then the task
+        is cancelled).
 
         Returns True (admitted), False (``NOW``: at the limits; ``BLOCK``: it timed out or was
         cancelled while it waited), or with ``QUEUE`` the token to await (``admission``).
@@ -317,7 +324,7 @@ class Runtime:
                 self.admitted(task)
             return True
         if how == BLOCK and token is not None:
-            return self._wait_admission(task, token)
+            return self._wait_admission(task, token, timeout)
         return token if how == QUEUE else False
 
     async def admission(self, task: Task, token: Any) -> None:
@@ -338,15 +345,18 @@ class Runtime:
         watch(task, token)  # cancelled while queued (fut.cancel()): this thread is woken too
         return token
 
-    def _wait_admission(self, task: Task, token: ThreadToken) -> bool:
+    def _wait_admission(self, task: Task, token: ThreadToken, timeout: float | None) -> bool:
         """Block this thread (not the event loop's) until ``task`` is admitted; False if it was cancelled
-        while it waited.  A close that cancels pending work raises its error here."""
+        while it waited, or ``timeout`` passed first (it is cancelled then).  A close that cancels
+        pending work raises its error here."""
         try:
-            token.wait(None)
+            woken = token.wait(timeout)
         except BaseException:  # interrupted (Ctrl-C): not wanted, admitted or not
             if self._give_up(task):
                 self.cancel(task)
             raise
+        if not woken and not self._give_up(task):
+            return False
         if token.error is not None:
             raise token.error
         if task.state == "cancelled":

@@ -22,6 +22,7 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import TraceError
 from .._future import Future
+from ..devices._cudaapi import binding_of
 from ..tensor import ArrayOps, Op, Tensor
 from ..tensor._tensor import check_out
 from ._graph import Constants, Graph, Node, Ref, optimize
@@ -159,7 +160,7 @@ class _Trace:
             raise TraceError(
                 f"{op.name}(): a Future inside a compiled function; pass its value as an argument"
             )
-        array = obj if isinstance(obj, np.ndarray) else np.asarray(obj)
+        array = obj if isinstance(obj, np.ndarray) else _host_array(obj)
         ref = self.const(array)
         return ref, (array.shape, array.dtype)
 
@@ -243,23 +244,40 @@ def trace(
             "the compiled function returned a coroutine: compile synchronous array code, not async def"
         )
     kind = "tuple" if type(result) is tuple else "list" if type(result) is list else "single"
-    outputs = [_output(record, r) for r in (result if kind != "single" else (result,))]
-    del result
+    values = result if kind != "single" else (result,)
+    outputs = [
+        _output(record, r, "" if kind == "single" else f" as item {i} of the returned {kind}")
+        for i, r in enumerate(values)
+    ]
+    del result, values  # (the leak check below must see no reference to a traced tensor here)
     _check_leaks(record, set(outputs))
     graph = optimize(Graph(name, record.nodes, input_nodes, outputs, kind))
     constants.share(graph)
     return graph
 
 
-def _output(record: _Trace, value: Any) -> int:
+def _host_array(obj: Any) -> np.ndarray[Any, Any]:
+    """A captured value as NumPy; a device array (a finished cuda Tensor's, say) is copied to the host,
+    as every capture is snapshotted: a replay on its device gets it copied back there once."""
+    if binding_of(obj) is not None:  # its values are complete: the copy waits for nothing else
+        return np.asarray(obj.get())
+    return np.asarray(obj)
+
+
+def _output(record: _Trace, value: Any, where: str) -> int:
+    """The node of one returned value; ``where`` says where it was found (as an item of the result)."""
     if isinstance(value, Symbol) and value._trace is record:
         return value.node
     if isinstance(value, np.ndarray | Tensor):  # a constant result
         ref, _ = record.operand(value, _RETURN)
         return int(ref)
-    raise TraceError(
-        f"a compiled function must return a tensor (or a tuple/list of tensors), got {type(value).__name__}"
+    message = (
+        "a compiled function must return a tensor or a flat tuple or list of tensors (a NumPy array or a "
+        f"finished Tensor is returned as a constant); got {type(value).__name__}{where}"
     )
+    if where and isinstance(value, tuple | list | dict):
+        message += ": nested containers are not supported; return one flat tuple or list (return a, b rather than [[a], b])"
+    raise TraceError(message)
 
 
 def _alive(record: _Trace) -> list[Symbol]:

@@ -47,6 +47,7 @@ current device.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -108,6 +109,11 @@ class CudaApi:
     def event(self) -> Any:
         """A new ``Event(block=True, disable_timing=True)``: a waiter sleeps, it does not spin."""
         raise NotImplementedError
+
+    def close_streams(self, streams: list[Any], timeout: float | None) -> list[threading.Thread]:
+        """No work will be enqueued on ``streams`` again: let go of what runs them, waiting up to
+        ``timeout``; the threads still running them (CuPy's streams are the driver's: none)."""
+        return []
 
     def current_stream(self) -> Any:
         """This thread's current stream."""

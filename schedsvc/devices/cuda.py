@@ -260,7 +260,12 @@ class CudaExecutor(Executor):
             if thread.is_alive():
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 thread.join(left)
-        return [t for t in threads if t.is_alive()]
+        alive = [t for t in threads if t.is_alive()]
+        if alive:
+            return alive
+        # nothing launches or watches any more: the streams go too (the simulator's threads with them)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self.api.close_streams([track.stream for track in self.tracks], left)
 
     def busy_seconds(self) -> dict[str, float]:
         return {track.name: track.busy for track in self.tracks}

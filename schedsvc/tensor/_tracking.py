@@ -14,6 +14,7 @@ builds and queues one Tensor operation's task; the creation functions
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import operator
 import threading
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .._core import FINAL_STATES, Buffer, Task
-from .._errors import QueueFull
+from .._errors import DeviceError, QueueFull
 from .._future import Future
 from .._runtime import NOW, OVER, QUEUE, buffer_of
 from .._runtime._scan import _KEYERS
@@ -117,13 +118,18 @@ def _unsettled(writes: list[Task]) -> list[Task]:
 
 def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) -> Tensor:
     """``eng.asarray``: an ndarray is used as it is, not copied; a Future needs ``shape``/``dtype``
-    unless it is done."""
+    unless it is done.  Without ``device`` a Tensor stays where its value lives; with one, it is
+    moved there (as ``t.to(device)``)."""
+    asked = device
     device = port.device(device)
     port.local("eng.asarray")
+    if isinstance(obj, concurrent.futures.Future):
+        obj = _engine_future(port, obj)
     if isinstance(obj, Tensor):
-        return obj if dtype is None or np.dtype(dtype) == obj.dtype else obj.astype(dtype)
+        tensor = obj if asked is None else to(port, obj, device)  # (itself if it is there)
+        return tensor if dtype is None or np.dtype(dtype) == tensor.dtype else tensor.astype(dtype)
     if isinstance(obj, Future):
-        return _future_tensor(port, obj, dtype, shape, device)
+        return _future_tensor(port, obj, dtype, shape, asked)
     port.running()
     rt = port.rt
     assert rt is not None
@@ -133,7 +139,8 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
             raise TypeError(
                 f"eng.asarray: a device array of dtype {obj.dtype} cannot become {np.dtype(dtype)} here; use t.astype()"
             )
-        return _device_tensor(port, obj, device, keyer(obj))
+        tensor = _device_tensor(port, obj, _home(port, obj), keyer(obj))
+        return tensor if asked is None else to(port, tensor, device)
     array = np.asarray(obj, dtype=dtype)
     if device in rt.preparers:  # a device with memory of its own: copied there by a task of its own
         if shape is not None and tuple(shape) != array.shape:
@@ -144,6 +151,33 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
     tensor = concrete(port, array, device)
     port.tensors.adopt(tensor)
     return tensor
+
+
+def _home(port: Port, array: Any) -> str:
+    """The engine's device whose memory holds ``array`` (a device array)."""
+    rt = port.running()
+    for name, executor in rt.preparers.items():
+        if executor.holds(array):
+            return name
+    raise DeviceError(
+        f"eng.asarray: the {type(array).__module__}.{type(array).__name__} lives on a device this engine "
+        f"does not have (its devices: {port.config.devices}); add that device to Config(devices=...), "
+        "or copy the array to the host first"
+    )
+
+
+def _engine_future(port: Port, fut: concurrent.futures.Future[Any]) -> Any:
+    """A ``concurrent.futures.Future`` as ``eng.asarray`` takes it: the engine's own task for one from
+    ``eng.executor()``, the value of another that is done."""
+    task = getattr(fut, "_task", None)
+    if isinstance(task, Future) and task._port is port:
+        return task
+    if fut.done():
+        return fut.result()
+    raise TypeError(
+        f"eng.asarray: {fut!r} is not from this engine's executor and has not finished; "
+        "wait for its result and pass that, or submit the work with eng.executor().submit(...)"
+    )
 
 
 def _device_tensor(port: Port, array: Any, device: str, memory: tuple[int, int]) -> Tensor:
@@ -179,15 +213,21 @@ def create(port: Port, name: str, device: str | None, **attrs: Any) -> Tensor:
     return queue_op(port, op, [], attrs, shape, dtype, None, None, device=port.device(device))
 
 
-def _future_tensor(port: Port, fut: Future[Any], dtype: Any, shape: Any, device: str) -> Tensor:
+def _future_tensor(port: Port, fut: Future[Any], dtype: Any, shape: Any, asked: str | None) -> Tensor:
     if fut.state == "done" and shape is None:
-        return asarray(port, fut.value, dtype, device, None)
+        return asarray(port, fut.value, dtype, asked, None)
     if shape is None or dtype is None:
         raise TypeError(
             f"{fut!r} has not finished, so its shape and dtype are not known yet; "
             "await it first, or pass shape= and dtype= to eng.asarray"
         )
-    attrs = {"shape": shape_arg(shape), "dtype": np.dtype(dtype)}
+    rt = port.running()
+    if asked is not None:
+        device = port.device(asked)
+    else:  # where its value will live: a device of memory of its own keeps its results there
+        device = fut.device if fut.device in rt.preparers else port.default_device
+    # on the host, a device array as the value is refused: the Tensor would be labelled with the wrong device
+    attrs = {"shape": shape_arg(shape), "dtype": np.dtype(dtype), "host": device not in rt.preparers}
     return queue_op(port, _CHECKED, [fut], attrs, attrs["shape"], attrs["dtype"], None, None, device=device)
 
 
@@ -334,9 +374,17 @@ def shape_arg(shape: Any) -> tuple[int, ...]:
     return tuple(operator.index(d) for d in shape)
 
 
-def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-    """The value of a Future made a Tensor: it must have the shape and dtype declared for it."""
-    array = value if type(value) in _KEYERS else np.asarray(value)  # a device array stays there
+def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any], host: bool = False) -> Any:
+    """The value of a Future made a Tensor: it must have the shape and dtype declared for it (and, for a
+    Tensor on the host, be in host memory)."""
+    on_device = type(value) in _KEYERS
+    if host and on_device:
+        raise TypeError(
+            f"eng.asarray(future, shape={shape}, dtype={dtype}) on the host: the future's value is a device "
+            f"array ({type(value).__module__}.{type(value).__name__}); ask for the Tensor on the device the "
+            "array lives on (device=...), or have the task return host memory"
+        )
+    array = value if on_device else np.asarray(value)  # a device array stays there
     if array.shape != shape or array.dtype != dtype:
         raise TypeError(
             f"eng.asarray(future, shape={shape}, dtype={dtype}): the future's value has "

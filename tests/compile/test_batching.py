@@ -188,6 +188,13 @@ async def test_exact_false_gives_the_rows_within_rounding(anyio_backend: str) ->
         assert sizes(f) == {6: 1}
 
 
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+async def test_exact_not_a_bool_is_a_type_error_at_compile(anyio_backend: str, bad: Any) -> None:
+    async with engine() as eng:
+        with pytest.raises(TypeError, match=r"exact=.*must be a bool"):
+            eng.compile(lambda x: x * 2, batch_axis=0, exact=bad)
+
+
 async def test_a_call_with_more_rows_than_max_batch_runs_as_one_batch(anyio_backend: str) -> None:
     async with engine() as eng:
         f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)

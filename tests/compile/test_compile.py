@@ -235,6 +235,11 @@ async def test_compile_checks_its_arguments(engine: ss.Engine) -> None:
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="max_signatures"):
             engine.compile(lambda x: x, max_signatures=bad)  # type: ignore[arg-type]
+    for bad_name in (5, b"model", ["model"]):
+        with pytest.raises(TypeError, match=r"name=.*must be a str"):
+            engine.compile(lambda x: x, name=bad_name)  # type: ignore[call-overload]
+        with pytest.raises(TypeError, match=r"name=.*must be a str"):
+            engine.compile(lambda x: x, batch_axis=0, name=bad_name)  # type: ignore[call-overload]
     c = engine.compile(lambda x, o: x)
     with pytest.raises(TypeError, match="arguments must be Tensors, arrays, or constants"):
         c(X, object())
@@ -730,7 +735,12 @@ CANNOT = {
     "global": (lambda x: (PENDING_GLOBAL.append(x * 2), x + 1)[1], r"outlived the trace"),
     "returns int": (lambda x: 3, r"must return a tensor .*got int"),
     "returns None": (lambda x: None, r"must return a tensor .*got NoneType"),
-    "returns a tuple with an int": (lambda x: (x + 1, 3), r"must return a tensor .*got int"),
+    "returns a tuple with an int": (lambda x: (x + 1, 3), r"must return a tensor .*got int as item 1"),
+    "returns a nested list": (
+        lambda x: [[x + 1]],
+        r"flat tuple or list of tensors.*got list as item 0 of the returned list: nested containers",
+    ),
+    "returns a dict in a tuple": (lambda x: (x, {"y": x}), r"flat tuple or list.*got dict as item 1"),
 }
 
 

@@ -202,6 +202,24 @@ async def test_a_host_sync_during_capture_falls_back_to_the_stream_replay_for_go
         assert "cudaErrorStreamCaptureUnsupported" in compiled.capture_off
 
 
+async def test_a_captured_cuda_tensor_is_a_device_constant() -> None:
+    """A finished cuda Tensor captured by a compiled function is snapshotted as every capture is: a cuda
+    call gets it copied to its device, a cpu call uses it on the host."""
+    w = np.linspace(-1.0, 1.0, 6)
+    async with cuda_engine(streams_per_device=1) as eng:
+        weight = eng.asarray(w, device=DEVICE)
+        shift = weight * 3.0
+        await within(shift)
+        compiled = eng.compile(lambda x: x * weight + shift)
+        x = np.arange(6.0)
+        for _ in range(3):
+            got = await _value(compiled(eng.asarray(x, device=DEVICE)))
+            np.testing.assert_array_equal(got, x * w + w * 3.0)
+        on_host = await within(compiled(eng.asarray(x)))
+        assert type(on_host) is np.ndarray
+        np.testing.assert_array_equal(on_host, x * w + w * 3.0)
+
+
 async def test_the_cpu_signature_of_the_same_function_keeps_its_own_replay() -> None:
     """The graph cache is keyed by devices as on the CPU: a cpu call and a cuda call are two signatures."""
     async with cuda_engine(streams_per_device=1) as eng:

@@ -269,6 +269,83 @@ async def test_tensor_in_place_on_cuda() -> None:
         assert await within(after.to("cpu")) == expected.sum()
 
 
+async def test_asarray_of_a_done_future_of_a_device_array_is_on_that_device() -> None:
+    seen: list[Any] = []
+    async with cuda_engine() as eng:
+        fut = await eng.submit(np.arange, 4.0, device="cuda:0")
+        await within(fut)
+        t = eng.asarray(fut)
+        assert t.device == "cuda:0"
+        assert is_device_array(await within(t))
+        on_cpu = eng.asarray(fut, device="cpu")  # copied to the host, as t.to("cpu")
+        assert on_cpu.device == "cpu"
+        got = await within(on_cpu)
+        assert type(got) is np.ndarray
+        np.testing.assert_array_equal(got, np.arange(4.0))
+        total = await eng.submit(lambda a: seen.append(a) or float(a.sum()), t, device="cpu")
+        assert await within(total) == 6.0
+        assert type(seen[0]) is np.ndarray  # a cpu task gets NumPy, never the device array
+        on1 = eng.asarray(fut, device="cuda:1")
+        assert on1.device == "cuda:1"
+        assert cuda_api().device_of(await within(on1)) == 1
+
+
+async def test_asarray_of_an_unfinished_future_of_a_device_stays_on_it() -> None:
+    async with cuda_engine() as eng:
+        fut = await eng.submit(np.ones, 3, device="cuda:0")
+        t = eng.asarray(fut, shape=(3,), dtype=np.float64)
+        assert t.device == "cuda:0"
+        assert is_device_array(await within(t))
+        host_t = eng.asarray(fut, shape=(3,), dtype=np.float64, device="cpu")
+        assert host_t.device == "cpu"
+        np.testing.assert_array_equal(await within(host_t), np.ones(3))
+
+
+async def test_asarray_on_the_host_of_a_future_whose_value_is_a_device_array_is_refused() -> None:
+    async with cuda_engine() as eng:
+        on_device = await within(await eng.submit(np.arange, 3.0, device="cuda:0"))
+        fut = await eng.submit(lambda: on_device, device="cpu")  # a host task handing out a device array
+        t = eng.asarray(fut, shape=(3,), dtype=np.float64)
+        assert t.device == "cpu"
+        with pytest.raises(TypeError, match=r"device array.*device=\.\.\."):
+            await within(t)
+        on_its_device = eng.asarray(fut, shape=(3,), dtype=np.float64, device="cuda:0")
+        np.testing.assert_array_equal(host(await within(on_its_device)), np.arange(3.0))
+
+
+async def test_asarray_of_a_tensor_on_another_device_moves_it() -> None:
+    async with cuda_engine() as eng:
+        t = eng.asarray(np.arange(5.0), device="cuda:0")
+        assert eng.asarray(t) is t
+        assert eng.asarray(t, device="cuda:0") is t
+        back = eng.asarray(t, device="cpu")
+        assert back.device == "cpu"
+        got = await within(back)
+        assert type(got) is np.ndarray
+        np.testing.assert_array_equal(got, np.arange(5.0))
+        on1 = eng.asarray(back, device="cuda:1")
+        assert on1.device == "cuda:1"
+        assert cuda_api().device_of(await within(on1)) == 1
+
+
+async def test_asarray_of_a_device_array_is_labelled_with_its_device() -> None:
+    async with cuda_engine() as eng:
+        value = await within(await eng.submit(np.arange, 3.0, device="cuda:1"))
+        t = eng.asarray(value)
+        assert t.device == "cuda:1"
+        moved = eng.asarray(value, device="cpu")
+        assert moved.device == "cpu"
+        np.testing.assert_array_equal(await within(moved), np.arange(3.0))
+
+
+async def test_asarray_of_a_device_array_of_a_device_the_engine_lacks_is_refused() -> None:
+    async with cuda_engine() as eng:
+        value = await within(await eng.submit(np.arange, 3.0, device="cuda:1"))
+        async with cuda_engine(devices=("cpu", "cuda:0")) as other:
+            with pytest.raises(ss.DeviceError, match="Config\\(devices="):
+                other.asarray(value)
+
+
 @pytest.mark.usefixtures("delays")
 async def test_round_trip_cpu_cuda0_cuda1_cpu() -> None:
     a = np.arange(10.0)
@@ -774,6 +851,29 @@ async def test_trace_shows_the_copy_out(tmp_path: Path) -> None:
     # launching threads never wait), as a task named "d2h" on that thread's track
     names = {e.get("name") for e in _events(path) if e.get("ph") == "X"}
     assert "d2h" in names, names
+
+
+@simulator_only
+async def test_no_simulator_thread_outlives_the_engine() -> None:
+    """Its streams are closed at aclose: their threads, and the driver thread that ran their host
+    callbacks, have ended when ``async with`` returns (not at garbage collection)."""
+    called = threading.Event()
+
+    def with_host_callback(x: Any) -> Any:
+        xp().cuda.get_current_stream().launch_host_func(lambda _: called.set(), None)
+        return x + 1
+
+    before = set(threading.enumerate())
+    async with ss.Engine(cuda_simulator=True, devices=("cpu", "cuda:0")) as eng:
+        t = eng.asarray(np.arange(4.0), device="cuda:0")
+        y = await eng.submit(with_host_callback, t * 2, device="cuda:0")
+        await within(y)
+        np.testing.assert_array_equal(await within(eng.asarray(y, device="cpu")), np.arange(4.0) * 2 + 1)
+        assert called.is_set()
+        kept = eng.asarray(y)  # a device array the caller keeps past the close
+    left = [t.name for t in threading.enumerate() if t not in before]
+    assert not left, f"threads alive after aclose: {left}"
+    assert kept.device == "cuda:0"
 
 
 async def test_opening_an_engine_leaves_the_callers_current_device_alone() -> None:

@@ -21,8 +21,9 @@ it did not wait for:
   checksummed at enqueue and checked when the copy runs (a mismatch is a
   fault);
 - a memory pool per device with CuPy's arenas, limit and ``OutOfMemoryError``;
-- host callbacks on one "cuda-driver" thread, where any simulated CUDA call
-  raises ``CUDARuntimeError(800)``; their exceptions are lost;
+- host callbacks on one "cuda-driver" thread (ended, when idle, by an engine
+  closing its streams), where any simulated CUDA call raises
+  ``CUDARuntimeError(800)``; their exceptions are lost;
 - a fault at run time puts the device in CUDA's sticky 719 state;
 - graph capture records work; a sync during it gives 900, then 901; a graph
   launched after an array its capture allocated from the shared pool died
@@ -33,6 +34,8 @@ it did not wait for:
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -101,6 +104,18 @@ class SimApi(CudaApi):
 
     def event(self) -> Event:
         return Event(block=True, disable_timing=True)
+
+    def close_streams(self, streams: list[Any], timeout: float | None) -> list[threading.Thread]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        threads = [stream.close() for stream in streams]
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        alive = [thread for thread in threads if thread.is_alive()]
+        if not alive:  # their host callbacks ran: the driver thread ends too, unless others use it
+            alive = simulator().driver.stop_idle(
+                None if deadline is None else max(0.0, deadline - time.monotonic())
+            )
+        return alive
 
     def current_stream(self) -> Stream:
         return current_stream()

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import sys
 import threading
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -76,39 +75,70 @@ class _Local(threading.local):
 
 
 class _Driver:
-    """The one process-wide thread that runs host callbacks, like CUDA's driver thread."""
+    """The one process-wide thread that runs host callbacks, like CUDA's driver thread.
+
+    Started by the first call; ``stop_idle`` ends it when no callback is queued
+    or running (an engine closing its streams), and the next call starts it again.
+    """
 
     def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[Any], object], Any, threading.Event]] = (
-            queue.SimpleQueue()
-        )
+        self._calls: deque[tuple[Callable[[Any], object], Any, threading.Event]] = deque()
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.ident: int | None = None
+        self._ended: threading.Thread | None = None  # the last one told to stop (it may be returning)
+        self._running = False  # a callback is running
+        self._stopping = False
+        self.ident: int | None = None  # the running thread's (a CUDA call there fails with 800)
 
     def call(self, fn: Callable[[Any], object], arg: Any) -> None:
         """Run ``fn(arg)`` on the driver thread and wait until it returns."""
         done = threading.Event()
-        self._start()
-        self._calls.put((fn, arg, done))
-        done.wait()
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None:
+        with self._cond:
+            self._calls.append((fn, arg, done))
+            self._stopping = False
+            if self._thread is None:  # (it takes the lock first: it sees its ident set)
                 self._thread = threading.Thread(target=self._loop, name="cuda-driver", daemon=True)
                 self._thread.start()
                 self.ident = self._thread.ident
+            self._cond.notify()
+        done.wait()
+
+    def stop_idle(self, timeout: float | None) -> list[threading.Thread]:
+        """End the thread unless a callback is queued or running; wait up to ``timeout`` for it to end.
+        Returns it if it is still alive then."""
+        with self._cond:
+            thread = self._thread
+            if thread is None:
+                thread = self._ended  # (it left the loop: it may not have returned yet)
+            elif self._calls or self._running:
+                return []
+            else:
+                self._stopping = True
+                self._cond.notify()
+        if thread is None:
+            return []
+        thread.join(timeout)
+        return [thread] if thread.is_alive() else []
 
     def _loop(self) -> None:
         while True:
-            fn, arg, done = self._calls.get()
+            with self._cond:
+                while not self._calls and not self._stopping:
+                    self._cond.wait()
+                if not self._calls:  # told to stop, and idle
+                    self._thread, self.ident, self._stopping = None, None, False  # (idents are reused)
+                    self._ended = threading.current_thread()
+                    return
+                fn, arg, done = self._calls.popleft()
+                self._running = True
             try:
                 fn(arg)
             except BaseException:
                 print(_HOST_FUNC_LOST, file=sys.stderr)
             finally:
                 del fn, arg
+                with self._cond:
+                    self._running = False
                 done.set()
 
 

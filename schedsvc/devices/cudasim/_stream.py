@@ -5,7 +5,8 @@ Every operation goes through ``Stream.submit``: refused on the driver thread
 captures, otherwise ordered by the race detector (vector clocks, see
 ``order``) and appended to the stream's queue, which its daemon thread runs
 in order.  A stream's thread holds only its ``_Worker``, so it ends once the
-stream is garbage collected and its queue is empty.
+stream is closed (``Stream.close``, as ``cudaStreamDestroy``) or garbage
+collected, and its queue is empty.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ class _Worker:
         with self.cond:
             self.stopping = True
             self.cond.notify()
+
+    def check_open(self) -> None:
+        """Raise 400 (an invalid handle, as a destroyed stream's) once the stream was closed."""
+        if self.stopping:
+            raise CUDARuntimeError(400)
 
     def drop(self) -> None:
         """Forget the queued work (``Simulator.reset``)."""
@@ -157,6 +163,12 @@ class Stream:
         """Whether everything enqueued so far has run."""
         return self.pending == 0 and not self._worker.state.failed
 
+    def close(self) -> threading.Thread:
+        """Destroy the stream: enqueueing on it raises 400 from now on, and its thread ends once the
+        work queued ran; that thread is returned (to join)."""
+        self._worker.stop()
+        return self._worker.thread
+
     def _reseed(self) -> None:
         seed = simulator().seed
         self._worker.rng.seed((0 if seed is None else seed) + self.id)
@@ -200,6 +212,7 @@ class Stream:
         """Enqueue ``op`` (race-checked), or record it while capturing."""
         sim = simulator()
         sim.check_thread()
+        self._worker.check_open()
         self._worker.state.check()
         if op.kind.startswith("kernel"):
             sim.take_launch_failure()
@@ -227,6 +240,7 @@ class Stream:
         """Order this stream's later work after ``event``'s current record."""
         sim = simulator()
         sim.check_thread()
+        self._worker.check_open()
         self._worker.state.check()
         if self._capture is not None:
             self._capture.nodes.append(lambda stream: stream.wait_event(event))
@@ -398,6 +412,7 @@ class Event:
         sim = simulator()
         sim.check_thread()
         stream = current_stream() if stream is None else stream
+        stream._worker.check_open()
         stream._worker.state.check()
         if stream._capture is not None:
             stream._capture.nodes.append(lambda s: self.record(s))

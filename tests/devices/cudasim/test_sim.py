@@ -595,6 +595,35 @@ def test_host_callbacks_share_one_driver_thread(cuda: SimApi) -> None:
     assert len(seen) == 2 and seen[0] == seen[1] != threading.get_ident()
 
 
+def test_a_closed_stream_ends_its_thread_and_refuses_work(cuda: SimApi) -> None:
+    s = cuda.stream(0)
+    with s:
+        doubled = cuda.xp.arange(3.0) * 2
+    event = cuda.event()
+    event.record(s)
+    thread = s.close()
+    thread.join(10)
+    assert not thread.is_alive()  # after the work queued on it ran
+    assert event.done
+    with pytest.raises(CUDARuntimeError) as info, s:
+        doubled * 2
+    assert info.value.status == 400
+    event.synchronize()
+    np.testing.assert_array_equal(doubled.get(), [0.0, 2.0, 4.0])
+
+
+def test_an_idle_driver_thread_stops_and_the_next_callback_starts_it(cuda: SimApi, sim: Simulator) -> None:
+    seen: list[str] = []
+    s = cuda.stream(0)
+    s.launch_host_func(lambda _: seen.append(threading.current_thread().name), None)
+    s.synchronize()
+    assert sim.driver.stop_idle(10) == []
+    assert not any(t.name == "cuda-driver" for t in threading.enumerate())
+    s.launch_host_func(lambda _: seen.append(threading.current_thread().name), None)
+    s.synchronize()
+    assert seen == ["cuda-driver", "cuda-driver"]
+
+
 def test_graph_replay_is_race_checked(cuda: SimApi, sim: Simulator) -> None:
     xp, a, s = cuda.xp, cuda.stream(0), cuda.stream(0)
     with s:
