@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import FINAL_STATES
-from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
+from .._errors import BatchError, DependencyError, InvalidTask, QueueFull, SchedsvcError
 from .._future import Future
 from .._runtime import buffer_of, scan
 from ..tensor import Tensor
@@ -316,9 +316,7 @@ class Batched:
         deps, found = scan(tuple(others), {}, (), ()) if others else ((), ())
         seen = {b[0] for b in found}
         buffers = (*((key, nbytes, False) for key, nbytes in memory.items() if key not in seen), *found)
-        port = self._port
-        if any(type(dep) is Tensor for dep in deps):  # their pending writes are dependencies too
-            deps, _ = port.tensors.ordered(deps, buffers, {}, ())
+        deps = self._own(deps, buffers, {})
         call = self._new_call(group, tuple(values), None, group.row_bytes * rows, buffers, deps, tid)
         call.fusion, call.rows = group, rows
         return call
@@ -326,12 +324,25 @@ class Batched:
     def _deferred_task(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall:
         """A call with pending Future arguments: it runs alone once they are there."""
         deps, buffers = scan(args, kwargs, (), ())
-        port = self._port
-        if any(type(dep) is Tensor for dep in deps):
-            deps, _ = port.tensors.ordered(deps, buffers, kwargs, ())
+        deps = self._own(deps, buffers, kwargs)
         call = self._new_call(self._deferred, args, kwargs or None, 0, buffers, deps, tid)
         call.fusion, call.rows = None, 0
         return call
+
+    def _own(
+        self, deps: tuple[Any, ...], buffers: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, ...]:
+        """The call's dependencies, checked to be this engine's, and with the writes queued to its Tensors."""
+        port = self._port
+        tensors = False
+        for dep in deps:
+            if getattr(dep, "_port", None) is not port:
+                raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
+            if type(dep) is Tensor:
+                tensors = True
+        if tensors:  # their pending writes are dependencies too
+            deps, _ = port.tensors.ordered(deps, buffers, kwargs, ())
+        return deps
 
     def _new_call(
         self,

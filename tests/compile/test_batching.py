@@ -923,3 +923,12 @@ async def test_calls_cancelled_while_waiting_for_room_leave_no_refusal_behind(an
         assert (eng.stats().pending, eng.stats().waiting_admission) == (0, 0)
         assert_same_bits(await within(f(xs[2])), mlp(xs[2]))
         assert sizes(f) == {1: 1}
+
+
+async def test_a_tensor_of_another_engine_is_refused_at_the_call(anyio_backend: str) -> None:
+    async with engine() as eng, engine() as other:
+        f = eng.compile(mlp, batch_axis=0)
+        theirs = other.asarray(rows(2))
+        with pytest.raises(ss.InvalidTask, match="another engine"):
+            f(theirs)
+        assert eng.stats().submitted == 0
