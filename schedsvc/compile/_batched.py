@@ -22,7 +22,10 @@ had alone.
 
 Before a key's first call is admitted, ``_rows.plan_rows`` proves from the
 traced graph that rows stay apart; a function that mixes them raises
-``BatchError`` there.  With ``exact`` (the default), the ops NumPy may round
+``BatchError`` there; so does one that reads the number of rows as a value
+(``x / x.shape[0]``, ``len(x)``, a branch on it), found as its two traces
+(the call's rows, many rows) differing beyond their shapes (``same_program``).
+With ``exact`` (the default), the ops NumPy may round
 by memory layout (matmuls, sums, transcendental ufuncs) compute each caller's
 rows as its own call would (``_rows.exact_fn``), so the result is bit for bit
 the unbatched call's.  Traced plans are kept per key as the signature cache
@@ -48,8 +51,8 @@ from .._future import Future
 from .._runtime import buffer_of, scan
 from ..tensor import Tensor
 from ._compiled import MAX_SIGNATURES, Compiled, _static
-from ._graph import emit
-from ._rows import RowPlan, exact_fn, plan_rows
+from ._graph import Graph, emit
+from ._rows import RowPlan, exact_fn, plan_rows, same_program
 from ._state import ACTIVE, tracing
 
 if TYPE_CHECKING:
@@ -100,12 +103,13 @@ class _Group:
         "limit",
         "nbatched",
         "positions",
+        "reference",
         "row_bytes",
         "sigkey",
         "statics",
     )
 
-    def __init__(self, batched: Batched, key: Any, statics: dict[Any, Any] | None, row_bytes: int) -> None:
+    def __init__(self, batched: Batched, key: Any, statics: dict[Any, Any] | None, proved: _Proved) -> None:
         self.batched = batched
         self.key = key
         self.sigkey = _sigkey(key)
@@ -113,7 +117,8 @@ class _Group:
         self.limit = batched.max_batch
         self.nbatched = sum(1 for part in key if part[1] == "rows")
         self.positions = _positions(key)
-        self.row_bytes = row_bytes  # the bytes of its outputs per row
+        self.row_bytes = proved.row_bytes  # the bytes of its outputs per row
+        self.reference = proved.graph, proved.rows  # what a batch of any size must trace to (same_program)
 
     @staticmethod
     def weight(task: Task) -> int:
@@ -170,14 +175,27 @@ class _Deferred:
         return f"batch:{self.batched.name}"
 
 
-class _Plan:
-    """One traced size of one key: the entry, the row plan, and the replay that runs it."""
+class _Proved:
+    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with."""
 
-    __slots__ = ("entry", "plan", "replay", "spans")
+    __slots__ = ("graph", "row_bytes", "rows")
+
+    def __init__(self, row_bytes: int, graph: Graph, rows: int) -> None:
+        self.row_bytes = row_bytes
+        self.graph = graph
+        self.rows = rows
+
+
+class _Plan:
+    """One traced size of one key: the entry, the row plan, and the replay that runs it; ``same``: its
+    program was found the same as at the key's other sizes (``same_program``)."""
+
+    __slots__ = ("entry", "plan", "replay", "same", "spans")
 
     def __init__(self, entry: _Entry, plan: RowPlan, exact: bool) -> None:
         self.entry = entry
         self.plan = plan
+        self.same = False
         graph = entry.graph
         rows = {}
         if exact:
@@ -230,7 +248,7 @@ class Batched:
         #: (key as the signature cache keys it, rows) -> plan, the most recently used last
         self._plans: OrderedDict[Any, _Plan] = OrderedDict()
         #: keys proved at many rows too (as the signature cache keys them) -> their output bytes per row
-        self._proved: OrderedDict[Any, int] = OrderedDict()
+        self._proved: OrderedDict[Any, _Proved] = OrderedDict()
         self._groups: weakref.WeakValueDictionary[Any, _Group] = weakref.WeakValueDictionary()
         self._deferred = _Deferred(self)
         self._numbers = itertools.count(1)
@@ -421,28 +439,33 @@ class Batched:
             return group
         sigkey = _sigkey(key)
         with self._lock:
-            row_bytes = self._proved.get(sigkey)
-            if row_bytes is not None:
+            proved = self._proved.get(sigkey)
+            if proved is not None:
                 self._proved.move_to_end(sigkey)
-        if row_bytes is None:
-            row_bytes = self._prove(sigkey, rows, values[len(values) - _count_shared(key) :], statics)
-        group = _Group(self, key, statics, row_bytes)
+        if proved is None:
+            proved = self._prove(sigkey, rows, values[len(values) - _count_shared(key) :], statics)
+        group = _Group(self, key, statics, proved)
         with self._lock:
             return self._groups.setdefault(key, group)
 
-    def _prove(self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None) -> int:
-        """Trace ``sigkey`` at the call's rows, and at many rows, proving its rows apart; its output bytes
-        per row."""
+    def _prove(
+        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None
+    ) -> _Proved:
+        """Trace ``sigkey`` at the call's rows and at many rows, proving its rows apart and its program the
+        same at both row counts (BatchError otherwise)."""
         plan = self._plan(sigkey, rows, shared, statics, rows)
         probe = max(2, _pow2(min(self.max_batch, _PROBE)))  # proved with many rows too
-        if probe != rows:
-            self._plan(sigkey, probe, shared, statics, rows)
-        row_bytes = plan.entry.out_bytes // rows
+        if probe == rows:
+            probe *= 2
+        other = self._plan(sigkey, probe, shared, statics, rows)
+        same_program(plan.entry.graph, rows, other.entry.graph, probe, repr(self))
+        plan.same = other.same = True
+        proved = _Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
         with self._lock:
-            self._proved[sigkey] = row_bytes
+            self._proved[sigkey] = proved
             while len(self._proved) > self._plain.max_signatures:
                 self._proved.popitem(last=False)
-        return row_bytes
+        return proved
 
     # -- running -------------------------------------------------------------------------
 
@@ -480,6 +503,9 @@ class Batched:
         shared = args[0][nb:]
         plan = self._plan(group.sigkey, size, shared, group.statics, k)
         graph = plan.entry.graph
+        if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
+            same_program(*group.reference, graph, size, repr(self))
+            plan.same = True
         spans = []
         start = 0
         for r in rows:

@@ -932,3 +932,48 @@ async def test_a_tensor_of_another_engine_is_refused_at_the_call(anyio_backend: 
         with pytest.raises(ss.InvalidTask, match="another engine"):
             f(theirs)
         assert eng.stats().submitted == 0
+
+
+# -- functions that read the number of rows are refused ------------------------------------------------------
+
+ROW_COUNTING: list[tuple[str, Callable[[Any], Any], int, str]] = [
+    ("divided by x.shape[0]", lambda x: x / x.shape[0], 2, "divide"),
+    ("times len(x)", lambda x: x * len(x), 2, "multiply"),
+    ("divided by x.size", lambda x: x / x.size, 3, "divide"),
+    ("a branch on the row count", lambda x: x * 2.0 if x.shape[0] > 1 else x, 1, "other operations"),
+    ("another axis cut at the row count", lambda x: x[:, : x.shape[0]], 2, "getitem"),
+    ("rows moved across the batch axis", lambda x: x.reshape(x.shape[0] * 2, -1), 2, "reshape"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "n", "named"), [c[1:] for c in ROW_COUNTING], ids=[c[0] for c in ROW_COUNTING]
+)
+async def test_a_function_that_reads_the_number_of_rows_is_refused_at_the_first_call(
+    anyio_backend: str, fn: Callable[[Any], Any], n: int, named: str
+) -> None:
+    """Its result would depend on how many rows its batch holds: refused, naming what differs."""
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0)
+        with pytest.raises(ss.BatchError, match=named):
+            f(rows(n, features=6))
+        assert eng.stats().submitted == 0
+
+
+async def test_a_program_that_changes_at_a_batch_size_runs_its_calls_alone_there(anyio_backend: str) -> None:
+    """A branch on the row count that the first call's two traces do not reach (4 and many rows take the
+    same side) is found when a batch's size does: that batch is split, each caller gets fn(its rows)."""
+
+    def fn(x: Any) -> Any:
+        return x * 2.0 if x.shape[0] >= 4 else x * 3.0
+
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0, max_batch=8)
+        x4 = rows(4, 9, features=3)
+        assert_same_bits(await within(f(x4)), fn(x4))
+        xs = [rows(1, seed, features=3) for seed in range(2)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, fn(x))  # x * 3.0: what fn gives one row, not the two-row batch's x * 2.0
+        assert sizes(f) == {4: 1, 1: 2}
