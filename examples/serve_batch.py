@@ -1,7 +1,7 @@
 """An async web service whose requests are batched: Starlette + uvicorn, one image per ``POST /predict``, and
 the rows of concurrent requests run together through ``eng.compile(forward, batch_axis=0)``.
 
-Run: ``python examples/serve_batch.py [--port 8000] [--max-batch 256] [--max-delay 0.002] [--help]``
+Run: ``python examples/serve_batch.py [--port 8000] [--max-batch 256] [--help]``
 (needs the ``examples`` extra: ``pip install '.[examples]'``), then::
 
     python -c 'import json; print(json.dumps({"pixels": [4] * 64}))' | curl -s -X POST 127.0.0.1:8000/predict -d @-
@@ -9,17 +9,17 @@ Run: ``python examples/serve_batch.py [--port 8000] [--max-batch 256] [--max-del
 
 - The model has the size of scikit-learn's digits classifier: 8x8 images of pixels 0..16 (64 inputs) ->
   128 -> 64 -> 10 scores, with ReLU, weights from a fixed seed.
-- Each request makes one call of one row, ``model(x)``, and awaits it. The engine gathers the rows of the
-  calls made while it is busy into batches of up to ``--max-batch`` rows (a batch waits at most
-  ``--max-delay`` seconds for more; a call that finds the engine idle runs at once, alone), runs each batch
-  as one task, and gives every request its own row back: with ``exact=True`` (the default) bit for bit what
-  ``forward`` returns on that row alone.
+- Each request makes one call of one row, ``model(x)``, and awaits it. Each call is a task of its own; the
+  worker that takes one also takes the other calls waiting, up to ``--max-batch`` rows, and runs them as
+  one replay (a call that finds a worker free runs at once, alone; none waits for more to come), and every
+  request gets its own row back: with ``exact=True`` (the default) bit for bit what ``forward`` returns on
+  that row alone.
 - The engine lives in the app's lifespan: opened at startup, where the model is traced (and proved to keep
   rows apart) on a row of zeros, so no request pays for it; closed at shutdown with ``eng.aclose()``, which
-  finishes the batches of requests still in flight.
-- Admission: when a batch of the model is already waiting for room (the engine is at ``max_pending`` tasks
-  or ``max_pending_bytes``), ``model(x)`` raises ``ss.QueueFull``, answered with 503 and a ``Retry-After``
-  header: the client retries later and the server's memory stays bounded.
+  finishes the calls of requests still in flight.
+- Admission: when the engine is at ``max_pending`` tasks (calls) or ``max_pending_bytes``, ``model(x)``
+  raises ``ss.QueueFull``, answered with 503 and a ``Retry-After`` header: the client retries later and the
+  server's memory stays bounded.
 - It binds 127.0.0.1 only: put a reverse proxy in front of it to serve other hosts.
 """
 
@@ -111,7 +111,7 @@ async def predict(request: Request) -> JSONResponse:
     except BadRequest as exc:
         return JSONResponse({"error": str(exc)}, exc.status)
     except ss.QueueFull:
-        return unavailable(f"busy: a batch is waiting for room in the engine; retry after {RETRY_AFTER_S} s")
+        return unavailable(f"busy: the engine is at its limits; retry after {RETRY_AFTER_S} s")
     except ss.EngineClosed:
         return unavailable("the server is shutting down; retry on another instance or after it restarts")
     scores = (await call)[0]  # this request's own row of its batch's output
@@ -124,17 +124,13 @@ async def stats(request: Request) -> JSONResponse:
     return JSONResponse({"engine": state.engine.stats().as_dict(), "model": state.model.stats()})
 
 
-def create_app(
-    config: ss.Config | None = None, *, max_batch: int = 256, max_delay: float = 0.002
-) -> Starlette:
+def create_app(config: ss.Config | None = None, *, max_batch: int = 256) -> Starlette:
     """The service: ``app.state.engine`` and ``app.state.model`` exist while its lifespan runs."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with ss.Engine(config) as eng:  # leaving it awaits eng.aclose(): in-flight batches finish
-            model = eng.compile(
-                forward, batch_axis=0, max_batch=max_batch, max_delay=max_delay, name="digits"
-            )
+        async with ss.Engine(config) as eng:  # leaving it awaits eng.aclose(): in-flight calls finish
+            model = eng.compile(forward, batch_axis=0, max_batch=max_batch, name="digits")
             await model(np.zeros((1, PIXELS)))  # traced and verified now, not on a request's time
             app.state.engine, app.state.model = eng, model
             yield
@@ -143,7 +139,7 @@ def create_app(
         routes=[Route("/predict", predict, methods=["POST"]), Route("/stats", stats, methods=["GET"])],
         lifespan=lifespan,
     )
-    app.state.max_batch, app.state.max_delay = max_batch, max_delay
+    app.state.max_batch = max_batch
     return app
 
 
@@ -151,13 +147,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free one)")
     parser.add_argument("--cpu-workers", type=int, default=None, help="engine worker threads")
-    parser.add_argument(
-        "--max-pending", type=int, default=None, help="engine tasks (batches) admitted at once"
-    )
+    parser.add_argument("--max-pending", type=int, default=None, help="engine tasks (calls) admitted at once")
     parser.add_argument("--max-batch", type=int, default=256, help="rows per batch at most (256)")
-    parser.add_argument(
-        "--max-delay", type=float, default=0.002, help="seconds a batch waits for more rows at most (0.002)"
-    )
     parser.add_argument(
         "--graceful-timeout", type=float, default=30.0, help="seconds running requests get at shutdown"
     )
@@ -169,7 +160,7 @@ def server_config(argv: Sequence[str] | None = None, **uvicorn_options: Any) -> 
     args = parse_args(argv)
     engine_options = {"cpu_workers": args.cpu_workers, "max_pending": args.max_pending}
     config = ss.Config(**{k: v for k, v in engine_options.items() if v is not None})
-    app = create_app(config, max_batch=args.max_batch, max_delay=args.max_delay)
+    app = create_app(config, max_batch=args.max_batch)
     options: dict[str, Any] = {
         "host": HOST,
         "port": args.port,

@@ -137,8 +137,6 @@ class Engine:
             if rt is not None and port.abandoned == LOOP_CLOSED:  # its threads were told to stop
                 await rt.join(_JOIN_TIMEOUT_S)
             return
-        for batcher in list(port.batchers):  # calls gathered for a batch go before the doors close
-            batcher.flush()
         port.state = "closing"
         self._closing = anyio.Event()
         try:
@@ -486,11 +484,12 @@ class Engine:
         symbolic tensors; later calls replay the optimised graph as one task.
         ``max_signatures`` signatures are kept, least recently used first out.
 
-        With ``batch_axis``, concurrent calls are batched: each returns a
-        ``BatchCall`` to await for the caller's own rows, and the calls
-        gathered run as one replay once ``max_batch`` rows are there,
-        ``max_delay`` seconds after the first, or at once on an idle engine.
-        ``fn`` must keep rows apart (proved from its graph, else ``BatchError``);
+        With ``batch_axis``, calls are batched: each is a task of its own (a
+        ``BatchCall``, an ``ss.Future`` of the caller's own rows), and the
+        worker that takes one runs the other ready calls of it with it, up to
+        ``max_batch`` rows, as one replay; a lone call runs at once.
+        ``max_delay`` has no effect (kept so existing calls run): no call
+        waits for others.  ``fn`` must keep rows apart (proved from its graph, else ``BatchError``);
         ``batched`` names the batched arguments (default: every array one);
         ``exact`` keeps each caller's result bit for bit the unbatched call's.
         """

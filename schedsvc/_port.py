@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import warnings
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._errors import FORKED, DeviceError, EngineClosed, InvalidTask
@@ -39,7 +38,6 @@ class Port:
     __slots__ = (
         "__weakref__",
         "abandoned",
-        "batchers",
         "compile_counts",
         "config",
         "default_device",
@@ -57,8 +55,6 @@ class Port:
         self.default_device = config.default_device
         self.tensors = tensors
         self.compile_counts = Counts()  # traces, replays of this engine's compiled functions
-        #: batched compiled functions: their forming batches are sent when the engine closes
-        self.batchers: weakref.WeakSet[Any] = weakref.WeakSet()
         #: a suspended async generator its loop closes when it shuts down (``_lifecycle``)
         self.loop_watch: Any = None
 

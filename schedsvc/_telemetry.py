@@ -47,7 +47,8 @@ class Stats:
     compile_replays: int = 0
     """Calls of compiled functions (each one replay task)."""
     batches: int = 0
-    """Batches of batched compiled functions sent (``eng.compile(fn, batch_axis=...)``), each one task."""
+    """Replays of batched compiled functions' calls (``eng.compile(fn, batch_axis=...)``): each runs the calls
+    a worker found ready together, or one call alone."""
     batch_rows: int = 0
     """Rows of their callers in those batches."""
     batch_sizes: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))

@@ -142,6 +142,23 @@ class Timeline:
         if len(records) % _CAP_CHECK == 0:  # every 1,024 spans of a thread: the cap, all threads
             self._check_cap()
 
+    def fused_span(self, task: Task, start: float, end: float, described: dict[str, Any]) -> None:
+        """Tasks that ran as one (``task`` first) ran on this thread from ``start`` to ``end``: one span,
+        named by ``described["name"]``, whose arguments are the rest of ``described``."""
+        if self._full:
+            self._dropped += 1
+            return
+        try:
+            records = self._local.records
+        except AttributeError:
+            records = self._new_track()
+        described = dict(described)
+        name = described.pop("name", None)
+        name = self._names.setdefault(name, name) if type(name) is str else task.name
+        records.extend((task.seq, name, start, end, described, None))
+        if len(records) % _CAP_CHECK == 0:
+            self._check_cap()
+
     def remote_span(
         self,
         task: Task,

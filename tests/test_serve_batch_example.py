@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
+from tests.compile.helpers import occupied
 from tests.examples import assert_told, client_of, load_example
-from tests.helpers import occupied, state, within
+from tests.helpers import state, within
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -52,38 +53,33 @@ async def test_concurrent_requests_share_batches_and_each_gets_its_own_row() -> 
 
 
 async def test_requests_made_while_the_engine_is_busy_run_as_one_batch() -> None:
-    app = serve.create_app(ss.Config(**HELD), max_batch=8, max_delay=60.0)
+    app = serve.create_app(ss.Config(**HELD), max_batch=8)
     x = images(8, 1)
     async with client_of(app) as client:
-        async with occupied(app.state.engine, 1) as (gate, _):
-            requests = [post(client, row) for row in x]  # the eighth row fills the batch: it is sent
-            await state(
-                app.state.engine, lambda: app.state.engine.pending == 2
-            )  # the held task and the batch
+        async with occupied(app.state.engine, 1):
+            requests = [post(client, row) for row in x]
+            await state(app.state.engine, lambda: app.state.engine.pending == 9)  # the held task, 8 calls
             assert not any(r.done() for r in requests)
-            gate.open()
-            responses: list[Any] = await within(asyncio.gather(*requests))
+        responses: list[Any] = await within(asyncio.gather(*requests))
         model = app.state.model.stats()
     for response, row in zip(responses, x, strict=True):
         assert_own_row(response, row)
     assert model["batch_sizes"] == {1: 1, 8: 1}  # the startup row alone, then the eight requests together
 
 
-async def test_a_request_while_a_batch_waits_for_room_is_answered_503_with_retry_after() -> None:
+async def test_a_request_at_the_engines_limits_is_answered_503_with_retry_after() -> None:
     app = serve.create_app(ss.Config(**HELD, max_pending=1), max_batch=1)
     first, second = images(2, 2)
     async with client_of(app) as client:
         eng = app.state.engine
-        async with occupied(eng, 1) as (gate, _):  # the one slot: the first request's batch waits for room
-            waiting = post(client, first)
-            await state(eng, lambda: eng.stats().waiting_admission == 1)
-            refused = await within(post(client, second))
-            gate.open()
-            admitted = await within(waiting)
+        async with occupied(eng, 1) as (_, held):  # the one slot
+            refused = await within(post(client, first))
+        await within(held[0])
+        admitted = await within(post(client, second))
     assert refused.status_code == 503
     assert refused.headers["Retry-After"] == str(serve.RETRY_AFTER_S)
     assert "busy" in refused.json()["error"]
-    assert_own_row(admitted, first)
+    assert_own_row(admitted, second)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +99,7 @@ async def test_a_bad_request_is_told_what_to_send(body: bytes, status: int, says
 
 
 def test_the_script_binds_127_0_0_1_with_its_batching_options() -> None:
-    config = serve.server_config(["--port", "8123", "--max-batch", "32", "--max-delay", "0.01"])
+    config = serve.server_config(["--port", "8123", "--max-batch", "32"])
     assert (config.host, config.port, config.lifespan) == ("127.0.0.1", 8123, "on")
-    assert (config.app.state.max_batch, config.app.state.max_delay) == (32, 0.01)
+    assert config.app.state.max_batch == 32
     assert serve.server_config([]).port == 8000

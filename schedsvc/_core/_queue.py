@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from ._task import Task
 
@@ -14,14 +16,17 @@ class ReadyQueue:
     """Tasks ready to run, bucketed by priority.
 
     A cancelled task stays in its bucket and is skipped when popped, so
-    cancelling is O(1); ``count`` always counts ready tasks only.
+    cancelling is O(1); ``count`` always counts ready tasks only.  Tasks with a
+    ``fusion`` are also listed by it, in the order they became ready, for
+    ``take_like`` (entries that left the ready state are dropped as it meets them).
     """
 
-    __slots__ = ("_buckets", "_order", "count")
+    __slots__ = ("_buckets", "_like", "_order", "count")
 
     def __init__(self) -> None:
         self._buckets: dict[int, deque[Task]] = {}
         self._order: list[int] = []  # negated priorities, ascending = highest first
+        self._like: dict[Any, deque[Task]] = {}  # fusion -> its tasks, oldest first
         self.count = 0
 
     def push(self, task: Task) -> None:
@@ -31,6 +36,39 @@ class ReadyQueue:
             insort(self._order, -task.priority)
         bucket.append(task)
         self.count += 1
+        if task.fusion is not None:  # hot path: the one check a task without one pays
+            self._list_like(task)
+
+    def _list_like(self, task: Task) -> None:
+        like = self._like.get(task.fusion)
+        if like is None:
+            like = self._like[task.fusion] = deque()
+        like.append(task)
+
+    def take_like(self, fusion: Any, limit: int, weight: Callable[[Task], int] | None = None) -> list[Task]:
+        """Remove and return the ready tasks of ``fusion``, oldest first, while their weights (default 1
+        each) add up to at most ``limit``; whatever their priority.  The caller moves them out of the
+        ready state (they stay in their buckets, skipped when met, as a cancelled task is)."""
+        taken: list[Task] = []
+        like = self._like.get(fusion)
+        while like and limit > 0:
+            task = like[0]
+            if task.state != "ready":  # popped, claimed or cancelled since it was listed
+                like.popleft()
+                continue
+            share = 1 if weight is None else weight(task)
+            if share > limit:
+                break
+            like.popleft()
+            limit -= share
+            taken.append(task)
+        if like is not None and not like:
+            del self._like[fusion]
+        if taken:
+            self.count -= len(taken)
+            if not self.count:
+                self._clear()
+        return taken
 
     def pop(self) -> Task | None:
         """Remove and return the highest-priority ready task, or None."""
@@ -71,10 +109,15 @@ class ReadyQueue:
         """Nothing is ready: drop the stale entries (they hold finished tasks' values)."""
         self._buckets.clear()
         self._order.clear()
+        self._like.clear()
 
     def tasks(self) -> list[Task]:
         """The ready tasks, in pop order (for validation and tests)."""
         return [t for neg in self._order for t in self._buckets[-neg] if t.state == "ready"]
+
+    def like(self, fusion: Any) -> list[Task]:
+        """The ready tasks of ``fusion``, oldest first (for validation and tests)."""
+        return [t for t in self._like.get(fusion, ()) if t.state == "ready"]
 
     def _drop(self, neg: int) -> None:
         del self._buckets[-neg]

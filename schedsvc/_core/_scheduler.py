@@ -10,6 +10,8 @@ object is allocated per task):
 * ``publish()``           end the current burst: staged tasks become visible to ``take``
 * ``enqueue(task, token)`` queue a task for admission, FIFO, until it fits
 * ``take(device)``         a worker asks for the next ready task
+* ``take_like(device, fusion, limit, weight)``  the worker that took a task with a ``fusion``
+  also takes the other ready tasks of it, to run them as one
 * ``finish(task, value, error)``  a running task returned or raised (on an
   asynchronous device: only a task that failed before it launched)
 * ``launch(task)``         a running task's work is queued on its asynchronous device
@@ -292,6 +294,18 @@ class Scheduler:
             task.state = "running"
             self.running += 1
         return task
+
+    def take_like(
+        self, device: str, fusion: Any, limit: int, weight: Callable[[Task], int] | None = None
+    ) -> list[Task]:
+        """Hand the ready tasks of ``device`` whose ``fusion`` is ``fusion`` to the worker that runs one
+        of them (ready -> running): oldest first, whatever their priority, while their weights (default
+        1 each) add up to at most ``limit``."""
+        taken = self.queues[device].take_like(fusion, limit, weight)
+        for task in taken:
+            self._move(task, "running")
+        self.running += len(taken)
+        return taken
 
     def claim(self, task: Task) -> bool:
         """Take a specific ready task out of its queue to run it now (ready -> running)."""
@@ -995,6 +1009,9 @@ class Scheduler:
             ready = queue.tasks()
             assert len(ready) == queue.count, (device, len(ready), queue.count)
             assert all(t.device == device and t in live for t in ready)
+            for task in ready:  # each ready task with a fusion is listed by it, once
+                if task.fusion is not None:
+                    assert sum(t is task for t in queue.like(task.fusion)) == 1, (device, task)
         staged = [t for t in self.staged if t.staged == self._epoch]
         assert all(t.state == "ready" and t in live for t in staged)
         assert sum(q.count for q in self.queues.values()) + len(staged) == states.count("ready")

@@ -94,6 +94,11 @@ class Task:
     #: task is also a read of it (one entry, made once, however often it is read).
     memory: Buffer | None = None
 
+    #: Tasks whose ``fusion`` is the same object (not None) may run as one: the executor that takes one
+    #: of them may also take the others that are ready (``Scheduler.take_like``).  A class attribute: a
+    #: kind of task that fuses gives it a slot of its own.
+    fusion: Any = None
+
     def __init__(
         self,
         fn: Any = None,

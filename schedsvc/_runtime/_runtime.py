@@ -32,7 +32,7 @@ import types
 from collections import deque
 from collections.abc import Callable
 from threading import get_ident
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import numpy as np
@@ -48,7 +48,7 @@ from ._threads import ThreadToken
 if TYPE_CHECKING:
     from ..devices import Executor
 
-__all__ = ["BLOCK", "NOW", "OVER", "QUEUE", "Runtime", "current_worker", "set_worker"]
+__all__ = ["BLOCK", "NOW", "OVER", "QUEUE", "Fusion", "Runtime", "current_worker", "set_worker"]
 
 #: what a submission does at the engine's limits (``Runtime.admit``): is not admitted (``submit_nowait``),
 #: queues for admission FIFO and awaits (``await eng.submit``), blocks its thread in that queue (the
@@ -63,6 +63,25 @@ _STALE_S = 0.002
 
 _LockType = type(threading.Lock())
 _local = threading.local()
+
+
+class Fusion(Protocol):
+    """What a task's ``fusion`` is: how the ready tasks that share it run as one, on the worker that took
+    one of them (``Runtime.execute``).  It is compared by identity."""
+
+    #: the most weight one run takes
+    limit: int
+
+    def weight(self, task: Task) -> int:
+        """The share of ``limit`` that ``task`` takes (its rows, say)."""
+        ...
+
+    def run(
+        self, tasks: list[Task], args: list[Any]
+    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
+        """Run ``tasks`` (their arguments, values in place of futures, are ``args``) as one; each one's
+        (value, error), in order, and what the trace shows of the run.  Raises nothing."""
+        ...
 
 
 def set_worker(worker: Any) -> None:
@@ -131,9 +150,6 @@ class Runtime:
         #: ``until`` waiters: (predicate, token); while any waits, each scheduling event re-checks them
         self._conditions: list[tuple[Callable[[], bool], Any]] = []
         self._recheck_scheduled = False
-        #: called once each, on the loop, once nothing is pending (a batcher's forming batch goes then)
-        self.idle_hooks: list[Callable[[], None]] = []
-        self._idle_scheduled = False
 
     def add_device(self, name: str, executor: Executor) -> None:
         self.devices[name] = executor
@@ -207,10 +223,6 @@ class Runtime:
             if wakes is None:
                 wakes = []
             wakes.append(self._recheck_soon)
-        if self.idle_hooks and core.pending == 0:
-            if wakes is None:
-                wakes = []
-            wakes.append(self._idle_soon)
         if not wakes:
             return None
         if len(wakes) == 1:
@@ -704,22 +716,6 @@ class Runtime:
         except RuntimeError:  # the loop is closed: nobody waits on it any more
             self._recheck_scheduled = False
 
-    def _idle_soon(self) -> None:
-        """Nothing is pending (from any thread): run the idle hooks on the loop, once for a burst."""
-        if self._idle_scheduled:
-            return
-        self._idle_scheduled = True
-        try:
-            self.bridge.call_soon_threadsafe(self._idle)
-        except RuntimeError:  # the loop is closed: its batchers flushed as the engine closed
-            self._idle_scheduled = False
-
-    def _idle(self) -> None:
-        self._idle_scheduled = False
-        hooks, self.idle_hooks = self.idle_hooks, []
-        for hook in hooks:
-            hook()
-
     def _recheck(self) -> None:
         """On the loop: settle each waiter whose predicate holds now (or raised)."""
         self._recheck_scheduled = False  # first: an event from here on schedules another check
@@ -928,9 +924,11 @@ class Runtime:
             return None
 
     def run_inline(self, task: Task) -> bool:
-        """Run a ready task on this (the awaiting) thread if it is cheap; False if not run."""
+        """Run a ready task on this (the awaiting) thread if it is cheap; False if not run.  A task with a
+        ``fusion`` is left to a worker, which runs it with the others of its fusion that are ready."""
         if (
             task.state == "ready"
+            and task.fusion is None
             and task.device in self.anywhere
             and self.is_cheap(task)
             and self.claim(task)
@@ -946,8 +944,11 @@ class Runtime:
         or else the next queued task of the device, taken under the same lock
         hold as the finish (one lock round trip per task, not two).
         ``chain=False`` (a thread that is not a worker, or one that runs a task it
-        waits on): dependents go to the queue and nothing is taken.
+        waits on): dependents go to the queue and nothing is taken.  On a worker, a
+        task with a ``fusion`` runs with the others of it that are ready (``_execute_fused``).
         """
+        if task.fusion is not None and chain:  # hot path: the one check a task pays for fusion
+            return self._execute_fused(task)
         t0 = time.perf_counter()
         self.queue_waits.append(t0 - task.t_ready)
         key = None
@@ -991,6 +992,42 @@ class Runtime:
             nxt = self.core.finish(task, value, error, chain)
             if nxt is None and chain:
                 nxt = self.core.take(task.device)
+            after = self.collect()
+        finally:
+            lock.release()
+        if after is not None:
+            after()
+        return nxt
+
+    def _execute_fused(self, first: Task) -> Task | None:
+        """On a worker: take the ready tasks of ``first``'s fusion too, run them as one, and finish each
+        with its own outcome; return the task to run next, as ``execute`` does."""
+        fusion: Fusion = first.fusion
+        core = self.core
+        with self.lock:
+            room = fusion.limit - fusion.weight(first)
+            tasks = [first, *core.take_like(first.device, fusion, room, fusion.weight)]
+        t0 = time.perf_counter()
+        for task in tasks:
+            self.queue_waits.append(t0 - task.t_ready)
+        try:
+            args = [substitute_args(t.args) if t.deps else t.args for t in tasks]
+            outcomes, described = fusion.run(tasks, args)
+        except BaseException as exc:  # (run raises nothing; were it to, no task may stay running)
+            outcomes, described = [(None, exc)] * len(tasks), {}
+        timeline = self.timeline
+        if timeline is not None:
+            timeline.fused_span(first, t0, time.perf_counter(), described)
+        lock = self.lock
+        if not lock.acquire(False):
+            _acquire_contended(lock)
+        try:
+            last = len(tasks) - 1
+            for i, task in enumerate(tasks):  # the last one may hand on a dependent to run here
+                value, error = outcomes[i]
+                nxt = core.finish(task, value, error, i == last)
+            if nxt is None:
+                nxt = core.take(first.device)
             after = self.collect()
         finally:
             lock.release()

@@ -1,47 +1,62 @@
-"""Dynamic batching: many small awaited calls of a compiled function run as one replay.
+"""Dynamic batching: the calls of a compiled function that are ready together run as one replay.
 
-``eng.compile(fn, batch_axis=0)`` returns a ``Batched``.  Each call joins the
-batch forming for its key -- the arguments' shapes but the batch axis, their
-dtypes, the unbatched arrays (by identity) and the other values -- and gets a
-``BatchCall`` to await.  A batch is sent as one engine task when it holds
-``max_batch`` rows, when ``max_delay`` has passed since its first call, or at
-once when the engine has nothing pending (a lone call waits for nothing).
-The task concatenates the callers' rows (padded to a power of two, so that a
-few sizes are traced), runs the replay, and splits the result back: each
-caller gets exactly its own rows.
+``eng.compile(fn, batch_axis=0)`` returns a ``Batched``.  Each call is a task
+of its own from the moment it is made -- a ``BatchCall``, which is an
+``ss.Future`` -- admitted like any task (``fn(x)`` now or ``QueueFull``, as
+``eng.submit_nowait``; ``await fn.submit(x)`` waits for room, as ``await
+eng.submit``).  Its reads are registered at the call, so a write made after
+the call waits for it, and ordering, cancellation, failure and admission are
+those of ordinary tasks.
 
-Before the first call of a key runs, ``_rows.plan_rows`` proves from the
+Fusion happens at dispatch: every call carries the ``_Group`` of its batch
+key -- the arguments' shapes but the batch axis, their dtypes, the unbatched
+arrays (by identity) and the other values -- as its ``fusion``.  The worker
+that takes one ready call also takes the other ready calls of its group, up
+to ``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
+(padded, so that a few sizes are traced), replays once, and splits the result
+back: each call is finished with its own rows.  So the backlog is the batch:
+a lone call on an idle engine runs at once, and a burst that queues up fills
+batches; nothing waits for a timer.  If a fused run raises, it is split in
+halves, down to single calls, so each caller gets the outcome it would have
+had alone.
+
+Before a key's first call is admitted, ``_rows.plan_rows`` proves from the
 traced graph that rows stay apart; a function that mixes them raises
-``BatchError`` there.  With ``exact`` (the default), the ops NumPy may round
+``BatchError`` there; so does one that reads the number of rows as a value
+(``x / x.shape[0]``, ``len(x)``, a branch on it), found as its two traces
+(the call's rows, many rows) differing beyond their shapes (``same_program``).
+With ``exact`` (the default), the ops NumPy may round
 by memory layout (matmuls, sums, transcendental ufuncs) compute each caller's
 rows as its own call would (``_rows.exact_fn``), so the result is bit for bit
-the unbatched call's.
-
-Calls are made on the engine's event loop (from coroutines); the batches'
-state lives there, so it needs no lock.
+the unbatched call's.  Traced plans are kept per key as the signature cache
+keys them (shapes, not array addresses), at most ``max_signatures`` of them.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Callable, Generator, Sequence
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from threading import get_ident
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._core import FINAL_STATES
-from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
-from .._future import Future, blocks_the_loop
-from .._runtime import QUEUE, buffer_of, scan
-from .._runtime._bridge import cancelled_error, is_cancellation, new_token, settle
+from .._errors import BatchError, DependencyError, InvalidTask, QueueFull, SchedsvcError
+from .._future import Future
+from .._runtime import NOW, QUEUE, buffer_of, scan
 from ..tensor import Tensor
 from ._compiled import MAX_SIGNATURES, Compiled, _static
-from ._graph import emit
-from ._rows import RowPlan, exact_fn, plan_rows
+from ._graph import Graph, emit
+from ._rows import RowPlan, exact_fn, plan_rows, same_program
 from ._state import ACTIVE, tracing
 
 if TYPE_CHECKING:
+    from .._core import Task
     from .._port import Port
     from ._compiled import _Entry
 
@@ -49,160 +64,138 @@ __all__ = ["MAX_BATCH", "MAX_DELAY", "BatchCall", "Batched"]
 
 #: rows per batch by default: past it a batch's replay gains little per row (``schedsvc bench batch``)
 MAX_BATCH = 256
-#: seconds a forming batch waits for more calls by default, while the engine is busy
+#: the default of ``max_delay``, which has no effect: batches form from the calls ready at dispatch
 MAX_DELAY = 0.002
-_FINAL = ("done", "failed", "cancelled")
 #: the most rows a key's first call is also traced with, to prove its rows apart where there are many
 _PROBE = 256
-_gate_lock = threading.Lock()  # threads waiting on one call (rare) add their gates one at a time
+#: the engine's batch counts are added to from every worker
+_counts_lock = threading.Lock()
 
 
-class BatchCall:
-    """One call of a batched compiled function: ``await call`` returns the caller's own rows.
+class BatchCall(Future[Any]):
+    """One call of a batched compiled function: a task of its own, ``await call`` gives the caller's rows.
 
-    ``cancel()`` removes it from its batch unless the batch has started;
-    cancelling the coroutine that awaits it does the same.
+    It is an ``ss.Future``: ``result(timeout)`` from other threads, ``cancel()``
+    (before it runs), ``exception()``, ``add_done_callback`` and passing it to
+    other tasks work as for any task.
     """
 
-    __slots__ = (
-        "_batch",
-        "_gates",
-        "_owner",
-        "_waiters",
-        "args",
-        "error",
-        "number",
-        "rows",
-        "state",
-        "statics",
-        "value",
-    )
+    __slots__ = ("fusion", "number", "rows")
 
-    #: the batched values, then the unbatched ones, in the key's order
-    args: list[Any]
-    rows: int
-    _batch: _Batch | None
-    value: Any
-    error: BaseException | None
-
-    def __init__(self, owner: Batched, number: int) -> None:
-        # (args, rows, _batch, value and error are set when it joins a batch and when it ends)
-        self._owner = owner
-        self.number = number  # the how-manieth call of its function (the trace lists a batch's callers)
-        self.statics: dict[Any, Any] | None = None  # the other arguments, by position or keyword
-        self._waiters: list[Any] | None = None  # tokens of awaiting coroutines (the loop's alone)
-        self._gates: list[threading.Event] | None = None  # of threads blocked in result(), under _gate_lock
-        self.state = "new"  # new (inputs pending) -> forming -> sent -> done | failed | cancelled
-
-    def done(self) -> bool:
-        return self.state in _FINAL
-
-    def cancelled(self) -> bool:
-        return self.state == "cancelled"
-
-    def cancel(self) -> bool:
-        """Take the call out of its batch if the batch has not started; True if it was taken out."""
-        if self.state in _FINAL:
-            return self.state == "cancelled"
-        batch = self._batch if self.state != "new" else None
-        if batch is not None and batch.task is not None and batch.task.state not in _UNSTARTED:
-            return False
-        self._owner._remove(self)
-        self._finish("cancelled", None, None)
-        return True
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        if self.state not in _FINAL:
-            token = new_token()
-            if self._waiters is None:
-                self._waiters = [token]
-            else:
-                self._waiters.append(token)
-            try:
-                yield from token.__await__()
-            except BaseException as exc:
-                if is_cancellation(exc):
-                    self.cancel()  # the caller gave up: its rows are not wanted
-                raise
-        return self._outcome(None)
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Block (in a thread other than the event loop's) until the rows are there; raise its error."""
-        if self.state not in _FINAL:
-            if self._owner._rt().on_loop_thread():
-                raise blocks_the_loop(self, "result()", "call")
-            gate = threading.Event()
-            with _gate_lock:  # (against other threads, and the loop taking the gates)
-                if self._gates is None:
-                    self._gates = [gate]
-                else:
-                    self._gates.append(gate)
-            if self.state in _FINAL:  # finished before it could see the gate
-                gate.set()
-            if not gate.wait(timeout):
-                raise TimeoutError(f"{self!r} did not finish within {timeout} s")
-        return self._outcome(None)
-
-    def exception(self) -> BaseException | None:
-        """The call's exception, or None if it succeeded; it must be done."""
-        if self.state not in _FINAL:
-            raise SchedsvcError(f"{self!r} is not done; await it first")
-        if self.state == "cancelled":
-            raise cancelled_error()(f"{self!r} was cancelled")
-        return self.error
-
-    def _outcome(self, cancelled: type[BaseException] | None) -> Any:
-        if self.state == "done":
-            return self.value
-        if self.state == "cancelled":
-            raise (cancelled or cancelled_error())(f"{self!r} was cancelled")
-        assert self.error is not None
-        raise self.error
-
-    def _finish(self, state: str, value: Any, error: BaseException | None) -> None:
-        """Final now (on the loop's thread): wake whoever waits."""
-        if self.state in _FINAL:
-            return
-        self.value, self.error, self.state = value, error, state
-        waiters, self._waiters = self._waiters, None
-        self.args = []  # the inputs are not needed any more
-        for waiter in waiters or ():
-            settle(waiter)
-        if self._gates is not None:  # (a gate added after this sees the state, and sets itself)
-            with _gate_lock:
-                gates, self._gates = self._gates, None
-            for gate in gates or ():
-                gate.set()
+    fusion: _Group | None
+    number: int  # the how-manieth call of its function (the trace lists a batch's callers)
+    rows: int  # its rows along the batch axis (0: not known until its Future arguments are there)
 
     def __repr__(self) -> str:
-        rows = f" rows={self.rows}" if self.state != "new" else ""
-        return f"<BatchCall {self._owner.name} #{self.number}{rows} {self.state}>"
+        rows = f" rows={self.rows}" if self.rows else ""
+        extra = f" {type(self.error).__name__}" if self.state == "failed" and self.error is not None else ""
+        return f"<BatchCall {self.label} #{self.number}{rows} {self.state}{extra}>"
 
 
-_UNSTARTED = frozenset({"new", "admitting", "waiting", "ready"})
+class _Group:
+    """The calls of one batch key: what runs the ready ones as one (``runtime.Fusion``), and one alone
+    (as the task's function, where a thread runs the call it waits for, or in sync mode)."""
 
+    __slots__ = (
+        "__weakref__",
+        "batched",
+        "key",
+        "limit",
+        "nbatched",
+        "positions",
+        "reference",
+        "row_bytes",
+        "sigkey",
+        "statics",
+    )
 
-class _Batch:
-    """The calls of one key gathered for one replay."""
-
-    __slots__ = ("calls", "key", "rows", "stop_timer", "task")
-
-    def __init__(self, key: Any) -> None:
+    def __init__(self, batched: Batched, key: Any, statics: dict[Any, Any] | None, proved: _Proved) -> None:
+        self.batched = batched
         self.key = key
-        self.calls: list[BatchCall] = []
-        self.rows = 0
-        self.stop_timer: Callable[[], Any] | None = None
-        self.task: Future[Any] | None = None
+        self.sigkey = _sigkey(key)
+        self.statics = statics  # the other arguments, by position or keyword (equal for the whole key)
+        self.limit = batched.max_batch
+        self.nbatched = sum(1 for part in key if part[1] == "rows")
+        self.positions = _positions(key)
+        self.row_bytes = proved.row_bytes  # the bytes of its outputs per row
+        self.reference = proved.graph, proved.rows  # what a batch of any size must trace to (same_program)
+
+    @staticmethod
+    def weight(task: Task) -> int:
+        return task.rows  # type: ignore[attr-defined, no-any-return]
+
+    def run(
+        self, tasks: list[Task], args: list[Any]
+    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
+        """The ready calls of this key, as one replay (split where it raises)."""
+        rows = [self.weight(t) for t in tasks]
+        runs: list[int] = []
+        outcomes = self.batched._outcomes(self, args, rows, runs)
+        described = {
+            "name": f"batch:{self.batched.name}",
+            "calls": len(tasks),
+            "rows": sum(rows),
+            "padded_to": runs[0] if len(runs) == 1 else runs,
+            "callers": [t.number for t in tasks],  # type: ignore[attr-defined]
+        }
+        return outcomes, described
+
+    def __call__(self, *values: Any) -> Any:
+        """One call alone."""
+        axis = self.batched.batch_axis
+        rows = values[0].shape[axis]
+        ((value, error),) = self.batched._outcomes(self, [values], [rows], [])
+        if error is not None:
+            raise error
+        return value
+
+    @property
+    def __name__(self) -> str:
+        return f"batch:{self.batched.name}"
+
+
+class _Deferred:
+    """The function of a call whose Future arguments were pending at the call: its rows and key are
+    known only when they are there, so it runs alone, checked then."""
+
+    __slots__ = ("batched",)
+
+    def __init__(self, batched: Batched) -> None:
+        self.batched = batched
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        batched = self.batched
+        statics: dict[Any, Any] = {}
+        key, values, rows = batched._parse(args, kwargs, statics)
+        group = batched._group(key, values, rows, statics or None)
+        return group(*values)
+
+    @property
+    def __name__(self) -> str:
+        return f"batch:{self.batched.name}"
+
+
+class _Proved:
+    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with."""
+
+    __slots__ = ("graph", "row_bytes", "rows")
+
+    def __init__(self, row_bytes: int, graph: Graph, rows: int) -> None:
+        self.row_bytes = row_bytes
+        self.graph = graph
+        self.rows = rows
 
 
 class _Plan:
-    """One traced size of one key: the entry, the row plan, and the replay that runs it."""
+    """One traced size of one key: the entry, the row plan, and the replay that runs it; ``same``: its
+    program was found the same as at the key's other sizes (``same_program``)."""
 
-    __slots__ = ("entry", "plan", "replay", "spans")
+    __slots__ = ("entry", "plan", "replay", "same", "spans")
 
     def __init__(self, entry: _Entry, plan: RowPlan, exact: bool) -> None:
         self.entry = entry
         self.plan = plan
+        self.same = False
         graph = entry.graph
         rows = {}
         if exact:
@@ -213,9 +206,12 @@ class _Plan:
 
 
 class Batched:
-    """A compiled function whose concurrent calls run together: ``await fn(x)`` gives the caller's rows.
+    """A compiled function whose calls that are ready together run as one: ``await fn(x)`` gives the
+    caller's rows.
 
-    Made by ``eng.compile(fn, batch_axis=..., max_batch=..., max_delay=...)``.
+    Made by ``eng.compile(fn, batch_axis=..., max_batch=...)``.  ``max_delay``
+    is accepted and has no effect: a batch is the calls ready when a worker
+    takes one of them, so no call waits for more to come.
     """
 
     def __init__(
@@ -248,131 +244,152 @@ class Batched:
         self.max_delay = float(max_delay)
         self.exact = exact
         self._batched = None if batched is None else frozenset(batched)
-        self._forming: dict[Any, _Batch] = {}
-        self._plans: dict[Any, _Plan] = {}  # (key, rows) -> plan
-        self._checked: set[Any] = set()  # keys proved at max_batch rows too
-        self._admitting = 0  # batches sent and waiting for room
-        self._idle_hooked = False  # in the runtime's idle_hooks: a batch forms on a busy engine
-        self._room: list[Any] = []  # tokens of `await submit` callers waiting for those
+        self._lock = threading.Lock()  # the plans and groups: calls come from any thread, runs from workers
+        #: (key as the signature cache keys it, rows) -> plan, the most recently used last
+        self._plans: OrderedDict[Any, _Plan] = OrderedDict()
+        #: keys proved at many rows too (as the signature cache keys them) -> their output bytes per row
+        self._proved: OrderedDict[Any, _Proved] = OrderedDict()
+        self._groups: weakref.WeakValueDictionary[Any, _Group] = weakref.WeakValueDictionary()
+        self._deferred = _Deferred(self)
+        self._numbers = itertools.count(1)
         self.calls = 0
         self.batches = 0
         self.rows = 0
         self.batch_sizes: dict[int, int] = {}
         self._simple = batch_axis == 0 and batched is None  # calls of one array take the hot path
-        port.batchers.add(self)
-
-    def _rt(self) -> Any:
-        return self._port.running()
 
     # -- calls -------------------------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Join the batch forming for these arguments; the ``BatchCall`` to await.
+    def __call__(self, *args: Any, **kwargs: Any) -> BatchCall:
+        """Admit the call now as a task of its own; the ``BatchCall`` to await.
 
-        Raises QueueFull while a batch of this function waits for room in the
-        engine (``await fn.submit(...)`` waits instead).
+        At the engine's limits it raises ``QueueFull`` (``await fn.submit(...)``
+        waits for room instead); inside a running task it is admitted over the
+        limits.  Callable from any thread.
         """
         if ACTIVE[0] and tracing.depth:  # inside another compiled function: trace straight through
-            return self._fn(*args, **kwargs)
+            return self._fn(*args, **kwargs)  # type: ignore[no-any-return]
+        tid = get_ident()
         port = self._port
-        rt = port.rt  # Port.running() and the loop's thread, inlined: this runs at every call
-        if rt is None or port.state != "running" or rt.bridge.closed():
+        rt = port.rt  # Port.accepting(tid), inlined: this runs at every call
+        if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
-        if get_ident() != rt.loop_thread:
-            raise SchedsvcError(
-                f"{self!r} is called from outside the engine's event loop: batched calls are gathered on "
-                "the loop, from coroutines ('await fn(x)'); in a task or a thread, call the function "
-                "compiled without batch_axis"
-            )
-        if self._admitting:
+        call = self._call(args, kwargs, tid)
+        if not rt.admit(call, tid, NOW):
             raise QueueFull(
-                f"{self!r}: a batch of it waits for room in the engine ({rt.limits_text()}); "
+                f"engine at its limits ({rt.limits_text()}): {call!r} was not admitted; "
                 "'await fn.submit(...)' waits for room instead"
             )
-        self.calls += 1
-        call = BatchCall(self, self.calls)
-        if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
-            x = args[0]
-            if type(x) is np.ndarray and x.ndim and x.shape[0]:
-                self._join(call, ((0, "rows", x.shape[1:], x.dtype),), [x], x.shape[0])
-                return call
-        pending = [
-            v for v in (*args, *kwargs.values()) if isinstance(v, Future) and v.state not in FINAL_STATES
-        ]
-        if not pending:
-            self._join(call, *self._parse(args, kwargs, call))
-            return call
-        left = [len(pending)]
-
-        def arrived(_: Any) -> None:  # on the loop, once each pending future is final
-            left[0] -= 1
-            if left[0] or call.state != "new":
-                return
-            try:
-                self._join(call, *self._parse(args, kwargs, call))
-            except BaseException as exc:  # (its inputs failed, or they make a call that does not fit)
-                call._finish("failed", None, exc)
-
-        for fut in pending:
-            fut.add_done_callback(arrived)
+        if rt.sync_mode and call.state == "failed" and call.error is not None:  # its error at the call
+            raise call.error
         return call
 
     async def submit(self, *args: Any, **kwargs: Any) -> BatchCall:
-        """Join a batch, waiting first (in turn) while a batch of this function waits for room."""
-        rt = self._rt()
-        while self._admitting:
-            token = new_token()
-            self._room.append(token)
-            try:
-                await token
-            except BaseException:
-                if token in self._room:
-                    self._room.remove(token)
-                raise
-            if rt is not self._rt():  # pragma: no cover - the engine cannot restart
-                raise self._port.refusal()
-        result: BatchCall = self(*args, **kwargs)
-        return result
+        """Admit the call, waiting (first come first served) while the engine is at its limits."""
+        tid = get_ident()
+        port = self._port
+        rt = port.running()
+        call = self._call(args, kwargs, tid)
+        token = rt.admit(call, tid, QUEUE)
+        if token is not True:  # (cancelled while it waits, or Ctrl-C: nobody holds the call, it is cancelled)
+            await rt.admission(call, token)
+        elif rt.sync_mode and call.state == "failed" and call.error is not None:  # its error at the call
+            raise call.error
+        return call
 
-    def _join(self, call: BatchCall, key: Any, values: list[Any], rows: int) -> None:
-        """Add the call to the batch forming for ``key``; send it when full, or when the engine is idle."""
-        call.args, call.rows = values, rows
-        if key not in self._checked:  # the key's first call: prove its rows apart (at its own size first)
-            self._plan(key, rows, call)
-        batch = self._forming.get(key)
-        if batch is not None and batch.rows + rows > self.max_batch:
-            self._send(batch)
-            batch = None
-        fresh = batch is None
-        if batch is None:
-            batch = self._forming[key] = _Batch(key)
-        batch.calls.append(call)
-        batch.rows += rows
-        call._batch, call.state = batch, "forming"
-        rt = self._port.rt
-        assert rt is not None
-        if batch.rows >= self.max_batch or rt.core.pending == 0 or self._port.state != "running":
-            self._send(batch)  # (a closing engine flushed its batches already: nobody would send this one)
-        elif fresh:
-            batch.stop_timer = rt.bridge.call_later(self.max_delay, lambda: self._due(batch))
-            self._watch_idle(rt)
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall:
+        """The call's task (not admitted yet); a key's first call proves the function's rows apart."""
+        if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
+            x = args[0]
+            if type(x) is np.ndarray and x.ndim and x.shape[0]:
+                key = ((0, "rows", x.shape[1:], x.dtype),)
+                return self._task(self._group(key, [x], x.shape[0], None), [x], x.shape[0], tid)
+        for slot, value in (*enumerate(args), *kwargs.items()):
+            if isinstance(value, Tensor):  # its shape is known: it may be pending
+                if value.device != "cpu":
+                    raise BatchError(
+                        f"{self!r}: batched calls run on the CPU; argument {slot!r} is on {value.device}. "
+                        "Move it with t.to('cpu'), or call the function compiled without batch_axis"
+                    )
+            elif isinstance(value, Future) and value.state not in FINAL_STATES:
+                return self._deferred_task(args, kwargs, tid)
+        statics: dict[Any, Any] = {}
+        key, values, rows = self._parse(args, kwargs, statics)
+        return self._task(self._group(key, values, rows, statics or None), values, rows, tid)
+
+    def _task(self, group: _Group, values: list[Any], rows: int, tid: int) -> BatchCall:
+        """A call's task: it reads its arrays, and depends on its Tensors and the writes queued to them."""
+        memory: dict[int, int] = {}
+        others = []
+        for value in values:
+            if type(value) is np.ndarray:
+                key, nbytes = buffer_of(value)
+                memory[key] = nbytes
+            else:
+                others.append(value)
+        deps, found = scan(tuple(others), {}, (), ()) if others else ((), ())
+        seen = {b[0] for b in found}
+        buffers = (*((key, nbytes, False) for key, nbytes in memory.items() if key not in seen), *found)
+        deps, after = self._own(deps, buffers, {})
+        call = self._new_call(group, tuple(values), None, group.row_bytes * rows, buffers, deps, tid)
+        call.fusion, call.rows, call.after = group, rows, after
+        return call
+
+    def _deferred_task(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall:
+        """A call with pending Future arguments: it runs alone once they are there."""
+        deps, buffers = scan(args, kwargs, (), ())
+        deps, after = self._own(deps, buffers, kwargs)
+        call = self._new_call(self._deferred, args, kwargs or None, 0, buffers, deps, tid)
+        call.fusion, call.rows, call.after = None, 0, after
+        return call
+
+    def _own(
+        self, deps: tuple[Any, ...], buffers: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The call's dependencies, checked to be this engine's; and the writes queued to its Tensors
+        (it runs after them)."""
+        port = self._port
+        tensors = False
+        for dep in deps:
+            if getattr(dep, "_port", None) is not port:
+                raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
+            if type(dep) is Tensor:
+                tensors = True
+        after: tuple[Any, ...] = ()
+        if tensors:
+            after, _ = port.tensors.ordered(deps, buffers, kwargs, ())
+        return deps, after
+
+    def _new_call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        nbytes: int,
+        buffers: tuple[Any, ...],
+        deps: tuple[Any, ...],
+        tid: int,
+    ) -> BatchCall:
+        port = self._port
+        nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
+        call = BatchCall(
+            port, fn, args, kwargs, "cpu", 0, nbytes, buffers, deps, f"batch:{self.name}", nested
+        )
+        call.number = next(self._numbers)
+        self.calls = call.number
+        return call
 
     def _parse(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], call: BatchCall
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], statics: dict[Any, Any]
     ) -> tuple[Any, list[Any], int]:
         """(key, batched values then unbatched arrays, rows along the batch axis) of one call; its other
-        arguments go into ``call.statics``."""
+        arguments go into ``statics``."""
         key: list[Any] = []
         batched: list[Any] = []
         shared: list[Any] = []
         rows = -1
         for slot, value in (*enumerate(args), *sorted(kwargs.items())):
-            if isinstance(value, Tensor) and value.device != "cpu":
-                raise BatchError(
-                    f"{self!r}: batched calls run on the CPU; argument {slot!r} is on {value.device}. Move it "
-                    "with t.to('cpu'), or call the function compiled without batch_axis"
-                )
-            if isinstance(value, Future):
+            if isinstance(value, Future) and not isinstance(value, Tensor):
                 if value.state != "done":
                     raise DependencyError(f"{value!r}, an argument of {self!r}, did not finish") from (
                         value.error
@@ -399,13 +416,11 @@ class Batched:
                 key.append((slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype))
                 batched.append(value)
             elif array:
-                key.append((slot, "shared", id(value), value.shape, value.dtype))  # (an id is reused)
+                key.append((slot, "shared", id(value), value.shape, value.dtype))  # (see _Group.run)
                 shared.append(value)
             else:
                 key.append((slot, "static", _static(value)))
-                if call.statics is None:
-                    call.statics = {}
-                call.statics[slot] = value
+                statics[slot] = value
         if rows < 0:
             raise BatchError(
                 f"{self!r} was called without a batched array argument (batch_axis={self.batch_axis}); pass "
@@ -415,179 +430,151 @@ class Batched:
             raise BatchError(f"{self!r}: a call with no rows along batch axis {self.batch_axis}")
         return tuple(key), [*batched, *shared], rows
 
-    # -- sending -------------------------------------------------------------------------
+    def _group(self, key: Any, values: list[Any], rows: int, statics: dict[Any, Any] | None) -> _Group:
+        """The group of ``key``; made now if it has none, after its rows are proved apart (BatchError)."""
+        group = self._groups.get(key)
+        if group is not None:
+            return group
+        sigkey = _sigkey(key)
+        with self._lock:
+            proved = self._proved.get(sigkey)
+            if proved is not None:
+                self._proved.move_to_end(sigkey)
+        if proved is None:
+            proved = self._prove(sigkey, rows, values[len(values) - _count_shared(key) :], statics)
+        group = _Group(self, key, statics, proved)
+        with self._lock:
+            return self._groups.setdefault(key, group)
 
-    def _due(self, batch: _Batch) -> None:
-        """``max_delay`` has passed since the batch's first call (on the loop)."""
-        batch.stop_timer = None
-        if self._forming.get(batch.key) is batch:
-            self._send(batch)
+    def _prove(
+        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None
+    ) -> _Proved:
+        """Trace ``sigkey`` at the call's rows and at many rows, proving its rows apart and its program the
+        same at both row counts (BatchError otherwise)."""
+        plan = self._plan(sigkey, rows, shared, statics, rows)
+        probe = max(2, _pow2(min(self.max_batch, _PROBE)))  # proved with many rows too
+        if probe == rows:
+            probe *= 2
+        other = self._plan(sigkey, probe, shared, statics, rows)
+        same_program(plan.entry.graph, rows, other.entry.graph, probe, repr(self))
+        plan.same = other.same = True
+        proved = _Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
+        with self._lock:
+            self._proved[sigkey] = proved
+            while len(self._proved) > self._plain.max_signatures:
+                self._proved.popitem(last=False)
+        return proved
 
-    def _watch_idle(self, rt: Any) -> None:
-        """Send the forming batches once nothing is pending, however the engine gets there."""
-        if not self._idle_hooked:
-            self._idle_hooked = True
-            rt.idle_hooks.append(self._on_idle)
-        if rt.core.pending == 0:  # it went idle before the hook was in: nobody will call it for that
-            self.flush()
+    # -- running -------------------------------------------------------------------------
 
-    def _on_idle(self) -> None:
-        """The runtime's idle hook (on the loop)."""
-        self._idle_hooked = False
-        rt = self._port.rt
-        if self._forming and rt is not None and self._port.state == "running":
-            if rt.core.pending == 0:
-                self.flush()
-            else:  # busy again since: wait for the next time
-                self._watch_idle(rt)
-
-    def flush(self) -> None:
-        """Send every forming batch now (the engine is idle, or closing)."""
-        for batch in list(self._forming.values()):
-            self._send(batch)
-
-    def _send(self, batch: _Batch) -> None:
-        if self._forming.get(batch.key) is batch:
-            del self._forming[batch.key]
-        if batch.stop_timer is not None:
-            batch.stop_timer()
-            batch.stop_timer = None
-        calls = [c for c in batch.calls if c.state == "forming"]
-        if calls:
-            self._launch(batch, calls)
-
-    def _launch(self, batch: _Batch, calls: list[BatchCall]) -> None:
-        """Submit ``calls`` as one task; as two halves (and so on) while they exceed the byte budget."""
-        sync = self._port.config.sync_mode  # (debugging: each batch runs in the caller, at once)
+    def _outcomes(
+        self, group: _Group, args: list[Any], rows: list[int], runs: list[int]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Each call's (value, error): the calls run as one replay; where it raises, as two halves, down
+        to single calls, so each caller gets the outcome it would have had alone."""
+        nb = group.nbatched
+        shared = args[0][nb:]
+        if any(a[i] is not s for a in args[1:] for i, s in enumerate(shared, nb)):
+            # another unbatched array under the key (its id was reused since): never in one replay
+            return [o for a, r in zip(args, rows, strict=True) for o in self._outcomes(group, [a], [r], runs)]
         try:
-            task = self._task(batch, calls)
-            rt = self._rt()
-            if len(calls) > 1 and not rt.core.fits_alone(task):  # calls that fit alone must not fail together
-                half = len(calls) // 2
-                for part in (calls[:half], calls[half:]):
-                    smaller = _Batch(batch.key)
-                    smaller.calls, smaller.rows = part, sum(c.rows for c in part)
-                    for call in part:
-                        call._batch = smaller
-                    self._launch(smaller, part)
-                return
-            admitted = rt.admit(task, get_ident(), QUEUE)  # (sync_mode: run there, at once)
-            token = None if admitted is True else admitted
-        except BaseException as exc:  # the engine closed, or the batch can never fit
-            for call in calls:
-                call._finish("failed", None, exc)
-            return
-        batch.task = task
-        for call in calls:
-            call.state = "sent"
-        rows = sum(c.rows for c in calls)
-        self.batches += 1
-        self.rows += rows
-        self.batch_sizes[rows] = self.batch_sizes.get(rows, 0) + 1
+            values, size = self._replay(group, args, rows)
+        except BaseException as exc:  # a caller's rows raise (its data), or a size that cannot be traced
+            if len(args) == 1:
+                self._count(rows[0])
+                runs.append(rows[0])
+                return [(None, _without_own_frames(exc))]
+            half = len(args) // 2
+            first = self._outcomes(group, args[:half], rows[:half], runs)
+            return first + self._outcomes(group, args[half:], rows[half:], runs)
+        self._count(sum(rows))
+        runs.append(size)
+        return [(value, None) for value in values]
+
+    def _replay(self, group: _Group, args: list[Any], rows: list[int]) -> tuple[list[Any], int]:
+        """Join the calls' rows (padded), replay, split the result: each call's result, and the size."""
+        nb = group.nbatched
+        k = rows[0]
+        total = sum(rows)
+        uniform = all(r == k for r in rows)
+        size = k * _pow2(len(rows)) if uniform else _pow2(total)
+        shared = args[0][nb:]
+        plan = self._plan(group.sigkey, size, shared, group.statics, k)
+        graph = plan.entry.graph
+        if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
+            same_program(*group.reference, graph, size, repr(self))
+            plan.same = True
+        spans = []
+        start = 0
+        for r in rows:
+            spans.append((start, start + r))
+            start += r
+        pad = size - total
+        if pad:
+            spans += [(start + j, start + j + k) for j in range(0, pad, k)] if uniform else [(start, size)]
+        inputs: list[Any] = []
+        for kind, j in group.positions:
+            if kind == "shared":
+                inputs.append(shared[j])
+                continue
+            axis = plan.plan.axes[graph.inputs[len(inputs)]]
+            assert axis is not None
+            parts = [a[j] for a in args]
+            if pad:
+                first = np.take(parts[0], [0], axis=axis)
+                parts.append(np.repeat(first, pad, axis=axis))
+            inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
+        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
+        n = len(rows)
+        if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
+            # callers of one length: their rows split off in one NumPy step
+            return list(out[:total].reshape(n, k, *out.shape[1:])), size
+        outs = out if graph.out_kind != "single" else (out,)
+        results: list[Any] = []
+        kind = graph.out_kind
+        for s, e in spans[:n]:
+            pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
+            results.append(pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces)
+        return results, size
+
+    def _count(self, rows: int) -> None:
+        """One replay of ``rows`` callers' rows gave its callers their outcomes."""
         counts = self._port.compile_counts
-        counts.batches += 1
-        counts.batch_rows += rows
-        counts.batch_sizes[rows] = counts.batch_sizes.get(rows, 0) + 1
-        if sync:
-            self._finished(batch, calls)
-            return
-        if token is not None:  # at the engine's limits: the batch waits for room, and new calls with it
-            self._admitting += 1
-            rt.bridge.spawn(lambda: self._until_admitted(token), f"schedsvc: {self.name} batch admission")
-        rt.add_done_callback(task, lambda _: self._finished(batch, calls))
-
-    async def _until_admitted(self, token: Any) -> None:
-        try:
-            await token
-        finally:
-            self._admitting -= 1
-            if not self._admitting:
-                room, self._room = self._room, []
-                for waiter in room:
-                    settle(waiter)
-
-    def _task(self, batch: _Batch, calls: list[BatchCall]) -> Future[Any]:
-        first = calls[0]
-        rows = sum(c.rows for c in calls)
-        k = first.rows
-        uniform = all(c.rows == k for c in calls)
-        size = k * _pow2(len(calls)) if uniform else _pow2(rows)
-        plan = self._plan(batch.key, size, first)
-        nbatched = sum(1 for part in batch.key if part[1] == "rows")
-        values: list[Any] = [a for c in calls for a in c.args[:nbatched]]
-        values += first.args[nbatched:]  # the unbatched arrays, once
-        out_bytes = plan.entry.out_bytes * rows // size
-        run = _Run(plan, self._positions(batch.key), calls, size, nbatched)
-        return _batch_task(self._port, run, values, out_bytes, f"batch:{self.name}")
-
-    def _positions(self, key: Any) -> list[tuple[str, int]]:
-        """For each graph input in order: ("rows", i) the i-th batched value, or ("shared", j)."""
-        batched = shared = 0
-        arrays: list[tuple[str, int]] = []
-        for part in key:
-            if part[1] == "rows":
-                arrays.append(("rows", batched))
-                batched += 1
-            elif part[1] == "shared":
-                arrays.append(("shared", shared))
-                shared += 1
-        return arrays
-
-    def _finished(self, batch: _Batch, calls: list[BatchCall]) -> None:
-        """The batch's task is final (on the loop): hand each caller its rows, or the error."""
-        task = batch.task
-        assert task is not None
-        if task.state == "done":
-            for call, value in zip(calls, task.value, strict=True):
-                call._finish("done", value, None)
-        elif task.state == "failed":
-            for call in calls:
-                call._finish("failed", None, task.error)
-        else:
-            for call in calls:
-                call._finish("cancelled", None, None)
-        task.value = None  # the callers hold their rows; the task keeps none
-
-    def _remove(self, call: BatchCall) -> None:
-        """A call cancelled before its batch started."""
-        batch = call._batch if call.state != "new" else None
-        if batch is None:
-            return
-        if call in batch.calls and batch.task is None:
-            batch.calls.remove(call)
-            batch.rows -= call.rows
-            if not batch.calls and self._forming.get(batch.key) is batch:
-                del self._forming[batch.key]
-                if batch.stop_timer is not None:
-                    batch.stop_timer()
-        elif batch.task is not None and all(c is call or c.state in _FINAL for c in batch.calls):
-            batch.task.cancel()  # nobody wants the batch any more
+        with _counts_lock:
+            self.batches += 1
+            self.rows += rows
+            self.batch_sizes[rows] = self.batch_sizes.get(rows, 0) + 1
+            counts.batches += 1
+            counts.batch_rows += rows
+            counts.batch_sizes[rows] = counts.batch_sizes.get(rows, 0) + 1
 
     # -- tracing ------------------------------------------------------------------------
 
-    def _plan(self, key: Any, rows: int, call: BatchCall) -> _Plan:
-        """The plan of ``key`` at ``rows`` rows, traced and proved now if new; a key's first call also
-        proves it at ``max_batch`` rows, so that a function that mixes rows is refused there."""
-        plan = self._plans.get((key, rows))
-        if plan is None or plan.entry not in self._plain._cache.values():
-            plan = self._plans[(key, rows)] = self._trace(key, rows, call)
-            if len(self._plans) > 2 * self._plain.max_signatures:
-                live = set(map(id, self._plain._cache.values()))
-                self._plans = {k: p for k, p in self._plans.items() if id(p.entry) in live}
-        if key not in self._checked:
-            probe = max(2, _pow2(min(self.max_batch, _PROBE)))  # proved with many rows too
-            if probe != rows and (key, probe) not in self._plans:
-                self._plans[(key, probe)] = self._trace(key, probe, call)
-            self._checked.add(key)
+    def _plan(
+        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None, own: int
+    ) -> _Plan:
+        """The plan of ``sigkey`` at ``rows`` rows, traced and proved now if it is not kept (the most
+        recent ``max_signatures`` are); ``own``: the rows of the calls it is for, for messages."""
+        with self._lock:
+            plan = self._plans.get((sigkey, rows))
+            if plan is not None:
+                self._plans.move_to_end((sigkey, rows))
+                return plan
+        plan = self._trace(sigkey, rows, shared, statics, own)
+        with self._lock:
+            self._plans[(sigkey, rows)] = plan
+            while len(self._plans) > self._plain.max_signatures:
+                self._plans.popitem(last=False)
         return plan
 
-    def _trace(self, key: Any, rows: int, call: BatchCall) -> _Plan:
+    def _trace(
+        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None, own: int
+    ) -> _Plan:
         """Trace ``fn`` with the batched arguments ``rows`` long, and prove its rows apart."""
         args: dict[Any, Any] = {}
         batched: dict[int, int] = {}
-        position = shared = 0
-        nbatched = sum(1 for part in key if part[1] == "rows")
-        for part in key:
+        position = nshared = 0
+        for part in sigkey:
             slot, kind = part[0], part[1]
             if kind == "rows":
                 rest, dtype = part[2], part[3]
@@ -596,12 +583,12 @@ class Batched:
                 batched[position] = axis
                 position += 1
             elif kind == "shared":
-                args[slot] = call.args[nbatched + shared]
-                shared += 1
+                args[slot] = shared[nshared]
+                nshared += 1
                 position += 1
             else:
-                assert call.statics is not None
-                args[slot] = call.statics[slot]
+                assert statics is not None
+                args[slot] = statics[slot]
         positional = tuple(v for s, v in args.items() if isinstance(s, int))
         named = {s: v for s, v in args.items() if isinstance(s, str)}
         try:
@@ -609,10 +596,10 @@ class Batched:
         except SchedsvcError:
             raise
         except Exception as exc:
-            if rows == call.rows:
+            if rows == own:
                 raise  # the call's own shapes fail: its own error
             raise BatchError(
-                f"{self!r} works with {call.rows} rows along batch axis {self.batch_axis} but not with {rows} "
+                f"{self!r} works with {own} rows along batch axis {self.batch_axis} but not with {rows} "
                 f"({type(exc).__name__}: {exc}): its shapes depend on the number of rows, so calls cannot "
                 "run as one batch. Pass such arguments as unbatched (batched=...), or compile without "
                 "batch_axis"
@@ -628,122 +615,51 @@ class Batched:
         return self._plain.graph
 
     def stats(self) -> dict[str, Any]:
-        """The compiled function's counts, and batches, rows, and ``batch_sizes`` (rows -> batches)."""
-        return {
-            **self._plain.stats(),
-            "batches": self.batches,
-            "rows": self.rows,
-            "batch_sizes": dict(sorted(self.batch_sizes.items())),
-        }
+        """The compiled function's counts, and its replays of calls (``batches``, a lone call's too),
+        their ``rows``, ``batch_sizes`` (rows -> replays) and the traced batch sizes kept (``plans``)."""
+        with _counts_lock:
+            return {
+                **self._plain.stats(),
+                "batches": self.batches,
+                "rows": self.rows,
+                "batch_sizes": dict(sorted(self.batch_sizes.items())),
+                "plans": len(self._plans),
+            }
 
     def __repr__(self) -> str:
         return f"<Batched {self.name} batch_axis={self.batch_axis} max_batch={self.max_batch} batches={self.batches}>"
 
 
-class _Run:
-    """The batch task's function (on a worker): join the callers' rows, replay, split the result."""
-
-    __slots__ = ("calls", "nbatched", "plan", "positions", "size")
-
-    def __init__(
-        self, plan: _Plan, positions: list[tuple[str, int]], calls: list[BatchCall], size: int, nbatched: int
-    ) -> None:
-        self.plan = plan
-        self.positions = positions
-        self.calls = calls
-        self.size = size
-        self.nbatched = nbatched
-
-    @property
-    def __name__(self) -> str:
-        return f"batch:{self.plan.entry.graph.name}"
-
-    def span_args(self) -> dict[str, Any]:
-        """What the trace shows of the batch: its callers (their numbers, in order), rows, padding."""
-        live = [c for c in self.calls if c.state != "cancelled"]
-        return {
-            "calls": len(live),
-            "rows": sum(c.rows for c in live),
-            "padded_to": self.size,
-            "callers": [c.number for c in live],
-        }
-
-    def __call__(self, *values: Any) -> list[Any]:
-        calls, nb, size = self.calls, self.nbatched, self.size
-        plan = self.plan
-        graph = plan.entry.graph
-        live = [i for i, c in enumerate(calls) if c.state != "cancelled"]
-        rows = sum(calls[i].rows for i in live)
-        spans = []
-        start = 0
-        for i in live:
-            spans.append((start, start + calls[i].rows))
-            start += calls[i].rows
-        pad = size - rows
-        if pad:
-            k = calls[live[0]].rows
-            uniform = all(calls[i].rows == k for i in live) and pad % k == 0
-            spans += [(start + j, start + j + k) for j in range(0, pad, k)] if uniform else [(start, size)]
-        inputs: list[Any] = []
-        shared = values[len(calls) * nb :]
-        for kind, j in self.positions:
-            if kind == "shared":
-                inputs.append(shared[j])
-                continue
-            axis = plan.plan.axes[graph.inputs[len(inputs)]]
-            assert axis is not None
-            parts = [values[i * nb + j] for i in live]
-            if pad:
-                first = np.take(parts[0], [0], axis=axis)
-                parts.append(np.repeat(first, pad, axis=axis))
-            inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
-        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
-        outs = out if graph.out_kind != "single" else (out,)
-        results: list[Any] = [None] * len(calls)
-        k = spans[0][1] - spans[0][0]
-        one_length = all(calls[i].rows == k for i in live)
-        if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and one_length:
-            # callers of one length: their rows split off in one NumPy step
-            for i, piece in zip(live, out[:rows].reshape(len(live), k, *out.shape[1:]), strict=True):
-                results[i] = piece
-            return results
-        for n, i in enumerate(live):
-            s, e = spans[n]
-            pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
-            kind = graph.out_kind
-            results[i] = pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces
-        return results
+def _sigkey(key: Any) -> Any:
+    """A batch key as the signature cache keys it: an unbatched array by its shape and dtype, not its id."""
+    return tuple((p[0], "shared", p[3], p[4]) if p[1] == "shared" else p for p in key)
 
 
-def _batch_task(port: Port, run: _Run, values: list[Any], out_bytes: int, name: str) -> Future[Any]:
-    """The batch's task: it reads every caller's arrays (rows cut from one array key to it once) and
-    depends on their Tensors, and on the writes queued to them."""
-    memory: dict[int, int] = {}
-    others = []
-    base = None
-    for value in values:  # hot path: one pass, a view of the last base seen costs one check
-        if type(value) is np.ndarray:
-            if value.base is None:
-                memory[id(value)] = value.nbytes
-            elif value.base is not base:
-                base = value.base
-                key, nbytes = buffer_of(value)
-                memory[key] = nbytes
-        else:
-            others.append(value)
-    deps, found = scan(tuple(others), {}, (), ()) if others else ((), ())
-    buffers = (
-        *((key, nbytes, False) for key, nbytes in memory.items() if key not in {b[0] for b in found}),
-        *found,
-    )
-    after: tuple[Any, ...] = ()
-    if any(type(dep) is Tensor for dep in deps):  # it runs after their pending writes
-        after, _ = port.tensors.ordered(deps, buffers, {}, ())
-    task: Future[Any] = Future(
-        port, run, tuple(values), None, "cpu", 0, out_bytes, buffers, deps, name, False
-    )
-    task.after = after
-    return task
+def _count_shared(key: Any) -> int:
+    return sum(1 for part in key if part[1] == "shared")
+
+
+def _positions(key: Any) -> list[tuple[str, int]]:
+    """For each graph input in order: ("rows", i) the i-th batched value, or ("shared", j)."""
+    batched = shared = 0
+    arrays: list[tuple[str, int]] = []
+    for part in key:
+        if part[1] == "rows":
+            arrays.append(("rows", batched))
+            batched += 1
+        elif part[1] == "shared":
+            arrays.append(("shared", shared))
+            shared += 1
+    return arrays
+
+
+def _without_own_frames(exc: BaseException) -> BaseException:
+    """``exc`` without the frames of this module on its traceback: they hold every caller's arrays."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    return exc
 
 
 def _rows_of(array: Any, axis: int, start: int, stop: int) -> Any:

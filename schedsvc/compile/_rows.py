@@ -42,7 +42,7 @@ from .._errors import BatchError
 from ..tensor import OPS
 from ._graph import Graph, Node, Ref
 
-__all__ = ["RowPlan", "exact_fn", "plan_rows"]
+__all__ = ["RowPlan", "exact_fn", "plan_rows", "same_program"]
 
 #: ops that combine operands element by element, broadcasting (besides the ufuncs)
 _ELEMENTWISE = frozenset({"pow", "ipow", "where", "clip", "astype", "copy"})
@@ -111,6 +111,84 @@ def plan_rows(graph: Graph, batched: dict[int, int], name: str) -> RowPlan:
             )
         outputs.append(axis)
     return RowPlan(axes, exact, outputs)
+
+
+def same_program(one: Graph, rows: int, other: Graph, other_rows: int, name: str) -> None:
+    """Raise BatchError unless ``one`` (traced with ``rows`` rows) and ``other`` (``other_rows``) are the
+    same program: the same ops on the same operands, where only shapes may follow the number of rows.
+
+    A function that reads the number of rows as a value -- ``x / x.shape[0]``, ``len(x)``, ``x.size``, a
+    branch on it, a reshape that moves rows across the batch axis -- would give a caller values that depend
+    on how many rows its batch holds; tracing it at two row counts shows that, and it is refused.
+    """
+    if len(one.nodes) != len(other.nodes) or one.out_kind != other.out_kind or one.outputs != other.outputs:
+        raise BatchError(
+            f"{name} traces to other operations with {_count(rows)} than with {other_rows} (a branch on the number "
+            "of rows, x.shape[0] or len(x)?): what it computes depends on how many rows are batched, so its "
+            "calls cannot run as one batch. Compute without the number of rows, or compile without batch_axis"
+        )
+    counts = (rows, other_rows)
+    for a, b in zip(one.nodes, other.nodes, strict=True):
+        what = _differs(a, b, counts)
+        if what is not None:
+            raise BatchError(
+                f"{name}: {a.op}() {what[0]} with {_count(rows)} and {what[1]} with {other_rows}: the "
+                "function reads the number of rows as a value (x.shape[0], len(x), x.size?), so a caller's "
+                "result would depend on how many rows its batch holds. Compute without the number of rows, "
+                "or compile without batch_axis"
+            )
+
+
+def _differs(a: Node, b: Node, counts: tuple[int, int]) -> tuple[str, str] | None:
+    """What differs between two nodes of programs traced at ``counts`` rows, as each has it; None if only
+    their shapes follow the number of rows."""
+    if a.op != b.op or a.dtype != b.dtype or a.base != b.base or a.out != b.out:
+        return f"gives {_type(a)}", f"is {b.op}() giving {_type(b)}"
+    if not _same_shape(a.shape, b.shape, counts):
+        return f"gives shape {a.shape}", f"{b.shape}"
+    if a.op == "const":
+        if a.value.shape == b.value.shape and np.array_equal(a.value, b.value, equal_nan=True):
+            return None
+        return f"is a constant {_type(a)}", f"another, {_type(b)}"
+    if a.op == "input":
+        return None if a.value == b.value else ("is an input", "another")
+    if len(a.args) != len(b.args) or a.attrs.keys() != b.attrs.keys():
+        return "takes some operands", "others"
+    for x, y in zip((*a.args, *a.attrs.values()), (*b.args, *b.attrs.values()), strict=True):
+        if not _same_operand(x, y, counts):
+            return f"takes {_literal(x)}", _literal(y)
+    return None
+
+
+def _same_shape(a: tuple[int, ...], b: tuple[int, ...], counts: tuple[int, int]) -> bool:
+    """Equal, but where the one holds the first row count and the other the second."""
+    return len(a) == len(b) and all(x == y or (x, y) == counts for x, y in zip(a, b, strict=True))
+
+
+def _same_operand(x: Any, y: Any, counts: tuple[int, int]) -> bool:
+    """A literal operand: equal, or a shape (a tuple) whose sizes follow the number of rows."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, tuple):
+        return len(x) == len(y) and all(
+            (u, v) == counts if type(u) is int and type(v) is int and u != v else _same_operand(u, v, counts)
+            for u, v in zip(x, y, strict=True)
+        )
+    if isinstance(x, np.ndarray):
+        return x.shape == y.shape and bool(np.array_equal(x, y))
+    try:
+        return bool(x == y) or (x != x and y != y)  # (NaN is NaN here)
+    except Exception:  # an operand whose comparison is not a bool
+        return x is y
+
+
+def _count(rows: int) -> str:
+    return "1 row" if rows == 1 else f"{rows} rows"
+
+
+def _literal(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _rule(

@@ -11,7 +11,8 @@ import pytest
 
 import schedsvc as ss
 
-from ..helpers import started, within
+from ..helpers import Gate, started, within
+from ..helpers import occupied as _occupied
 
 
 def assert_same_bits(got: Any, want: Any, what: str = "result") -> None:
@@ -51,3 +52,17 @@ async def batching_engine(**options: Any) -> AsyncIterator[ss.Engine]:
     """One worker (held busy by ``occupied``), and awaited tasks never run inline in the awaiting coroutine."""
     async with started(cpu_workers=1, inline_threshold_us=0, **options) as eng:
         yield eng
+
+
+@asynccontextmanager
+async def occupied(eng: ss.Engine, n: int) -> AsyncIterator[tuple[Gate, list[ss.Future[Any]]]]:
+    """Hold ``n`` workers busy until the block exits; the calls made meanwhile are all handed to the
+    workers' queue first (none held back for the end of the coroutine's turn), so the first worker let go
+    finds them ready together and runs them as one batch."""
+    async with _occupied(eng, n) as held:
+        try:
+            yield held
+        finally:
+            rt = eng._rt
+            assert rt is not None
+            rt.flush()

@@ -33,14 +33,13 @@ from hypothesis import strategies as st
 
 import schedsvc as ss
 
-from ..helpers import occupied, started, within
-from .helpers import assert_same_bits
+from ..helpers import started, within
+from .helpers import assert_same_bits, occupied
 
 F64, F32 = np.dtype(np.float64), np.dtype(np.float32)
 MAX_DIM = 33  # no axis other than the batch grows past this
 MAX_SIZE = 66  # nor does a row
 MAX_NDIM = 4
-HOUR = 3600.0
 
 UNARY: list[Callable[[Any], Any]] = [
     operator.neg,
@@ -379,7 +378,6 @@ async def batched_equals_unbatched(program: Program, plan: Calls) -> None:
             batch_axis=program.batch_axis,
             batched=[0],
             max_batch=plan.max_batch,
-            max_delay=0.001,
             exact=True,
         )
         async with occupied(eng, 1):  # the engine is busy: the calls batch

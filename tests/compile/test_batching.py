@@ -16,8 +16,8 @@ import pytest
 
 import schedsvc as ss
 
-from ..helpers import TIMEOUT, Gate, occupied, on_asyncio, started, state, within
-from .helpers import assert_same_bits, batching_engine, both_backends
+from ..helpers import TIMEOUT, Gate, on_asyncio, started, state, within
+from .helpers import assert_same_bits, batching_engine, both_backends, occupied
 
 # features of a row: long enough that BLAS rounds a row of a many-row product differently from a one-row
 # product (exact=False gives other bits here), so "bit for bit" tests the exact mode
@@ -26,7 +26,6 @@ W1 = np.linspace(-1.0, 1.0, F * 32).reshape(F, 32) / 8
 B1 = np.linspace(-0.2, 0.3, 32)
 W2 = np.linspace(0.7, -0.9, 32 * 2).reshape(32, 2)
 W6 = np.linspace(-1.0, 1.0, 6 * 4).reshape(6, 4)
-HOUR = 3600.0  # a max_delay no test outlives: a call that completes was not sent by the delay
 
 
 def mlp(x: Any) -> Any:
@@ -79,7 +78,7 @@ async def test_calls_of_different_row_counts_form_one_batch_and_each_gets_its_ow
 ) -> None:
     counts = [1, 3, 2, 5]
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=sum(counts), max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=sum(counts))
         xs = [rows(n, seed) for seed, n in enumerate(counts)]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
@@ -95,7 +94,7 @@ async def test_calls_of_different_row_counts_form_one_batch_and_each_gets_its_ow
 async def test_equal_row_counts_batch_and_match_bit_for_bit(anyio_backend: str) -> None:
     """Same row counts: the stacked matmul of the exact mode."""
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=8, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=8)
         xs = [rows(2, seed) for seed in range(4)]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
@@ -106,7 +105,7 @@ async def test_equal_row_counts_batch_and_match_bit_for_bit(anyio_backend: str) 
 
 async def test_results_match_an_unbatched_compiled_call(anyio_backend: str) -> None:
     async with engine() as eng:
-        batched = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        batched = eng.compile(mlp, batch_axis=0, max_batch=6)
         plain = eng.compile(mlp)
         xs = [rows(n, seed) for seed, n in enumerate([1, 2, 3])]
         async with occupied(eng, 1):
@@ -120,7 +119,7 @@ async def test_a_function_returning_a_tuple_gives_each_caller_a_tuple_of_its_row
         return x @ W1, np.abs(x).sum(axis=1)
 
     async with engine() as eng:
-        f = eng.compile(two, batch_axis=0, max_batch=4, max_delay=HOUR)
+        f = eng.compile(two, batch_axis=0, max_batch=4)
         xs = [rows(1, 0), rows(3, 1)]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
@@ -135,7 +134,7 @@ async def test_batch_axis_one(anyio_backend: str) -> None:
         return np.exp(x) - x.max(axis=0, keepdims=True)
 
     async with engine() as eng:
-        f = eng.compile(fn, batch_axis=1, max_batch=5, max_delay=HOUR)
+        f = eng.compile(fn, batch_axis=1, max_batch=5)
         xs = [rows(4, 0).T, rows(1, 1).T]  # (3, 4) and (3, 1): rows along axis 1
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
@@ -165,7 +164,7 @@ async def test_exact_holds_where_numpy_rounds_a_one_row_array_differently(
     many-row array (another summation order; another arctan2 loop): exact=True must still give each caller
     the bits of its own call."""
     async with engine() as eng:
-        f = eng.compile(fn, batch_axis=batch_axis, max_batch=4, max_delay=HOUR)
+        f = eng.compile(fn, batch_axis=batch_axis, max_batch=4)
         xs = [rows(n, seed, features=16).astype(np.float32) for seed, n in enumerate([1, 3])]
         if batch_axis == 1:
             xs = [np.ascontiguousarray(x.T) for x in xs]
@@ -178,7 +177,7 @@ async def test_exact_holds_where_numpy_rounds_a_one_row_array_differently(
 async def test_exact_false_gives_the_rows_within_rounding(anyio_backend: str) -> None:
     w = np.linspace(-1.0, 1.0, 64 * 8).reshape(64, 8)
     async with engine() as eng:
-        f = eng.compile(lambda x: x @ w, batch_axis=0, max_batch=6, max_delay=HOUR, exact=False)
+        f = eng.compile(lambda x: x @ w, batch_axis=0, max_batch=6, exact=False)
         xs = [rows(n, seed, features=64) for seed, n in enumerate([1, 2, 3])]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
@@ -197,7 +196,7 @@ async def test_exact_not_a_bool_is_a_type_error_at_compile(anyio_backend: str, b
 
 async def test_a_call_with_more_rows_than_max_batch_runs_as_one_batch(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=4)
         x = rows(10)
         async with occupied(eng, 1):
             call = f(x)
@@ -228,7 +227,7 @@ ALLOWED: list[tuple[str, Callable[[Any], Any]]] = [
 @pytest.mark.parametrize("fn", [fn for _, fn in ALLOWED], ids=[name for name, _ in ALLOWED])
 async def test_row_wise_functions_batch(anyio_backend: str, fn: Callable[[Any], Any]) -> None:
     async with engine() as eng:
-        f = eng.compile(fn, batch_axis=0, max_batch=4, max_delay=HOUR)
+        f = eng.compile(fn, batch_axis=0, max_batch=4)
         xs = [rows(1, 0, features=6), rows(3, 1, features=6)]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
@@ -287,12 +286,13 @@ async def test_a_call_without_rows_is_refused(anyio_backend: str) -> None:
             eng.compile(np.tanh, batch_axis=1)(np.ones(3))  # a 1-D argument has no axis 1
 
 
-async def test_a_call_from_another_thread_is_refused(anyio_backend: str) -> None:
+async def test_a_call_from_another_thread_is_admitted_like_submit_nowait(anyio_backend: str) -> None:
+    """A call is a task of its own, admitted like ``eng.submit_nowait``: from any thread."""
     async with engine() as eng:
         f = eng.compile(mlp, batch_axis=0)
-        with pytest.raises(ss.SchedsvcError, match="outside the engine's event loop"):
-            await anyio.to_thread.run_sync(f, rows(1))
-        assert_same_bits(await within(f(rows(1))), mlp(rows(1)))
+        call = await anyio.to_thread.run_sync(f, rows(1))
+        assert isinstance(call, ss.BatchCall)
+        assert_same_bits(await within(call), mlp(rows(1)))
 
 
 async def test_calls_after_close_are_refused(anyio_backend: str) -> None:
@@ -302,13 +302,11 @@ async def test_calls_after_close_are_refused(anyio_backend: str) -> None:
         f(rows(1))
 
 
-async def test_closing_the_engine_sends_the_batches_still_forming(anyio_backend: str) -> None:
+async def test_closing_the_engine_completes_the_calls_it_accepted(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=64, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=64)
         async with occupied(eng, 1):
             calls = [f(rows(1, 0)), f(rows(2, 1))]
-        # the held task has ended; nothing has sent the batch yet (the delay is an hour): the close does
-        assert not any(c.done() for c in calls)
     for seed, (n, c) in enumerate(zip((1, 2), calls, strict=True)):
         assert c.done()
         assert_same_bits(c.result(), mlp(rows(n, seed)))
@@ -320,23 +318,20 @@ async def test_closing_the_engine_sends_the_batches_still_forming(anyio_backend:
 
 async def test_a_lone_call_on_an_idle_engine_runs_at_once(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0)
         for n in (2, 1):  # the engine is idle again once the first has finished
             x = rows(n, n)
             assert_same_bits(await within(f(x)), mlp(x))  # within TIMEOUT, far under max_delay
         assert sizes(f) == {2: 1, 1: 1}
 
 
-async def test_reaching_max_batch_sends_the_batch(anyio_backend: str) -> None:
+async def test_a_batch_takes_at_most_max_batch_rows_of_the_calls_ready(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=4)
         xs = [rows(1, seed) for seed in range(8)]
         async with occupied(eng, 1):
-            calls = []
-            for i, x in enumerate(xs):
-                calls.append(f(x))
-                full = (i + 1) // 4  # batches sent so far: queued behind the held task
-                await state(eng, lambda full=full: eng.stats().pending == 1 + full)  # type: ignore[misc]
+            calls = [f(x) for x in xs]
+            assert eng.stats().pending == 1 + len(xs)  # each call is a task of its own
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, mlp(x))
         assert sizes(f) == {4: 2}
@@ -345,7 +340,7 @@ async def test_reaching_max_batch_sends_the_batch(anyio_backend: str) -> None:
 async def test_no_batch_has_more_rows_than_max_batch(anyio_backend: str) -> None:
     counts = [3, 2, 4, 1, 2, 1, 3]
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=0.001)
+        f = eng.compile(mlp, batch_axis=0, max_batch=4)
         xs = [rows(n, seed) for seed, n in enumerate(counts)]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
@@ -356,121 +351,32 @@ async def test_no_batch_has_more_rows_than_max_batch(anyio_backend: str) -> None
         assert sum(n * k for n, k in batch_sizes.items()) == sum(counts)
 
 
-async def test_the_delay_sends_a_batch_that_is_not_full_while_the_engine_is_busy(anyio_backend: str) -> None:
+async def test_calls_that_are_not_a_full_batch_run_as_soon_as_a_worker_is_free(anyio_backend: str) -> None:
+    """No call waits for more calls: the worker let go takes those that are ready, however few."""
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=64, max_delay=0.001)
+        f = eng.compile(mlp, batch_axis=0, max_batch=64)
         xs = [rows(1, 0), rows(2, 1)]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
-            # not full, and the engine is busy (the held task): only the delay can send it
-            await state(eng, lambda: eng.stats().pending == 2)
-            assert not any(c.done() for c in calls)
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, mlp(x))
         assert sizes(f) == {3: 1}
 
 
-class Timers:
-    """The engine's timers (``bridge.call_later``) captured: the test fires them, no clock does."""
-
-    def __init__(self, eng: ss.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-        assert eng._rt is not None
-        self.scheduled: list[tuple[float, Callable[[], Any]]] = []
-        self.cancelled: list[int] = []
-        monkeypatch.setattr(eng._rt.bridge, "call_later", self.call_later)
-
-    def call_later(self, delay: float, fn: Callable[[], Any]) -> Callable[[], None]:
-        number = len(self.scheduled)
-        self.scheduled.append((delay, fn))
-        return lambda: self.cancelled.append(number)
-
-    def fire(self, number: int) -> None:
-        self.scheduled[number][1]()
-
-
-async def test_the_delay_timer_sends_the_forming_batch(
-    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_calls_beyond_max_batch_form_the_next_batch(anyio_backend: str) -> None:
     async with engine() as eng:
-        timers = Timers(eng, monkeypatch)
-        f = eng.compile(mlp, batch_axis=0, max_batch=64, max_delay=0.25)
-        xs = [rows(1, 0), rows(2, 1), rows(1, 2)]
-        async with occupied(eng, 1):
-            calls = [f(x) for x in xs[:2]]
-            assert [delay for delay, _ in timers.scheduled] == [0.25]  # one timer, from the first call
-            assert eng.stats().pending == 1 and f.stats()["batches"] == 0  # still forming
-            timers.fire(0)
-            assert eng.stats().pending == 2 and sizes(f) == {3: 1}  # sent, queued behind the held task
-            calls.append(f(xs[2]))  # a new batch, with a timer of its own
-            assert len(timers.scheduled) == 2 and eng.stats().pending == 2
-            timers.fire(1)
-            assert eng.stats().pending == 3
-        for x, y in zip(xs, await results(calls), strict=True):
-            assert_same_bits(y, mlp(x))
-        assert sizes(f) == {3: 1, 1: 1}
-        assert timers.cancelled == []
-
-
-async def test_a_batch_sent_full_stops_its_timer(anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with engine() as eng:
-        timers = Timers(eng, monkeypatch)
-        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=0.25)
-        xs = [rows(1, 0), rows(2, 1)]
-        async with occupied(eng, 1):
-            calls = [f(x) for x in xs]
-            assert len(timers.scheduled) == 1 and timers.cancelled == [0]
-            assert eng.stats().pending == 2
-            timers.fire(0)  # a timer that fires late anyway sends nothing more
-            assert eng.stats().pending == 2
-        for x, y in zip(xs, await results(calls), strict=True):
-            assert_same_bits(y, mlp(x))
-        assert sizes(f) == {3: 1}
-
-
-async def test_an_idle_engine_sends_without_a_timer(
-    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with engine() as eng:
-        timers = Timers(eng, monkeypatch)
-        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
-        assert_same_bits(await within(f(rows(2))), mlp(rows(2)))
-        assert timers.scheduled == []
-
-
-async def test_what_formed_while_a_batch_ran_goes_once_the_engine_is_idle(
-    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The batch behind a held task is sent full; calls made meanwhile go when it has finished, unasked."""
-    async with engine() as eng:
-        Timers(eng, monkeypatch)  # never fired
-        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=2)
         xs = [rows(1, seed) for seed in range(3)]
         async with occupied(eng, 1):
-            calls = [f(x) for x in xs]  # two full, the third forming
+            calls = [f(x) for x in xs]
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, mlp(x))
         assert sizes(f) == {2: 1, 1: 1}
 
 
-async def test_a_batch_forming_goes_once_a_plain_task_leaves_the_engine_idle(
-    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine goes idle through a task that is no batch of this function: the forming batch goes then,
-    not after max_delay (here an hour, its timer never fired)."""
-    async with engine() as eng:
-        timers = Timers(eng, monkeypatch)
-        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)
-        x = rows(2)
-        async with occupied(eng, 1):
-            call = f(x)
-            assert timers.scheduled != []  # forming behind the held task
-        assert_same_bits(await within(call), mlp(x))
-        assert sizes(f) == {2: 1}
-
-
 async def test_a_batch_waits_for_a_write_queued_to_its_tensor_argument(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(lambda v: v * 2.0, batch_axis=0, max_batch=4, max_delay=HOUR)
+        f = eng.compile(lambda v: v * 2.0, batch_axis=0, max_batch=4)
         t = eng.asarray(np.zeros((2, 3)))
         await within(t)
         async with occupied(eng, 1):
@@ -490,7 +396,7 @@ async def test_weights_declared_unbatched_by_position_batch_when_the_same_object
     w, b = W1, B1
     w_equal = W1.copy()  # equal values, another object: another batch
     async with engine() as eng:
-        f = eng.compile(affine, batch_axis=0, batched=[0], max_batch=2, max_delay=HOUR)
+        f = eng.compile(affine, batch_axis=0, batched=[0], max_batch=2)
         xs = [rows(1, seed) for seed in range(4)]
         weights = [w, w_equal, w, w_equal]
         async with occupied(eng, 1):
@@ -502,7 +408,7 @@ async def test_weights_declared_unbatched_by_position_batch_when_the_same_object
 
 async def test_weights_declared_unbatched_by_keyword(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(affine, batch_axis=0, batched=["x"], max_batch=3, max_delay=HOUR)
+        f = eng.compile(affine, batch_axis=0, batched=["x"], max_batch=3)
         xs = [rows(n, seed) for seed, n in enumerate([1, 2])]
         async with occupied(eng, 1):
             calls = [f(x=x, w=W1, b=B1) for x in xs]
@@ -514,7 +420,7 @@ async def test_weights_declared_unbatched_by_keyword(anyio_backend: str) -> None
 async def test_different_weights_give_each_caller_its_own_weights(anyio_backend: str) -> None:
     """Four weights, one call each, one row each: whatever the batching, nobody gets another's weights."""
     async with engine() as eng:
-        f = eng.compile(affine, batch_axis=0, batched=(0,), max_batch=4, max_delay=0.001)
+        f = eng.compile(affine, batch_axis=0, batched=(0,), max_batch=4)
         ws = [W1 * k for k in (1.0, -1.0, 0.5, 2.0)]
         xs = [rows(1, seed) for seed in range(4)]
         async with occupied(eng, 1):
@@ -529,7 +435,7 @@ async def test_static_arguments_are_part_of_the_batch_key(anyio_backend: str) ->
         return np.tanh(x * scale)
 
     async with engine() as eng:
-        f = eng.compile(scaled, batch_axis=0, max_batch=2, max_delay=HOUR)
+        f = eng.compile(scaled, batch_axis=0, max_batch=2)
         xs = [rows(1, seed) for seed in range(4)]
         scales = [2.0, 3.0, 2.0, 3.0]
         async with occupied(eng, 1):
@@ -544,7 +450,7 @@ async def test_static_strings_are_part_of_the_batch_key(anyio_backend: str) -> N
         return np.tanh(x) if how == "tanh" else np.sin(x)
 
     async with engine() as eng:
-        f = eng.compile(activated, batch_axis=0, max_batch=2, max_delay=HOUR)
+        f = eng.compile(activated, batch_axis=0, max_batch=2)
         hows = ["tanh", "sin", "sin", "tanh"]
         xs = [rows(1, seed) for seed in range(4)]
         async with occupied(eng, 1):
@@ -593,7 +499,7 @@ async def test_a_function_whose_shapes_hold_only_at_its_own_row_count_is_refused
 
 async def test_tensors_done_and_pending_are_arguments(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=6)
         x0, x1, x2 = rows(1, 0), rows(2, 1), rows(3, 2)
         done = eng.asarray(x0)
         await within(done)
@@ -608,7 +514,7 @@ async def test_tensors_done_and_pending_are_arguments(anyio_backend: str) -> Non
 
 async def test_futures_done_and_pending_are_arguments(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=0.001)
+        f = eng.compile(mlp, batch_axis=0, max_batch=6)
         x0, x1, x2 = rows(1, 0), rows(2, 1), rows(3, 2)
         done = eng.submit_nowait(np.copy, x0)
         await within(done)
@@ -629,7 +535,7 @@ def broken() -> np.ndarray:
 
 async def test_a_failed_future_argument_fails_the_call_with_dependency_error(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0)
         failed = eng.submit_nowait(broken)
         with pytest.raises(ValueError):
             await within(failed)
@@ -641,7 +547,7 @@ async def test_a_failed_future_argument_fails_the_call_with_dependency_error(any
 
 async def test_a_future_argument_that_fails_later_fails_only_its_call(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=2)
         gate = Gate()
         failing = eng.submit_nowait(gate.hold(broken))  # holds the only worker
         await gate.wait_started(1)
@@ -672,35 +578,35 @@ async def test_a_tensor_on_a_gpu_is_refused_with_what_to_do(anyio_backend: str) 
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # so NumPy's invalid-value warning raises at replay
-async def test_an_error_in_the_batch_fails_every_caller_with_the_same_exception(anyio_backend: str) -> None:
+async def test_an_error_in_a_batch_fails_only_the_caller_whose_rows_raise_it(anyio_backend: str) -> None:
+    """The batch is split until each caller has the outcome it would have had alone."""
     async with engine() as eng:
-        f = eng.compile(np.log, batch_axis=0, max_batch=3, max_delay=HOUR)
-        xs = [np.ones((1, F)), -np.ones((1, F)), np.full((1, F), 2.0)]  # the second row has no log
+        f = eng.compile(np.log, batch_axis=0, max_batch=4)
+        xs = [np.ones((1, F)), -np.ones((1, F)), np.full((1, F), 2.0), np.full((2, F), 3.0)]  # -1 has no log
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
-        errors = []
-        for c in calls:
-            with pytest.raises(RuntimeWarning) as info:
-                await within(c)
-            errors.append(info.value)
-        assert all(e is errors[0] for e in errors)
-        assert all(c.exception() is errors[0] for c in calls)
+        with pytest.raises(RuntimeWarning) as info:
+            await within(calls[1])
+        assert calls[1].exception() is info.value
+        for i in (0, 2, 3):
+            assert_same_bits(await within(calls[i]), np.log(xs[i]))
+            assert calls[i].exception() is None
         assert_same_bits(await within(f(np.ones((2, F)))), np.zeros((2, F)))  # the engine keeps serving
 
 
 # -- cancellation -------------------------------------------------------------------------------------------
 
 
-async def test_a_call_cancelled_while_its_batch_forms_leaves_it(anyio_backend: str) -> None:
+async def test_a_call_cancelled_before_it_runs_is_left_out_of_the_batch(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=3)
         xs = [rows(1, seed) for seed in range(4)]
         async with occupied(eng, 1):
             a, b = f(xs[0]), f(xs[1])
             assert b.cancel()
             assert b.cancelled() and b.done()
-            c, d = f(xs[2]), f(xs[3])  # its row left: these two fill the batch
-            await state(eng, lambda: eng.stats().pending == 2)
+            c, d = f(xs[2]), f(xs[3])
+            assert eng.stats().pending == 4  # the held task and a, c, d
         for x, y in zip((xs[0], xs[2], xs[3]), await results([a, c, d]), strict=True):
             assert_same_bits(y, mlp(x))
         with pytest.raises(cancelled_error()):
@@ -709,13 +615,15 @@ async def test_a_call_cancelled_while_its_batch_forms_leaves_it(anyio_backend: s
         assert sizes(f) == {3: 1}
 
 
-async def test_a_call_cancelled_while_its_batch_waits_to_run_leaves_it(anyio_backend: str) -> None:
+async def test_a_call_cancelled_while_queued_behind_a_busy_worker_leaves_the_batch(
+    anyio_backend: str,
+) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=3)
         xs = [rows(1, seed) for seed in range(3)]
         async with occupied(eng, 1):
             calls = [f(x) for x in xs]
-            await state(eng, lambda: eng.stats().pending == 2)  # sent, queued behind the held task
+            await state(eng, lambda: eng.stats().pending == 4)
             assert calls[1].cancel()
             assert calls[1].cancelled()
         got = await results([calls[0], calls[2]])
@@ -726,27 +634,28 @@ async def test_a_call_cancelled_while_its_batch_waits_to_run_leaves_it(anyio_bac
         assert f.stats()["batches"] == 1
 
 
-async def test_cancelling_every_call_of_a_queued_batch_cancels_its_task(anyio_backend: str) -> None:
+async def test_cancelled_calls_never_run(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=2)
         async with occupied(eng, 1) as (_, held):
             calls = [f(rows(1, 0)), f(rows(1, 1))]
-            await state(eng, lambda: eng.stats().pending == 2)
+            await state(eng, lambda: eng.stats().pending == 3)
             assert all(c.cancel() for c in calls)
-            await state(eng, lambda: eng.stats().pending == 1)  # the batch's task left the queue
+            await state(eng, lambda: eng.stats().pending == 1)
         await within(held[0])
         for c in calls:
             with pytest.raises(cancelled_error()):
                 await within(c)
         s = eng.stats()
-        assert (s.cancelled, s.completed) == (1, 1)  # the batch never ran; the held task did
+        assert (s.cancelled, s.completed) == (2, 1)  # the calls never ran; the held task did
+        assert f.stats()["batches"] == 0
 
 
 async def test_a_call_cancelled_while_its_future_argument_is_pending_never_joins_a_batch(
     anyio_backend: str,
 ) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0)
         gate = Gate()
         source = eng.submit_nowait(gate.hold(lambda: rows(2)))
         await gate.wait_started(1)
@@ -770,7 +679,7 @@ async def test_a_done_call_cannot_be_cancelled(anyio_backend: str) -> None:
 
 async def test_cancelling_the_awaiting_coroutine_cancels_the_call(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=3, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=3)
         async with occupied(eng, 1):
             kept = f(rows(1, 0))
             given_up = f(rows(1, 1))
@@ -789,43 +698,45 @@ async def test_cancelling_the_awaiting_coroutine_cancels_the_call(anyio_backend:
 # -- backpressure ---------------------------------------------------------------------------------------
 
 
-async def test_a_batch_is_one_task_for_max_pending(anyio_backend: str) -> None:
-    async with engine(max_pending=2) as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+async def test_each_call_is_one_task_for_max_pending(anyio_backend: str) -> None:
+    async with engine(max_pending=4) as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=6)
         xs = [rows(2, seed) for seed in range(3)]
         async with occupied(eng, 1):
-            calls = [f(x) for x in xs]  # six rows from three callers: one task
-            await state(eng, lambda: eng.stats().pending == 2)
-            assert eng.stats().waiting_admission == 0
+            calls = [f(x) for x in xs]
+            assert eng.stats().pending == 4
+            with pytest.raises(ss.QueueFull):
+                f(rows(2, 3))
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, mlp(x))
+        assert sizes(f) == {6: 1}
 
 
 async def test_at_max_pending_a_call_raises_queue_full_and_submit_waits(anyio_backend: str) -> None:
-    async with engine(max_pending=1) as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+    async with engine(max_pending=2) as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=2)
         xs = [rows(1, seed) for seed in range(3)]
         async with occupied(eng, 1) as (gate, _):
-            calls = [f(xs[0]), f(xs[1])]  # full: sent, and waits for admission behind the held task
-            await state(eng, lambda: eng.stats().waiting_admission == 1)
-            with pytest.raises(ss.QueueFull):
-                f(xs[2])
+            calls = [f(xs[0])]
+            with pytest.raises(ss.QueueFull, match=r"fn\.submit"):
+                f(xs[1])
             waiter = Background()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(waiter.run, f.submit, xs[2])
-                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(waiter.run, f.submit, xs[1])
+                await state(eng, lambda: eng.stats().waiting_admission == 1)
                 assert not waiter.finished.is_set()  # waiting for room
                 gate.open()
                 with anyio.fail_after(TIMEOUT):
                     await waiter.finished.wait()
             assert isinstance(waiter.value, ss.BatchCall)
             calls.append(waiter.value)
+            calls.append(await within(f.submit(xs[2])))
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, mlp(x))
 
 
 async def test_a_batch_holds_the_bytes_of_its_rows(anyio_backend: str) -> None:
-    """The bytes a batch holds while it waits are those its callers' calls would hold one by one."""
+    """The bytes the calls hold while they wait are those their unbatched calls would hold one by one."""
     xs = [rows(2, seed) for seed in range(3)]
     async with engine() as eng:
         plain = eng.compile(mlp)
@@ -836,11 +747,10 @@ async def test_a_batch_holds_the_bytes_of_its_rows(anyio_backend: str) -> None:
                 out = plain(x)
                 alone.append(eng.stats().pending_bytes - before)
             await within(out)
-        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=6)
         async with occupied(eng, 1):
             before = eng.stats().pending_bytes
             calls = [f(x) for x in xs]
-            await state(eng, lambda: eng.stats().pending == 2)
             held = eng.stats().pending_bytes - before
         await results(calls)
     assert held == sum(alone), (held, alone)
@@ -851,14 +761,21 @@ async def test_calls_that_fit_max_pending_bytes_one_by_one_are_not_failed_by_bat
     anyio_backend: str,
 ) -> None:
     """Each call holds 2 KiB (1 KiB in, 1 KiB out) of a 4 KiB budget: alone it runs.  Four of them made while
-    the engine is busy must not become one 8 KiB task that can never run (MemoryLimitError for all four):
-    a batch is sent before it outgrows the budget."""
+    the engine is busy wait for room one by one, as any task does, and never fail together."""
     async with engine(max_pending_bytes=4096) as eng:
-        f = eng.compile(np.negative, batch_axis=0, max_batch=64, max_delay=0.001)
+        f = eng.compile(np.negative, batch_axis=0, max_batch=64)
         xs = [rows(8, seed, features=16) for seed in range(4)]
         assert_same_bits(await within(f(xs[0])), -xs[0])
-        async with occupied(eng, 1):
-            calls = [f(x) for x in xs]
+        calls: list[Any] = [None] * len(xs)
+
+        async def call(i: int) -> None:
+            calls[i] = await f.submit(xs[i])
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg, occupied(eng, 1):
+                for i in range(len(xs)):
+                    tg.start_soon(call, i)
+                await state(eng, lambda: eng.stats().waiting_admission == 2)
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, -x)
         assert eng.stats().peak_pending_bytes <= 4096
@@ -869,8 +786,8 @@ async def test_calls_that_fit_max_pending_bytes_one_by_one_are_not_failed_by_bat
 
 async def test_stats_count_batches_rows_and_sizes_per_function_and_engine(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=4, max_delay=HOUR)
-        g = eng.compile(np.tanh, batch_axis=0, max_batch=3, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=4)
+        g = eng.compile(np.tanh, batch_axis=0, max_batch=3)
         assert f.stats()["batches"] == 0 and f.stats()["rows"] == 0 and sizes(f) == {}
         await within(f(rows(2)))  # alone: the engine was idle
         async with occupied(eng, 1):
@@ -885,7 +802,7 @@ async def test_stats_count_batches_rows_and_sizes_per_function_and_engine(anyio_
 async def test_the_trace_shows_a_batch_span_with_its_callers(anyio_backend: str, tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=6, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=6)
         with eng.trace(path):
             async with occupied(eng, 1):
                 calls = [f(rows(n, n)) for n in (1, 2, 3)]
@@ -899,7 +816,7 @@ async def test_the_trace_shows_a_batch_span_with_its_callers(anyio_backend: str,
 
 async def test_in_sync_mode_a_call_runs_at_once_in_the_caller(anyio_backend: str) -> None:
     async with started(sync_mode=True) as eng:
-        f = eng.compile(mlp, batch_axis=0, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0)
         call = f(rows(2))
         assert call.done()
         assert_same_bits(await within(call), mlp(rows(2)))
@@ -911,7 +828,7 @@ async def test_in_sync_mode_a_call_runs_at_once_in_the_caller(anyio_backend: str
 
 async def test_result_and_exception_from_another_thread(anyio_backend: str) -> None:
     async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=2, max_delay=HOUR)
+        f = eng.compile(mlp, batch_axis=0, max_batch=2)
         async with occupied(eng, 1) as (gate, _):
             calls = [f(rows(1, 0)), f(rows(1, 1))]
             seen: list[Any] = []
@@ -926,3 +843,144 @@ async def test_result_and_exception_from_another_thread(anyio_backend: str) -> N
         assert_same_bits(seen[0], mlp(rows(1, 0)))
         assert calls[0].exception() is None
         assert_same_bits(await within(calls[1]), mlp(rows(1, 1)))
+
+
+# -- each call is a task from the moment it is made --------------------------------------------------------
+
+
+async def test_a_write_submitted_after_a_call_waits_for_it(anyio_backend: str) -> None:
+    """The call reads its array at the call: a write submitted after it, while the engine is busy, runs
+    after it, so the call sees the array as it was (sequential consistency)."""
+    async with engine() as eng:
+        f = eng.compile(lambda v: v * 2.0, batch_axis=0)
+        x = np.ones((2, 3))
+        async with occupied(eng, 1):
+            call = f(x)
+            write = eng.submit_nowait(np.copyto, x, 5.0, writes=[x])
+        await within(write)
+        assert_same_bits(await within(call), np.full((2, 3), 2.0))
+        assert_same_bits(x, np.full((2, 3), 5.0))
+
+
+async def test_a_write_to_a_tensor_after_a_call_waits_for_it(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(lambda v: v * 2.0, batch_axis=0)
+        t = eng.asarray(np.zeros((2, 3)))
+        await within(t)
+        async with occupied(eng, 1):
+            call = f(t)
+            t += 1.0  # queued behind the held task, after the call
+        assert_same_bits(await within(call), np.zeros((2, 3)))
+        assert_same_bits(await within(t), np.ones((2, 3)))
+
+
+async def test_calls_that_waited_for_room_leave_no_refusal_behind(anyio_backend: str) -> None:
+    """Calls admitted after waiting for room (``await fn.submit``) once the engine is idle again: a call
+    is admitted at once, as a task would be."""
+    async with engine(max_pending=1) as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=2)
+        xs = [rows(1, seed) for seed in range(3)]
+        calls: list[Any] = [None] * len(xs)
+
+        async def call(i: int) -> None:
+            calls[i] = await f.submit(xs[i])
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg, occupied(eng, 1):
+                for i in range(len(xs)):
+                    tg.start_soon(call, i)
+                await state(eng, lambda: eng.stats().waiting_admission == len(xs))
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, mlp(x))
+        await within(eng.waitall())
+        assert eng.stats().pending == 0
+        assert_same_bits(await within(f(xs[0])), mlp(xs[0]))  # not QueueFull: the engine is idle
+
+
+async def test_traced_plans_are_bounded_by_max_signatures(anyio_backend: str) -> None:
+    """Calls whose unbatched weights are new arrays each time (same shape): plans are kept by shape, as the
+    signature cache keys them, never by the arrays' addresses, and at most ``max_signatures`` of them."""
+    async with engine() as eng:
+        f = eng.compile(affine, batch_axis=0, batched=[0], max_signatures=4)
+        weights = []  # kept alive: no address is reused
+        for i in range(40):
+            x = rows(1 + i % 3, i)
+            w = W1 * (1.0 + i)  # a new array each call
+            weights.append(w)
+            assert_same_bits(await within(f(x, w, B1)), affine(x, w, B1))
+            assert f.stats()["plans"] <= 4, f.stats()
+        assert f.stats()["signatures"] <= 4
+
+
+async def test_calls_cancelled_while_waiting_for_room_leave_no_refusal_behind(anyio_backend: str) -> None:
+    """Calls given up while they waited for room (their awaiting coroutines cancelled) leave the engine's
+    admission as it was: on the idle engine a call is admitted at once."""
+    async with engine(max_pending=1) as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=2)
+        xs = [rows(1, seed) for seed in range(3)]
+        async with occupied(eng, 1) as (_, held):
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(f.submit, xs[0])
+                    tg.start_soon(f.submit, xs[1])
+                    await state(eng, lambda: eng.stats().waiting_admission == 2)
+                    scope.cancel()
+        await within(held[0])
+        await within(eng.waitall())
+        assert (eng.stats().pending, eng.stats().waiting_admission) == (0, 0)
+        assert_same_bits(await within(f(xs[2])), mlp(xs[2]))
+        assert sizes(f) == {1: 1}
+
+
+async def test_a_tensor_of_another_engine_is_refused_at_the_call(anyio_backend: str) -> None:
+    async with engine() as eng, engine() as other:
+        f = eng.compile(mlp, batch_axis=0)
+        theirs = other.asarray(rows(2))
+        with pytest.raises(ss.InvalidTask, match="another engine"):
+            f(theirs)
+        assert eng.stats().submitted == 0
+
+
+# -- functions that read the number of rows are refused ------------------------------------------------------
+
+ROW_COUNTING: list[tuple[str, Callable[[Any], Any], int, str]] = [
+    ("divided by x.shape[0]", lambda x: x / x.shape[0], 2, "divide"),
+    ("times len(x)", lambda x: x * len(x), 2, "multiply"),
+    ("divided by x.size", lambda x: x / x.size, 3, "divide"),
+    ("a branch on the row count", lambda x: x * 2.0 if x.shape[0] > 1 else x, 1, "other operations"),
+    ("another axis cut at the row count", lambda x: x[:, : x.shape[0]], 2, "getitem"),
+    ("rows moved across the batch axis", lambda x: x.reshape(x.shape[0] * 2, -1), 2, "reshape"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "n", "named"), [c[1:] for c in ROW_COUNTING], ids=[c[0] for c in ROW_COUNTING]
+)
+async def test_a_function_that_reads_the_number_of_rows_is_refused_at_the_first_call(
+    anyio_backend: str, fn: Callable[[Any], Any], n: int, named: str
+) -> None:
+    """Its result would depend on how many rows its batch holds: refused, naming what differs."""
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0)
+        with pytest.raises(ss.BatchError, match=named):
+            f(rows(n, features=6))
+        assert eng.stats().submitted == 0
+
+
+async def test_a_program_that_changes_at_a_batch_size_runs_its_calls_alone_there(anyio_backend: str) -> None:
+    """A branch on the row count that the first call's two traces do not reach (4 and many rows take the
+    same side) is found when a batch's size does: that batch is split, each caller gets fn(its rows)."""
+
+    def fn(x: Any) -> Any:
+        return x * 2.0 if x.shape[0] >= 4 else x * 3.0
+
+    async with engine() as eng:
+        f = eng.compile(fn, batch_axis=0, max_batch=8)
+        x4 = rows(4, 9, features=3)
+        assert_same_bits(await within(f(x4)), fn(x4))
+        xs = [rows(1, seed, features=3) for seed in range(2)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, y in zip(xs, await results(calls), strict=True):
+            assert_same_bits(y, fn(x))  # x * 3.0: what fn gives one row, not the two-row batch's x * 2.0
+        assert sizes(f) == {4: 1, 1: 2}

@@ -50,12 +50,12 @@ from .._common import (
     target_mark,
 )
 
-__all__ = ["CASES", "MAX_BATCH", "MAX_DELAY", "TARGET", "format_report", "run"]
+__all__ = ["CASES", "MAX_BATCH", "TARGET", "format_report", "run"]
 
 CASES = ("loop", "batched", "batched.tasks", "asyncio.floor", "batched.fast", "unbatched", "threadpool")
 #: the engine's batching settings measured (its defaults): on the 2-core machine max_batch 256 and 512 tied
 #: (within the runs' spread) ahead of 128 and 64, and 1 and 2 workers tied
-MAX_BATCH, MAX_DELAY = 256, 0.002
+MAX_BATCH = 256
 #: timed passes over the rows per case and repetition (``quick``: one)
 PASSES = 5
 #: throughput against the plain loop's that the batched calls should reach
@@ -146,11 +146,11 @@ async def _floor(n: int, passes: int) -> tuple[float, np.ndarray]:
 class _Run:
     """One repetition: the model, the rows, the loop's outputs, and what each case measured."""
 
-    def __init__(self, passes: int, workers: int, max_batch: int, max_delay: float) -> None:
+    def __init__(self, passes: int, workers: int, max_batch: int) -> None:
         self.fn = make_mlp(digits_weights())
         self.x = digits_rows()
         self.n, self.passes, self.workers = len(self.x), passes, workers
-        self.max_batch, self.max_delay = max_batch, max_delay
+        self.max_batch = max_batch
         self.figures: Figures = {}
         self.checks: dict[str, Any] = {}
         self.batch_sizes: dict[str, dict[int, int]] = {}
@@ -203,15 +203,13 @@ class _Run:
         return out
 
 
-async def one_run(passes: int, workers: int, max_batch: int, max_delay: float) -> _Run:
+async def one_run(passes: int, workers: int, max_batch: int) -> _Run:
     """Every case once (``passes`` timed passes each), in the order of CASES; ratios against this loop."""
-    run = _Run(passes, workers, max_batch, max_delay)
+    run = _Run(passes, workers, max_batch)
     seconds, _ = _loop(run.fn, run.x, passes)
     run.per_row_us("loop", seconds)
     async with ss.Engine(cpu_workers=workers, max_pending=2 * run.n) as eng:
-        batching = functools.partial(
-            eng.compile, run.fn, batch_axis=0, max_batch=max_batch, max_delay=max_delay
-        )
+        batching = functools.partial(eng.compile, run.fn, batch_axis=0, max_batch=max_batch)
         exact, fast = batching(name="mlp"), batching(name="mlp_fast", exact=False)
         plain = eng.compile(run.fn, name="mlp_unbatched")
         for mlp in (exact, fast, plain):
@@ -263,7 +261,6 @@ def run(
     *,
     quick: bool = False,
     max_batch: int = MAX_BATCH,
-    max_delay: float = MAX_DELAY,
     workers: int | None = None,
 ) -> dict[str, Any]:
     """``reps`` interleaved repetitions (``quick``: one timed pass each); medians, and the target checks."""
@@ -272,7 +269,7 @@ def run(
     runs: list[_Run] = []
     with one_blas_thread():
         for rep in range(reps):
-            runs.append(asyncio.run(one_run(passes, workers, max_batch, max_delay)))
+            runs.append(asyncio.run(one_run(passes, workers, max_batch)))
             if progress is not None:
                 progress(f"rep {rep + 1}/{reps}")
     samples = [r.figures for r in runs]
@@ -285,7 +282,7 @@ def run(
         "rows": DIGITS_ROWS,
         "passes": passes,
         "model": "MLP 64-128-64-10, ReLU, float64",
-        "config": {"cpu_workers": workers, "max_batch": max_batch, "max_delay": max_delay, "blas_threads": 1},
+        "config": {"cpu_workers": workers, "max_batch": max_batch, "blas_threads": 1},
         "medians": medians,
         "range": {k: [min(s[k] for s in samples), max(s[k] for s in samples)] for k in medians},
         "checks": checks,
@@ -347,8 +344,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"schedsvc bench batch: {runs_phrase(report['reps'])}, {report['rows']:,} concurrent batch-1 calls "
         f"x {report['passes']} passes each, {report['model']}, BLAS at 1 thread",
-        f"  engine: cpu_workers={c['cpu_workers']}, max_batch={c['max_batch']}, "
-        f"max_delay={c['max_delay'] * 1e3:g} ms. x loop: the loop's time per row / the case's; "
+        f"  engine: cpu_workers={c['cpu_workers']}, max_batch={c['max_batch']}. "
+        "x loop: the loop's time per row / the case's; "
         "calls: making the calls alone",
         "  case             us/row  x loop  calls us  p50 us  p99 us  batches          results",
     ]

@@ -38,7 +38,6 @@ def test_a_quick_run_measures_every_case_against_the_loop(report: dict[str, Any]
     assert report["config"] == {
         "cpu_workers": bench_workers(),
         "max_batch": batch.MAX_BATCH,
-        "max_delay": batch.MAX_DELAY,
         "blas_threads": 1,
     }
 

@@ -1,0 +1,140 @@
+"""``take_like``: the worker that takes a task with a ``fusion`` also takes the other ready tasks of it.
+
+Event by event, ``validate()`` after every step; no threads, no event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedsvc._core import Scheduler, Task
+
+from .helpers import BIG, W, out_of
+
+
+class Fusable(Task):
+    """A task that may run together with the other ready tasks of its ``fusion``."""
+
+    __slots__ = ("fusion", "rows")
+
+    def __init__(self, name: str, fusion: Any, rows: int = 1, **fields: Any) -> None:
+        super().__init__(name=name, **fields)
+        self.fusion = fusion
+        self.rows = rows
+        self.watchers = []
+
+
+def make() -> Scheduler:
+    return Scheduler(max_pending=1000, max_pending_bytes=BIG, devices=("cpu", "gpu"), check=True)
+
+
+def submit(s: Scheduler, *tasks: Task) -> None:
+    for t in tasks:
+        assert s.submit(t), t
+        assert out_of(s) == []
+
+
+def take_like(s: Scheduler, fusion: Any, limit: int, device: str = "cpu", **kw: Any) -> list[Task]:
+    taken = s.take_like(device, fusion, limit, **kw)
+    assert out_of(s) == []
+    assert all(t.state == "running" for t in taken)
+    return taken
+
+
+def rows_of(task: Task) -> int:
+    assert isinstance(task, Fusable)
+    return task.rows
+
+
+def test_take_like_takes_the_ready_tasks_of_one_fusion_oldest_first() -> None:
+    s = make()
+    f, g = object(), object()
+    a1, b1, a2, plain, a3 = (
+        Fusable("a1", f),
+        Fusable("b1", g),
+        Fusable("a2", f),
+        Task(name="p"),
+        Fusable("a3", f),
+    )
+    submit(s, a1, b1, a2, plain, a3)
+    first = s.take("cpu")
+    assert first is a1
+    assert take_like(s, f, 10) == [a2, a3]
+    assert s.running == 3 and s.queues["cpu"].count == 2
+    assert s.take("cpu") is b1  # the others keep their order
+    assert s.take("cpu") is plain
+    assert s.take("cpu") is None
+
+
+def test_take_like_stops_at_the_limit() -> None:
+    s = make()
+    f = object()
+    tasks = [Fusable(f"a{i}", f) for i in range(5)]
+    submit(s, *tasks)
+    assert take_like(s, f, 2) == tasks[:2]
+    assert take_like(s, f, 0) == []
+    assert take_like(s, f, 10) == tasks[2:]
+    assert take_like(s, f, 10) == []
+
+
+def test_take_like_weighs_each_task_and_stops_at_the_first_that_does_not_fit() -> None:
+    s = make()
+    f = object()
+    a, b, c = Fusable("a", f, rows=3), Fusable("b", f, rows=4), Fusable("c", f, rows=1)
+    submit(s, a, b, c)
+    assert take_like(s, f, 6, weight=rows_of) == [a]  # b (4 rows) would make 7: it and c stay, in order
+    assert take_like(s, f, 6, weight=rows_of) == [b, c]
+
+
+def test_take_like_skips_tasks_that_left_the_ready_state() -> None:
+    s = make()
+    f = object()
+    a, b, c, d = (Fusable(n, f) for n in "abcd")
+    submit(s, a, b, c, d)
+    assert s.take("cpu") is a  # taken the ordinary way: its entry is stale
+    assert s.claim(c)  # claimed by a thread that waits on it
+    assert s.cancel(b)
+    out_of(s)
+    assert take_like(s, f, 10) == [d]
+
+
+def test_take_like_sees_only_ready_tasks_of_its_device() -> None:
+    s = make()
+    f = object()
+    writer = Task(name="writer", buffers=(W(1),))
+    waiting = Fusable("waiting", f, buffers=(W(1),))  # ordered after the writer
+    other = Fusable("other", f, device="gpu")
+    ready = Fusable("ready", f)
+    submit(s, writer, waiting, other, ready)
+    assert take_like(s, f, 10) == [ready]
+    assert waiting.state == "waiting" and other.state == "ready"
+    assert take_like(s, f, 10, device="gpu") == [other]
+
+
+def test_tasks_taken_together_finish_one_by_one_and_release_their_dependents() -> None:
+    s = make()
+    f = object()
+    a, b = Fusable("a", f, buffers=(W(1),)), Fusable("b", f, buffers=(W(2),))
+    after_a, after_b = Task(name="after a", deps=(a,)), Task(name="after b", deps=(b,))
+    submit(s, a, b, after_a, after_b)
+    assert s.take("cpu") is a
+    assert take_like(s, f, 10) == [b]
+    assert s.finish(a, "A", None, chain=False) is None
+    out_of(s)
+    assert after_a.state == "ready"
+    s.finish(b, None, ValueError("b alone"), chain=False)
+    out_of(s)
+    assert (a.state, b.state, after_b.state) == ("done", "failed", "failed")
+    assert s.take("cpu") is after_a
+
+
+def test_the_listing_of_a_fusion_is_dropped_once_nothing_is_ready() -> None:
+    s = make()
+    f = object()
+    a = Fusable("a", f)
+    submit(s, a)
+    assert s.take("cpu") is a
+    assert s.queues["cpu"]._like == {}  # (the queue emptied: its stale entries went with it)
+    s.finish(a, None, None, chain=False)
+    out_of(s)
+    assert take_like(s, f, 10) == []
