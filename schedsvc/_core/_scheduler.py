@@ -540,6 +540,11 @@ class Scheduler:
             and self.pending_bytes + nbytes <= self.max_pending_bytes
         )
 
+    def writer_of(self, key: int) -> Task | None:
+        """The last admitted, unfinished task that writes buffer ``key``, if any."""
+        buf = self._buffers.get(key)
+        return None if buf is None else buf.writer
+
     def device_pending_bytes(self, device: str) -> int:
         """Bytes pending on ``device`` (counted only when some device has a budget: 0 otherwise)."""
         return self._device_pending[device]

@@ -561,6 +561,11 @@ class Runtime:
             f"bytes={core.pending_bytes}/{core.max_pending_bytes}"
         )
 
+    def writer_of(self, key: int) -> Task | None:
+        """The last unfinished task queued to write the memory ``key`` (a Tensor made over it waits for it)."""
+        with self.lock:
+            return self.core.writer_of(key)
+
     def has_room(self, nbytes: int) -> bool:
         with self.lock:
             return self.core.has_room(nbytes)

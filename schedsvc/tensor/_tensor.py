@@ -375,15 +375,18 @@ class Tensor(ArrayOps, Future[Any]):
     def __await__(self) -> Generator[Any, None, Any]:
         owner = self.owner
         last = owner._last_write
-        if last is not None and last.state not in FINAL_STATES:
+        if last is None:
+            return (yield from Future.__await__(self))
+        if last.state not in FINAL_STATES:
             yield from last.wait().__await__()
-        value = yield from Future.__await__(self)
-        if last is not None:
-            error = self._port.tensors.seen(owner)
-            if error is not None:  # a write to its memory failed since the last await: raised once
-                if isinstance(error, StopIteration):  # PEP 479 would make it a bare RuntimeError
-                    raise stop_through_await(last, error) from error
-                raise error
+        try:
+            value = yield from Future.__await__(self)
+        finally:  # its writes are seen now, whatever this await raises (its own error first)
+            error = self._port.tensors.seen(owner) if self.state in FINAL_STATES else None
+        if error is not None:  # a write to its memory failed since the last await: raised once
+            if isinstance(error, StopIteration):  # PEP 479 would make it a bare RuntimeError
+                raise stop_through_await(last, error) from error
+            raise error
         return value
 
     def to(self, device: str) -> Tensor:
@@ -403,8 +406,10 @@ class Tensor(ArrayOps, Future[Any]):
         if last is not None:
             if last.state not in FINAL_STATES and not self._rt.wait_blocking(last, timeout):
                 raise TimeoutError(f"the last write to {self!r} did not finish within {timeout} s")
-            value = self.result(timeout)  # its own error first, as await does
-            error = self._port.tensors.seen(owner)
+            try:
+                value = self.result(timeout)  # its own error first, as await does
+            finally:  # its writes are seen now, whatever this raises
+                error = self._port.tensors.seen(owner) if self.state in FINAL_STATES else None
             if error is not None:  # a write to its memory failed since the last await: raised once
                 raise error
             return value

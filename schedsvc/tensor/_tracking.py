@@ -55,11 +55,15 @@ class TensorMemory:
         # (each owner's writes an await has not seen are its ``_unseen``)
         self._lock = threading.Lock()  # the door (a thread, under the runtime's lock) and awaits
 
-    def adopt(self, tensor: Tensor) -> None:
-        """``tensor`` wraps an array: it owns that memory, or shares the owner already there."""
+    def adopt(self, tensor: Tensor, writer: Task | None = None) -> None:
+        """``tensor`` wraps an array: it owns that memory, or shares the owner already there.  ``writer``:
+        a task queued before it to write that memory, still unfinished -- awaiting the Tensor waits for it
+        (its error is its own future's: the Tensor did not exist when it was queued)."""
         owner = self.owners.get(tensor.memory[0])
         if owner is None:
             self.owners[tensor.memory[0]] = tensor
+            if writer is not None:
+                tensor._last_write = cast("Future[Any]", writer)
         else:  # another Tensor over the same memory: they share one owner, so writes are seen by both
             tensor._root = owner
 
@@ -141,6 +145,10 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
             )
         tensor = _device_tensor(port, obj, _home(port, obj), keyer(obj))
         return tensor if asked is None else to(port, tensor, device)
+    if type(obj) is np.ndarray and dtype is not None and np.dtype(dtype) != obj.dtype:
+        # converted by a task, after the writes queued to the array (np.asarray would copy it now)
+        converted: Tensor = asarray(port, obj, None, asked, shape).astype(dtype)
+        return converted
     array = np.asarray(obj, dtype=dtype)
     if device in rt.preparers:  # a device with memory of its own: copied there by a task of its own
         if shape is not None and tuple(shape) != array.shape:
@@ -149,7 +157,7 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
     if shape is not None and tuple(shape) != array.shape:
         raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
     tensor = concrete(port, array, device)
-    port.tensors.adopt(tensor)
+    port.tensors.adopt(tensor, rt.writer_of(tensor.memory[0]))
     return tensor
 
 
