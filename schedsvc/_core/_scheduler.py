@@ -121,6 +121,7 @@ class Scheduler:
         "_epoch",
         "_held",
         "_hooks",
+        "_host_copy",
         "_limit",
         "_live",
         "_max_footprint",
@@ -156,6 +157,7 @@ class Scheduler:
         device_bytes: Mapping[str, int] | None = None,
         clock: Callable[[], float] | None = None,
         check: bool = False,
+        host_copy: Any = None,
     ) -> None:
         self.max_pending = max_pending
         # throttle waiters let through that have not used or given back their slot yet
@@ -173,6 +175,9 @@ class Scheduler:
                 f"unknown devices {sorted(unknown)}; the scheduler's devices are {sorted(self.queues)}"
             )
         self._budgeted = bool(self.max_device_bytes)
+        #: the callable of a host-to-device copy task: what it reads is host memory, not its device's
+        #: (only its result counts against the device's budget)
+        self._host_copy = host_copy
         # the largest footprint that fits every limit: submit's one compare (the exact check when over it)
         self._max_footprint = min([max_pending_bytes, *self.max_device_bytes.values()])
         # bytes per device, counted only when some device has a budget
@@ -261,7 +266,11 @@ class Scheduler:
         if footprint > self.max_pending_bytes:
             return False
         budget = self.max_device_bytes.get(task.device)
-        return budget is None or footprint <= budget
+        return budget is None or self._on_device(task, footprint) <= budget
+
+    def _on_device(self, task: Task, nbytes: int) -> int:
+        """Of ``nbytes`` a task adds, those on its device: a host-to-device copy reads host memory."""
+        return task.out_bytes if task.fn is self._host_copy and task.fn is not None else nbytes
 
     def publish(self) -> None:
         """Move the staged ready tasks into their ready queues, in submission order."""
@@ -585,7 +594,7 @@ class Scheduler:
                 need += nbytes
         if self.pending_bytes + need > self.max_pending_bytes:
             return False
-        return not self._budgeted or self._fits_device(task.device, need)
+        return not self._budgeted or self._fits_device(task.device, self._on_device(task, need))
 
     def _fits_group(self, tasks: list[Task]) -> bool:
         """Do ``tasks`` (one submission and what was made for it) fit the limits together?  (A group of
@@ -594,14 +603,16 @@ class Scheduler:
             return False
         known = set(self._buffers)
         need: dict[str, int] = {}
+        total = 0
         for task in tasks:
             added = task.out_bytes
             for key, nbytes, _ in task.buffers:
                 if key not in known:
                     known.add(key)
                     added += nbytes
-            need[task.device] = need.get(task.device, 0) + added
-        if self.pending_bytes + sum(need.values()) > self.max_pending_bytes:
+            total += added
+            need[task.device] = need.get(task.device, 0) + self._on_device(task, added)
+        if self.pending_bytes + total > self.max_pending_bytes:
             return False
         return not self._budgeted or all(self._fits_device(d, n) for d, n in need.items())
 
@@ -618,7 +629,7 @@ class Scheduler:
                 "Raise max_pending_bytes or split the task."
             )
         budget = self.max_device_bytes.get(task.device)
-        if budget is not None and footprint > budget:
+        if budget is not None and self._on_device(task, footprint) > budget:
             raise MemoryLimitError(
                 f"{what} but max_device_bytes for {task.device} is {budget}; it could never run. "
                 f"Raise max_device_bytes for {task.device} or split the task."
@@ -690,7 +701,7 @@ class Scheduler:
             owner = self._owner
             device = task.device
             added = task.out_bytes
-            for key, _, _ in task.buffers:
+            for key, _, _ in task.buffers if task.fn is not self._host_copy or task.fn is None else ():
                 if key not in owner:
                     nbytes = self._buffers[key].nbytes
                     owner[key] = (device, nbytes)
@@ -1070,7 +1081,7 @@ class Scheduler:
         if not self._budgeted:
             assert not self._owner and not any(self._device_pending.values())
             return
-        assert self._owner.keys() == self._buffers.keys()
+        assert self._owner.keys() <= self._buffers.keys()  # (a host copy's host memory has no device)
         held = dict.fromkeys(self.queues, 0)
         for task in self._live:
             held[task.device] += task.out_bytes

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import DeviceError
 from ._executor import Executor, Keyer
+from ._transfer import to_device
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -103,4 +104,5 @@ def scheduler_options(kinds: dict[str, type[Executor]], config: Config) -> dict[
     return {
         "asynchronous": tuple(name for name, kind in kinds.items() if kind.asynchronous),
         "device_bytes": {name: budget for name, kind in kinds.items() if kind.own_memory and budget},
+        "host_copy": to_device,  # what its copies read is host memory, not the device's
     }

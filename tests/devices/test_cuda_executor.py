@@ -547,6 +547,18 @@ async def test_declared_bytes_over_the_device_limit_is_refused_at_submission() -
         np.testing.assert_array_equal(host(await within(ok)), np.zeros(16))
 
 
+async def test_a_host_array_sent_to_a_device_counts_its_copy_not_its_host_memory() -> None:
+    """Regression: the H2D copy's read of the host array was counted against the device's budget too, so an
+    array of more than half of max_device_bytes could never be sent there (MemoryLimitError)."""
+    a = np.arange(400.0)  # 3,200 bytes: the copy on the device fits 4,096, the host array and it do not
+    async with cuda_engine(max_device_bytes=4096) as eng:
+        t = eng.asarray(a, device="cuda:0")
+        np.testing.assert_array_equal(host(await within(t)), a)
+        del t  # (its device array is freed: the next copy needs the room)
+        f = await eng.submit(np.sum, a, device="cuda:0")  # its copy, made for it, and a scalar
+        assert float(host(await within(f))) == a.sum()
+
+
 @simulator_only
 async def test_one_failed_allocation_with_work_in_flight_is_retried() -> None:
     gate = StreamGate()
