@@ -91,7 +91,11 @@ class TensorMemory:
         with self._lock:
             for target in written:
                 owner = target.owner
-                owner._last_write = write
+                previous = owner._last_write
+                # a write that failed at once (an input had failed) is not the one to wait for while the
+                # write before it still runs: an await waits for that, then raises this one's error
+                if write.state not in FINAL_STATES or previous is None or previous.state in FINAL_STATES:
+                    owner._last_write = write
                 unseen = owner._unseen
                 owner._unseen = [write] if unseen is None else [*_unsettled(unseen), write]
 

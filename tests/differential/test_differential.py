@@ -90,6 +90,13 @@ def test_feature_set_equals_sequential_numpy(name: str) -> None:
 #: differently makes new programs of them (the minimal programs below do not move).
 SEEDS: list[tuple[int, str, str, str | None]] = [
     (
+        1106,
+        "mixed",
+        "a Tensor write failing at admission (its input had failed) became the owner's last write: await t "
+        "stopped waiting for the write before it, np.add(t3, ..., out=t3), still queued",
+        None,
+    ),
+    (
         3,
         "batched",
         "call = g(B0.reshape(2, 4)[1:2]) with x @ W, then mix(..., out=as_strided(B1)) and an add of B0[5:6]: the call sees the add",

@@ -670,6 +670,30 @@ async def test_a_failed_write_is_not_hidden_by_a_later_write(engine: ss.Engine, 
     np.testing.assert_array_equal(await within(t), [3, 4])  # reported once: the memory as it is
 
 
+async def test_a_write_that_fails_at_once_does_not_stop_await_waiting_for_the_write_before_it(
+    engine: ss.Engine,
+) -> None:
+    """Regression (found by the differential tester, seed 1106): a Tensor write whose input had already
+    failed is final at once; it became the last write, so ``await t`` returned before the write queued
+    before it had run, without its values."""
+    gate = Gate()
+    t = engine.asarray(np.arange(4))
+    pending = engine.submit_nowait(held(gate, lambda: np.full(4, 10)))
+    t += engine.asarray(pending, shape=(4,), dtype=np.int64)  # queued: it waits for the gate
+    failed = engine.submit_nowait(boom)
+    with pytest.raises(ValueError):
+        await within(failed)
+    t += engine.asarray(failed, shape=(4,), dtype=np.int64)  # fails at once: its input failed
+    awaiting = asyncio.ensure_future(read(t))
+    await gate.wait_started(1)
+    done, _ = await asyncio.wait({awaiting}, timeout=0.05)
+    assert not done, "await t finished while the write before the failed one had not run"
+    gate.open()
+    with pytest.raises(ss.DependencyError):
+        await within(awaiting)  # then the failed write's error, once
+    np.testing.assert_array_equal(await within(t), np.arange(4) + 10)
+
+
 # == bugs found: each test fails today ==========================================================================
 
 
