@@ -601,14 +601,15 @@ class Scheduler:
         more tasks than ``max_pending`` needs every slot: it gets in once nothing else is pending.)"""
         if self.pending + min(len(tasks), self.max_pending) > self._limit:
             return False
-        known = set(self._buffers)
+        known = self._buffers
+        new: set[int] = set()  # buffers the group brings in, each counted once
         need: dict[str, int] = {}
         total = 0
         for task in tasks:
             added = task.out_bytes
             for key, nbytes, _ in task.buffers:
-                if key not in known:
-                    known.add(key)
+                if key not in known and key not in new:
+                    new.add(key)
                     added += nbytes
             total += added
             need[task.device] = need.get(task.device, 0) + self._on_device(task, added)
@@ -888,12 +889,11 @@ class Scheduler:
         admission), so that submitted == completed + failed + cancelled + pending."""
         self._move(task, state)
         task.error = error
-        if not admitted:
-            pass
-        elif state == "cancelled":
-            self.cancelled += 1
-        else:
-            self.failed += 1
+        if admitted:
+            if state == "cancelled":
+                self.cancelled += 1
+            else:
+                self.failed += 1
         if task.watchers is not None:
             self.out.append(("resolve", task))
 
