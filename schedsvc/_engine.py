@@ -32,10 +32,10 @@ from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
 from ._lifecycle import STARTED, finish, watch_loop_end
 from ._port import LOOP_CLOSED, Port
-from ._runtime import NOW, QUEUE, Runtime, Task, scan
-from ._runtime._bridge import is_cancellation
+from ._runtime import NOW, QUEUE, Runtime, Task, is_cancellation, scan
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
+from ._tracing import ACTIVE, tracing
 from ._validate import (
     ASYNC_CODE,
     SYNC_KINDS,
@@ -44,15 +44,12 @@ from ._validate import (
     refuse_submit_while_tracing,
     submit_while_tracing,
 )
-from .compile._state import ACTIVE, tracing
 from .devices import Executor, resolve, scheduler_options
-from .tensor import Tensor
-from .tensor._tracking import TensorMemory, asarray, create, shape_arg
+from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
     from ._executor import EngineExecutor
-    from .compile import Compiled
-    from .compile._batched import Batched
+    from .compile import Batched, Compiled
 
 __all__ = ["Engine", "check_fn"]
 
@@ -499,7 +496,7 @@ class Engine:
         _check_compile_options(name, exact)
         if batch_axis is None:
             return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
-        from .compile._batched import Batched
+        from .compile import Batched
 
         return Batched(
             self._port,

@@ -38,7 +38,7 @@ from ._runtime import BLOCK, NOW
 if TYPE_CHECKING:
     from ._engine import Engine
     from ._future import Future
-    from ._runtime._scan import _Found
+    from ._runtime import Found
 
 __all__ = ["EngineExecutor", "ExecutorFuture", "executor"]
 
@@ -126,7 +126,7 @@ class ExecutorFuture(concurrent.futures.Future[T]):
             self.set_exception(task.error)
 
     # passed to eng.submit: the scanner depends on its task, and the task receives its value
-    def __schedsvc_visit__(self, found: _Found, write: bool) -> None:
+    def __schedsvc_visit__(self, found: Found, write: bool) -> None:
         found.deps.append(self._task)
 
     def __schedsvc_substitute__(self) -> Any:

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import FINAL_STATES, Task
 from ._errors import SchedsvcError
-from ._runtime._bridge import cancelled_error, is_cancellation
-from ._runtime._remote import Remote
+from ._runtime import Remote, cancelled_error, is_cancellation
 
 if TYPE_CHECKING:
     from ._port import Port

@@ -49,11 +49,11 @@ from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, InvalidTask, QueueFull, SchedsvcError
 from .._future import Future
 from .._runtime import NOW, QUEUE, buffer_of, scan
+from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor
 from ._compiled import MAX_SIGNATURES, Compiled, _static
 from ._graph import Graph, emit
 from ._rows import RowPlan, exact_fn, plan_rows, same_program
-from ._state import ACTIVE, tracing
 
 if TYPE_CHECKING:
     from .._core import Task

@@ -31,12 +31,10 @@ from .._core import name_of
 from .._errors import LoadError, SchedsvcError, TraceError
 from .._port import port_of
 from .._runtime import buffer_of
-from ..tensor import Op, Tensor
-from ..tensor._tensor import check_out
-from ..tensor._tracking import asarray, queue_op
+from .._tracing import ACTIVE, tracing
+from ..tensor import Op, Tensor, asarray, check_out, queue_op
 from ._cuda import CudaReplay, GraphCounts
 from ._graph import Constants, Graph, Node, Ref, emit
-from ._state import ACTIVE, tracing
 from ._trace import trace
 
 if TYPE_CHECKING:

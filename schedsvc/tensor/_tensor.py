@@ -26,7 +26,7 @@ from .._core import FINAL_STATES, Buffer, Task
 from .._errors import InvalidTask
 from .._future import Future, blocks_the_loop, stop_through_await
 from .._runtime import buffer_of
-from ..compile._state import ACTIVE, tracing
+from .._tracing import ACTIVE, tracing
 from ._meta import Shape, broadcast
 from ._ops import OPS, Op, op_for_ufunc
 
