@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._config import Config
 from ._core import FINAL_STATES
-from ._engine import _task
 from ._errors import EngineClosed, QueueFull, SchedsvcError
 from ._runtime import BLOCK, NOW
+from ._submission import build_task
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -222,7 +222,7 @@ class EngineExecutor(concurrent.futures.Executor):
                 raise RuntimeError(_AFTER_SHUTDOWN)
             raise port.refusal()
         task: Future[T]
-        task, written = _task(
+        task, written = build_task(
             port, self._engine._vet, fn, args, kwargs, self._device, self._priority, None, (), (), None, tid
         )
         fut = ExecutorFuture(task, self)
