@@ -367,7 +367,7 @@ class Tensor(ArrayOps, Future[Any]):
             return target
         base = args[0].owner if view and isinstance(args[0], Tensor) else None
         if view and base is None:  # a view of a plain ndarray operand: that array's memory
-            return queue_op(engine, op, args, attrs, shape, dtype, None, None, buffer_of(args[0]))
+            return queue_op(engine, op, args, attrs, shape, dtype, None, None, memory=buffer_of(args[0]))
         return queue_op(engine, op, args, attrs, shape, dtype, base, None)
 
     # -- sync points -------------------------------------------------------------
