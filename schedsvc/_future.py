@@ -44,10 +44,10 @@ class Future(Task, Generic[T]):
         device: str,
         priority: int,
         nbytes: int,
-        buffers: tuple[Any, ...],
-        deps: tuple[Task, ...],
-        name: str | None,
-        nested: bool,
+        buffers: tuple[Any, ...] = (),
+        deps: tuple[Task, ...] = (),
+        name: str | None = None,
+        nested: bool = False,
     ) -> None:
         # positional all the way: this runs once per submission
         Task.__init__(self, fn, args, kwargs, device, priority, nbytes, buffers, deps, name, nested)
