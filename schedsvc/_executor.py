@@ -223,7 +223,7 @@ class EngineExecutor(concurrent.futures.Executor):
             raise port.refusal()
         task: Future[T]
         task, written = build_task(
-            port, self._engine._vet, fn, args, kwargs, self._device, self._priority, None, (), (), None, tid
+            port, self._engine._vet, fn, args, kwargs, self._device, self._priority, tid
         )
         fut = ExecutorFuture(task, self)
         rt.watch_off_loop(task, fut._task_final)

@@ -36,14 +36,15 @@ def build_task(
     kwargs: dict[str, Any],
     device: str | None,
     priority: int,
-    name: str | None,
-    reads: Any,
-    writes: Any,
-    nbytes: int | None,
     tid: int,
+    name: str | None = None,
+    reads: Any = (),
+    writes: Any = (),
+    nbytes: int | None = None,
 ) -> tuple[Future[Any], list[Tensor]]:
     """Check a submission and build its task (not admitted yet); and the Tensors it writes (claimed by
-    the door when it is admitted)."""
+    the door when it is admitted).  ``tid``: the submitting thread; ``name``, ``reads``, ``writes``,
+    ``nbytes``: ``eng.submit``'s options, which the executor view does not take."""
     if ACTIVE[0] and tracing.depth:
         raise submit_while_tracing(fn)
     kind = type(fn)
