@@ -28,7 +28,7 @@ from collections.abc import Callable
 from types import CodeType, MethodType
 from typing import Any, NoReturn, TypeVar, cast
 
-from .compile._state import ACTIVE, tracing
+from ._tracing import ACTIVE, tracing
 
 __all__ = ["async_generator_function", "refused_while_tracing"]
 

@@ -1,7 +1,8 @@
 """``Engine``: the async frontend (asyncio, or trio through anyio) that turns calls into scheduled tasks.
 
-The Engine checks what users submit, builds the task record (a Future), and
-hands it to the runtime, the one door to the scheduling core.  Tensors,
+The Engine has the task record of each submission built (a Future, by
+``_submission.build_task``, which checks it) and hands it to the runtime,
+the one door to the scheduling core.  Tensors,
 compiled functions and ``map`` pipelines reach the engine through its
 ``Port`` (``_port.py``); the Tensor's memory tracking lives in
 ``tensor/_tracking.py``, compile's state in ``compile/``.
@@ -19,7 +20,7 @@ import warnings
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator, Sequence
 from threading import get_ident
-from types import FunctionType, MappingProxyType, TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
@@ -32,27 +33,17 @@ from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
 from ._lifecycle import STARTED, finish, watch_loop_end
 from ._port import LOOP_CLOSED, Port
-from ._runtime import NOW, QUEUE, Runtime, Task, scan
-from ._runtime._bridge import is_cancellation
+from ._runtime import NOW, QUEUE, Runtime, is_cancellation
+from ._submission import build_task
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
-from ._validate import (
-    ASYNC_CODE,
-    SYNC_KINDS,
-    async_fn,
-    check_fn,
-    refuse_submit_while_tracing,
-    submit_while_tracing,
-)
-from .compile._state import ACTIVE, tracing
+from ._validate import check_fn, refuse_submit_while_tracing
 from .devices import Executor, resolve, scheduler_options
-from .tensor import Tensor
-from .tensor._tracking import TensorMemory, asarray, create, shape_arg
+from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
     from ._executor import EngineExecutor
-    from .compile import Compiled
-    from .compile._batched import Batched
+    from .compile import Batched, Compiled
 
 __all__ = ["Engine", "check_fn"]
 
@@ -211,8 +202,8 @@ class Engine:
             raise port.refusal()
         tid = get_ident()
         task: Future[T]
-        task, written = _task(
-            port, self._vet, fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid
+        task, written = build_task(
+            port, self._vet, fn, args, kwargs, device, priority, tid, name, reads, writes, nbytes
         )
         token = rt.admit(task, tid, QUEUE, written)
         if token is not True:  # queued: wait for room (cancelled meanwhile: the task is cancelled)
@@ -247,8 +238,8 @@ class Engine:
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
         task: Future[T]
-        task, written = _task(
-            port, self._vet, fn, args, kwargs, device, priority, name, reads, writes, nbytes, tid
+        task, written = build_task(
+            port, self._vet, fn, args, kwargs, device, priority, tid, name, reads, writes, nbytes
         )
         if not rt.admit(task, tid, NOW, written):
             raise QueueFull(port.full_message(task))
@@ -499,7 +490,7 @@ class Engine:
         _check_compile_options(name, exact)
         if batch_axis is None:
             return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
-        from .compile._batched import Batched
+        from .compile import Batched
 
         return Batched(
             self._port,
@@ -517,67 +508,6 @@ class Engine:
 
     def __repr__(self) -> str:
         return self._port.describe()
-
-
-def _task(
-    port: Port,
-    vet: list[Executor],
-    fn: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    device: str | None,
-    priority: int,
-    name: str | None,
-    reads: Any,
-    writes: Any,
-    nbytes: int | None,
-    tid: int,
-) -> tuple[Future[Any], list[Tensor]]:
-    """Check a submission and build its task (not admitted yet); and the Tensors it writes (claimed by
-    the door when it is admitted)."""
-    if ACTIVE[0] and tracing.depth:
-        raise submit_while_tracing(fn)
-    kind = type(fn)
-    if kind is FunctionType:  # hot path: a plain function may still be an async one
-        if fn.__code__.co_flags & ASYNC_CODE:
-            raise async_fn(fn)
-    elif kind not in SYNC_KINDS:  # builtins, ufuncs and NumPy functions need no check
-        check_fn(fn)
-    device = port.default_device if device is None else port.device(device)  # hot path: no call
-    if type(priority) is not int:
-        raise InvalidTask(f"priority must be an int, got {priority!r}")
-    if nbytes is None:
-        nbytes = 0
-    elif type(nbytes) is not int or nbytes < 0:
-        raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
-    if vet:  # (no iterator made per submission when no executor checks tasks)
-        for executor in vet:
-            if executor.name == device:
-                executor.check_task(fn, kwargs, writes)
-    deps, buffers = scan(args, kwargs, reads, writes)
-    # hot path: plain loops, no generator per submission
-    tensors = False
-    for dep in deps:
-        if getattr(dep, "_port", None) is not port:
-            raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
-        if type(dep) is Tensor:
-            tensors = True
-    written: list[Tensor] = []
-    after: tuple[Task, ...] = ()
-    if tensors:  # it runs after their pending writes
-        after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
-    else:
-        for buffer in buffers:
-            if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
-                after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
-                break
-    nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
-    task: Future[Any] = Future(
-        port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
-    )
-    if after:
-        task.after = after
-    return task, written
 
 
 def _check_compile_options(name: Any, exact: Any) -> None:

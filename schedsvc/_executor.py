@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._config import Config
 from ._core import FINAL_STATES
-from ._engine import _task
 from ._errors import EngineClosed, QueueFull, SchedsvcError
 from ._runtime import BLOCK, NOW
+from ._submission import build_task
 
 if TYPE_CHECKING:
     from ._engine import Engine
     from ._future import Future
-    from ._runtime._scan import _Found
+    from ._runtime import Found
 
 __all__ = ["EngineExecutor", "ExecutorFuture", "executor"]
 
@@ -126,7 +126,7 @@ class ExecutorFuture(concurrent.futures.Future[T]):
             self.set_exception(task.error)
 
     # passed to eng.submit: the scanner depends on its task, and the task receives its value
-    def __schedsvc_visit__(self, found: _Found, write: bool) -> None:
+    def __schedsvc_visit__(self, found: Found, write: bool) -> None:
         found.deps.append(self._task)
 
     def __schedsvc_substitute__(self) -> Any:
@@ -222,8 +222,8 @@ class EngineExecutor(concurrent.futures.Executor):
                 raise RuntimeError(_AFTER_SHUTDOWN)
             raise port.refusal()
         task: Future[T]
-        task, written = _task(
-            port, self._engine._vet, fn, args, kwargs, self._device, self._priority, None, (), (), None, tid
+        task, written = build_task(
+            port, self._engine._vet, fn, args, kwargs, self._device, self._priority, tid
         )
         fut = ExecutorFuture(task, self)
         rt.watch_off_loop(task, fut._task_final)

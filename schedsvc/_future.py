@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import FINAL_STATES, Task
 from ._errors import SchedsvcError
-from ._runtime._bridge import cancelled_error, is_cancellation
-from ._runtime._remote import Remote
+from ._runtime import Remote, cancelled_error, is_cancellation
 
 if TYPE_CHECKING:
     from ._port import Port
@@ -45,10 +44,10 @@ class Future(Task, Generic[T]):
         device: str,
         priority: int,
         nbytes: int,
-        buffers: tuple[Any, ...],
-        deps: tuple[Task, ...],
-        name: str | None,
-        nested: bool,
+        buffers: tuple[Any, ...] = (),
+        deps: tuple[Task, ...] = (),
+        name: str | None = None,
+        nested: bool = False,
     ) -> None:
         # positional all the way: this runs once per submission
         Task.__init__(self, fn, args, kwargs, device, priority, nbytes, buffers, deps, name, nested)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._future import Future
     from ._port import Port
-    from ._runtime._bridge import Job
+    from ._runtime import Job
 
 __all__ = ["pipeline"]
 

@@ -17,14 +17,14 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ._errors import FORKED, DeviceError, EngineClosed, InvalidTask
-from .compile._state import Counts
+from .compile import Counts
 from .devices import check_device, executor_for
 
 if TYPE_CHECKING:
     from ._config import Config
     from ._engine import Engine
     from ._runtime import Runtime
-    from .tensor._tracking import TensorMemory
+    from .tensor import TensorMemory
 
 __all__ = ["LOOP_CLOSED", "Port", "port_of", "warn_unclosed"]
 

@@ -1,18 +1,43 @@
 """Runtime: the lock around the core, argument scanning, and the thread <-> loop bridge."""
 
+from types import MappingProxyType
+
 from .._core import Task
-from ._runtime import BLOCK, NOW, OVER, QUEUE, Runtime, current_worker
-from ._scan import buffer_of, scan, substitute
+from ._bridge import Job, cancelled_error, is_cancellation, on_loop
+from ._copies import Copies, CopyTask
+from ._memory import exports_memory, memory_of
+from ._remote import Remote
+from ._runtime import BLOCK, NOW, OVER, QUEUE, Runtime, current_worker, set_worker
+from ._scan import _KEYERS, buffer_of, replace_leaves, scan, substitute, substitute_args
+from ._scan import _Found as Found  # what an argument's __schedsvc_visit__ hook is handed
+
+#: the argument types executors registered as memory (a CuPy array, say), type -> (obj -> (key,
+#: nbytes)); a read-only view, kept current: executors add to it with ``register_buffer_types``
+BUFFER_TYPES = MappingProxyType(_KEYERS)
 
 __all__ = [
     "BLOCK",
+    "BUFFER_TYPES",
     "NOW",
     "OVER",
     "QUEUE",
+    "Copies",
+    "CopyTask",
+    "Found",
+    "Job",
+    "Remote",
     "Runtime",
     "Task",
     "buffer_of",
+    "cancelled_error",
     "current_worker",
+    "exports_memory",
+    "is_cancellation",
+    "memory_of",
+    "on_loop",
+    "replace_leaves",
     "scan",
+    "set_worker",
     "substitute",
+    "substitute_args",
 ]

@@ -3,7 +3,9 @@
 Each subcommand lives in its own module (``demo``, ``bench``, ``tune``,
 ``info``), which adds its parser with ``register(subparsers)`` and sets
 ``run`` (``args -> exit status``); what more than one of them needs is in
-``_common``, and they never import each other.  ``main`` imports them only
+``_common``, and they never import each other.  The helpers the tests share
+with the commands (the MLP the experiments run, the bench's worker count)
+are exported here.  ``main`` imports them only
 when it is called, and they import anything heavy inside ``run``, so
 ``schedsvc --help`` stays fast.
 """
@@ -12,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import fail
+from ._common import bench_workers, fail, make_mlp, mlp_weights
 
-__all__ = ["main"]
+__all__ = ["bench_workers", "main", "make_mlp", "mlp_weights"]
 
 
 def main(argv: list[str] | None = None) -> int:

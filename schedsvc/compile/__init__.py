@@ -1,8 +1,8 @@
 """``eng.compile``: trace a function once on symbolic tensors, replay it as one fused task.
 
-The names are imported on first use, so ``schedsvc.tensor`` can read
-``compile._state`` (is this thread tracing?) without importing the compiler,
-which is built on the Tensor.
+The names are imported on first use: the compiler is built on the Tensor
+and on the engine's port, which import this package (``Counts``) while they
+are themselves being imported.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._batched import BatchCall, Batched
     from ._compiled import Compiled, load
+    from ._counts import Counts
     from ._graph import Graph
 
-__all__ = ["BatchCall", "Batched", "Compiled", "Graph", "load"]
+__all__ = ["BatchCall", "Batched", "Compiled", "Counts", "Graph", "load"]
 
 _WHERE = {
     "Compiled": "._compiled",
     "load": "._compiled",
+    "Counts": "._counts",
     "Graph": "._graph",
     "Batched": "._batched",
     "BatchCall": "._batched",

@@ -8,11 +8,11 @@ eng.submit``).  Its reads are registered at the call, so a write made after
 the call waits for it, and ordering, cancellation, failure and admission are
 those of ordinary tasks.
 
-Fusion happens at dispatch: every call carries the ``_Group`` of its batch
-key -- the arguments' shapes but the batch axis, their dtypes, the unbatched
-arrays (by identity) and the other values -- as its ``fusion``.  The worker
-that takes one ready call also takes the other ready calls of its group, up
-to ``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
+Fusion happens at dispatch (``_fused.py``): every call carries the ``Group``
+of its batch key -- the arguments' shapes but the batch axis, their dtypes,
+the unbatched arrays (by identity) and the other values -- as its
+``fusion``.  The worker that takes one ready call also takes the other ready
+calls of its group, up to ``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
 (padded, so that a few sizes are traced), replays once, and splits the result
 back: each call is finished with its own rows.  So the backlog is the batch:
 a lone call on an idle engine runs at once, and a burst that queues up fills
@@ -40,7 +40,6 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from threading import get_ident
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,14 +48,14 @@ from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, InvalidTask, QueueFull, SchedsvcError
 from .._future import Future
 from .._runtime import NOW, QUEUE, buffer_of, scan
+from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor
 from ._compiled import MAX_SIGNATURES, Compiled, _static
-from ._graph import Graph, emit
+from ._fused import Group, Proved, pow2, signature_key
+from ._graph import emit
 from ._rows import RowPlan, exact_fn, plan_rows, same_program
-from ._state import ACTIVE, tracing
 
 if TYPE_CHECKING:
-    from .._core import Task
     from .._port import Port
     from ._compiled import _Entry
 
@@ -82,7 +81,7 @@ class BatchCall(Future[Any]):
 
     __slots__ = ("fusion", "number", "rows")
 
-    fusion: _Group | None
+    fusion: Group | None
     number: int  # the how-manieth call of its function (the trace lists a batch's callers)
     rows: int  # its rows along the batch axis (0: not known until its Future arguments are there)
 
@@ -90,68 +89,6 @@ class BatchCall(Future[Any]):
         rows = f" rows={self.rows}" if self.rows else ""
         extra = f" {type(self.error).__name__}" if self.state == "failed" and self.error is not None else ""
         return f"<BatchCall {self.label} #{self.number}{rows} {self.state}{extra}>"
-
-
-class _Group:
-    """The calls of one batch key: what runs the ready ones as one (``runtime.Fusion``), and one alone
-    (as the task's function, where a thread runs the call it waits for, or in sync mode)."""
-
-    __slots__ = (
-        "__weakref__",
-        "batched",
-        "key",
-        "limit",
-        "nbatched",
-        "positions",
-        "reference",
-        "row_bytes",
-        "sigkey",
-        "statics",
-    )
-
-    def __init__(self, batched: Batched, key: Any, statics: dict[Any, Any] | None, proved: _Proved) -> None:
-        self.batched = batched
-        self.key = key
-        self.sigkey = _sigkey(key)
-        self.statics = statics  # the other arguments, by position or keyword (equal for the whole key)
-        self.limit = batched.max_batch
-        self.nbatched = sum(1 for part in key if part[1] == "rows")
-        self.positions = _positions(key)
-        self.row_bytes = proved.row_bytes  # the bytes of its outputs per row
-        self.reference = proved.graph, proved.rows  # what a batch of any size must trace to (same_program)
-
-    @staticmethod
-    def weight(task: Task) -> int:
-        return task.rows  # type: ignore[attr-defined, no-any-return]
-
-    def run(
-        self, tasks: list[Task], args: list[Any]
-    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
-        """The ready calls of this key, as one replay (split where it raises)."""
-        rows = [self.weight(t) for t in tasks]
-        runs: list[int] = []
-        outcomes = self.batched._outcomes(self, args, rows, runs)
-        described = {
-            "name": f"batch:{self.batched.name}",
-            "calls": len(tasks),
-            "rows": sum(rows),
-            "padded_to": runs[0] if len(runs) == 1 else runs,
-            "callers": [t.number for t in tasks],  # type: ignore[attr-defined]
-        }
-        return outcomes, described
-
-    def __call__(self, *values: Any) -> Any:
-        """One call alone."""
-        axis = self.batched.batch_axis
-        rows = values[0].shape[axis]
-        ((value, error),) = self.batched._outcomes(self, [values], [rows], [])
-        if error is not None:
-            raise error
-        return value
-
-    @property
-    def __name__(self) -> str:
-        return f"batch:{self.batched.name}"
 
 
 class _Deferred:
@@ -173,17 +110,6 @@ class _Deferred:
     @property
     def __name__(self) -> str:
         return f"batch:{self.batched.name}"
-
-
-class _Proved:
-    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with."""
-
-    __slots__ = ("graph", "row_bytes", "rows")
-
-    def __init__(self, row_bytes: int, graph: Graph, rows: int) -> None:
-        self.row_bytes = row_bytes
-        self.graph = graph
-        self.rows = rows
 
 
 class _Plan:
@@ -248,8 +174,8 @@ class Batched:
         #: (key as the signature cache keys it, rows) -> plan, the most recently used last
         self._plans: OrderedDict[Any, _Plan] = OrderedDict()
         #: keys proved at many rows too (as the signature cache keys them) -> their output bytes per row
-        self._proved: OrderedDict[Any, _Proved] = OrderedDict()
-        self._groups: weakref.WeakValueDictionary[Any, _Group] = weakref.WeakValueDictionary()
+        self._proved: OrderedDict[Any, Proved] = OrderedDict()
+        self._groups: weakref.WeakValueDictionary[Any, Group] = weakref.WeakValueDictionary()
         self._deferred = _Deferred(self)
         self._numbers = itertools.count(1)
         self.calls = 0
@@ -317,7 +243,7 @@ class Batched:
         key, values, rows = self._parse(args, kwargs, statics)
         return self._task(self._group(key, values, rows, statics or None), values, rows, tid)
 
-    def _task(self, group: _Group, values: list[Any], rows: int, tid: int) -> BatchCall:
+    def _task(self, group: Group, values: list[Any], rows: int, tid: int) -> BatchCall:
         """A call's task: it reads its arrays, and depends on its Tensors and the writes queued to them."""
         memory: dict[int, int] = {}
         others = []
@@ -416,7 +342,7 @@ class Batched:
                 key.append((slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype))
                 batched.append(value)
             elif array:
-                key.append((slot, "shared", id(value), value.shape, value.dtype))  # (see _Group.run)
+                key.append((slot, "shared", id(value), value.shape, value.dtype))  # (see Group.run)
                 shared.append(value)
             else:
                 key.append((slot, "static", _static(value)))
@@ -430,112 +356,38 @@ class Batched:
             raise BatchError(f"{self!r}: a call with no rows along batch axis {self.batch_axis}")
         return tuple(key), [*batched, *shared], rows
 
-    def _group(self, key: Any, values: list[Any], rows: int, statics: dict[Any, Any] | None) -> _Group:
+    def _group(self, key: Any, values: list[Any], rows: int, statics: dict[Any, Any] | None) -> Group:
         """The group of ``key``; made now if it has none, after its rows are proved apart (BatchError)."""
         group = self._groups.get(key)
         if group is not None:
             return group
-        sigkey = _sigkey(key)
+        sigkey = signature_key(key)
         with self._lock:
             proved = self._proved.get(sigkey)
             if proved is not None:
                 self._proved.move_to_end(sigkey)
         if proved is None:
             proved = self._prove(sigkey, rows, values[len(values) - _count_shared(key) :], statics)
-        group = _Group(self, key, statics, proved)
+        group = Group(self, key, statics, proved)
         with self._lock:
             return self._groups.setdefault(key, group)
 
-    def _prove(
-        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None
-    ) -> _Proved:
+    def _prove(self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None) -> Proved:
         """Trace ``sigkey`` at the call's rows and at many rows, proving its rows apart and its program the
         same at both row counts (BatchError otherwise)."""
         plan = self._plan(sigkey, rows, shared, statics, rows)
-        probe = max(2, _pow2(min(self.max_batch, _PROBE)))  # proved with many rows too
+        probe = max(2, pow2(min(self.max_batch, _PROBE)))  # proved with many rows too
         if probe == rows:
             probe *= 2
         other = self._plan(sigkey, probe, shared, statics, rows)
         same_program(plan.entry.graph, rows, other.entry.graph, probe, repr(self))
         plan.same = other.same = True
-        proved = _Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
+        proved = Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
         with self._lock:
             self._proved[sigkey] = proved
             while len(self._proved) > self._plain.max_signatures:
                 self._proved.popitem(last=False)
         return proved
-
-    # -- running -------------------------------------------------------------------------
-
-    def _outcomes(
-        self, group: _Group, args: list[Any], rows: list[int], runs: list[int]
-    ) -> list[tuple[Any, BaseException | None]]:
-        """Each call's (value, error): the calls run as one replay; where it raises, as two halves, down
-        to single calls, so each caller gets the outcome it would have had alone."""
-        nb = group.nbatched
-        shared = args[0][nb:]
-        if any(a[i] is not s for a in args[1:] for i, s in enumerate(shared, nb)):
-            # another unbatched array under the key (its id was reused since): never in one replay
-            return [o for a, r in zip(args, rows, strict=True) for o in self._outcomes(group, [a], [r], runs)]
-        try:
-            values, size = self._replay(group, args, rows)
-        except BaseException as exc:  # a caller's rows raise (its data), or a size that cannot be traced
-            if len(args) == 1:
-                self._count(rows[0])
-                runs.append(rows[0])
-                return [(None, _without_own_frames(exc))]
-            half = len(args) // 2
-            first = self._outcomes(group, args[:half], rows[:half], runs)
-            return first + self._outcomes(group, args[half:], rows[half:], runs)
-        self._count(sum(rows))
-        runs.append(size)
-        return [(value, None) for value in values]
-
-    def _replay(self, group: _Group, args: list[Any], rows: list[int]) -> tuple[list[Any], int]:
-        """Join the calls' rows (padded), replay, split the result: each call's result, and the size."""
-        nb = group.nbatched
-        k = rows[0]
-        total = sum(rows)
-        uniform = all(r == k for r in rows)
-        size = k * _pow2(len(rows)) if uniform else _pow2(total)
-        shared = args[0][nb:]
-        plan = self._plan(group.sigkey, size, shared, group.statics, k)
-        graph = plan.entry.graph
-        if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
-            same_program(*group.reference, graph, size, repr(self))
-            plan.same = True
-        spans = []
-        start = 0
-        for r in rows:
-            spans.append((start, start + r))
-            start += r
-        pad = size - total
-        if pad:
-            spans += [(start + j, start + j + k) for j in range(0, pad, k)] if uniform else [(start, size)]
-        inputs: list[Any] = []
-        for kind, j in group.positions:
-            if kind == "shared":
-                inputs.append(shared[j])
-                continue
-            axis = plan.plan.axes[graph.inputs[len(inputs)]]
-            assert axis is not None
-            parts = [a[j] for a in args]
-            if pad:
-                first = np.take(parts[0], [0], axis=axis)
-                parts.append(np.repeat(first, pad, axis=axis))
-            inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
-        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
-        n = len(rows)
-        if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
-            # callers of one length: their rows split off in one NumPy step
-            return list(out[:total].reshape(n, k, *out.shape[1:])), size
-        outs = out if graph.out_kind != "single" else (out,)
-        results: list[Any] = []
-        kind = graph.out_kind
-        for s, e in spans[:n]:
-            pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
-            results.append(pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces)
-        return results, size
 
     def _count(self, rows: int) -> None:
         """One replay of ``rows`` callers' rows gave its callers their outcomes."""
@@ -630,43 +482,5 @@ class Batched:
         return f"<Batched {self.name} batch_axis={self.batch_axis} max_batch={self.max_batch} batches={self.batches}>"
 
 
-def _sigkey(key: Any) -> Any:
-    """A batch key as the signature cache keys it: an unbatched array by its shape and dtype, not its id."""
-    return tuple((p[0], "shared", p[3], p[4]) if p[1] == "shared" else p for p in key)
-
-
 def _count_shared(key: Any) -> int:
     return sum(1 for part in key if part[1] == "shared")
-
-
-def _positions(key: Any) -> list[tuple[str, int]]:
-    """For each graph input in order: ("rows", i) the i-th batched value, or ("shared", j)."""
-    batched = shared = 0
-    arrays: list[tuple[str, int]] = []
-    for part in key:
-        if part[1] == "rows":
-            arrays.append(("rows", batched))
-            batched += 1
-        elif part[1] == "shared":
-            arrays.append(("shared", shared))
-            shared += 1
-    return arrays
-
-
-def _without_own_frames(exc: BaseException) -> BaseException:
-    """``exc`` without the frames of this module on its traceback: they hold every caller's arrays."""
-    tb: TracebackType | None = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    exc.__traceback__ = tb
-    return exc
-
-
-def _rows_of(array: Any, axis: int, start: int, stop: int) -> Any:
-    if axis == 0:
-        return array[start:stop]
-    return np.ascontiguousarray(array[(slice(None),) * axis + (slice(start, stop),)])
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()

@@ -1,4 +1,4 @@
-"""``Compiled``: the lifecycle of a compiled function, and saving it to JSON and back.
+"""``Compiled``: the lifecycle of a compiled function (its saved form: ``_saved.py``).
 
 The first call with a signature -- shapes, dtypes and devices of the array
 arguments, values of the others -- traces; later calls with it replay, as
@@ -11,10 +11,7 @@ the first few such retraces give one ``RuntimeWarning`` that names
 
 from __future__ import annotations
 
-import base64
 import inspect
-import json
-import keyword
 import math
 import os
 import re
@@ -31,12 +28,11 @@ from .._core import name_of
 from .._errors import LoadError, SchedsvcError, TraceError
 from .._port import port_of
 from .._runtime import buffer_of
-from ..tensor import Op, Tensor
-from ..tensor._tensor import check_out
-from ..tensor._tracking import asarray, queue_op
+from .._tracing import ACTIVE, tracing
+from ..tensor import Op, Tensor, asarray, queue_op
 from ._cuda import CudaReplay, GraphCounts
-from ._graph import Constants, Graph, Node, Ref, emit
-from ._state import ACTIVE, tracing
+from ._graph import Constants, Graph, emit
+from ._saved import decode_entry, encode_entry, read, write
 from ._trace import trace
 
 if TYPE_CHECKING:
@@ -45,8 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Compiled", "load"]
 
-_FORMAT = "schedsvc-compiled"
-_VERSION = 1
 _STATIC = (int, float, complex, bool, str, bytes, type(None), np.generic)
 #: the default ``max_signatures``: more than the batch sizes of a typical loader (32)
 MAX_SIGNATURES = 64
@@ -140,12 +134,12 @@ class _Entry:
             dtype,
             root,
             None,
-            memory,
-            self.device,  # a cuda signature's (a cpu Tensor before its first cuda one is moved there)
-            self.out_bytes,
-            compiled,
-            True,
-            waiting,
+            memory=memory,
+            device=self.device,  # a cuda signature's (a cpu Tensor before its first cuda one is moved there)
+            out_bytes=self.out_bytes,
+            replay=compiled,
+            limits=True,
+            waiting=waiting,
         )
 
     def _device_consts(self, engine: Port) -> list[Tensor]:
@@ -168,7 +162,7 @@ class _Entry:
             base = self.graph.nodes[self.graph.outputs[i]].base
             if root is None and memory is None and base in owners:
                 root = owners[base]  # outputs sharing memory order their writes together
-            part = queue_op(engine, _PICK, [whole], {"index": i}, shape, dtype, root, None, memory)
+            part = queue_op(engine, _PICK, [whole], {"index": i}, shape, dtype, root, None, memory=memory)
             owners.setdefault(base, part.owner)
             parts.append(part)
         return tuple(parts) if self.graph.out_kind == "tuple" else parts
@@ -400,14 +394,10 @@ class Compiled:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write every cached signature's graph to ``path`` as JSON (no pickle, no Python source)."""
         with self._lock:
-            entries = [
-                {"signature": _enc(e.signature), "graph": _enc_graph(e.graph)} for e in self._cache.values()
-            ]
+            entries = [encode_entry(e.signature, e.graph) for e in self._cache.values()]
         if not entries:
             raise SchedsvcError(f"{self!r} has no traced signature to save: call it once first")
-        doc = {"format": _FORMAT, "version": _VERSION, "name": self.name, "entries": entries}
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
+        write(path, self.name, entries)
 
     def count_replay(self) -> None:
         """One replay admitted (called under the runtime's lock, so the counts stay exact)."""
@@ -427,19 +417,13 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
     ``ss.LoadError`` naming the file.
     """
     where = os.fspath(path)
-    doc = _read(path, where)
-    if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-        raise LoadError(f"{where!r} is not a saved schedsvc compiled function (Compiled.save writes one)")
-    if doc.get("version") != _VERSION:
-        raise LoadError(f"{where!r} has format version {doc.get('version')}; this schedsvc reads {_VERSION}")
+    doc = read(path, where)
     try:
         compiled = Compiled(
             port_of(engine), None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"]))
         )
         for item in doc["entries"]:
-            signature = _dec(item["signature"])
-            graph = _dec_graph(item["graph"])
-            _check_types(graph, signature)
+            signature, graph = decode_entry(item)
             compiled._constants.share(graph)
             entry = _Entry(signature, graph, compiled._graph_counts, compiled._port.default_device)
             compiled._store(signature, entry)
@@ -450,26 +434,6 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
             f"{where!r} is not a valid saved compiled function: {exc!r}. Save it again with Compiled.save"
         ) from exc
     return compiled
-
-
-def _read(path: str | os.PathLike[str], where: str) -> Any:
-    """The JSON document in the file; LoadError naming it when the file is not JSON."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise LoadError(
-            f"{where!r} is not a saved schedsvc compiled function: it is not JSON ({exc}); a truncated "
-            "file, or another kind. Save it again with Compiled.save"
-        ) from exc
-    except UnicodeDecodeError as exc:
-        raise LoadError(
-            f"{where!r} is not a saved schedsvc compiled function: not UTF-8 text ({exc})"
-        ) from exc
-    except RecursionError as exc:
-        raise LoadError(
-            f"{where!r} is not a saved schedsvc compiled function: its JSON nests too deeply to read"
-        ) from exc
 
 
 # -- signatures --------------------------------------------------------------------------
@@ -545,220 +509,3 @@ def _static(value: Any) -> Any:
         f"a compiled function's arguments must be Tensors, arrays, or constants (numbers, strings, "
         f"tuples of them); got {type(value).__name__}"
     )
-
-
-# -- JSON ---------------------------------------------------------------------------------
-
-
-def _enc(value: Any) -> Any:
-    if isinstance(value, Ref):
-        return {"ref": int(value)}
-    if isinstance(value, np.ndarray | np.generic):  # before float: np.float64 is a float, but strong
-        array = np.asarray(value)
-        if array.dtype.hasobject:
-            raise TypeError("a compiled graph with object arrays cannot be saved")
-        data = base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
-        kind = "array" if isinstance(value, np.ndarray) else "scalar"
-        return {kind: {"dtype": array.dtype.str, "shape": list(array.shape), "data": data}}
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if np.isfinite(value) else {"float": repr(value)}
-    if isinstance(value, tuple | list):
-        return {type(value).__name__: [_enc(v) for v in value]}
-    if isinstance(value, complex):
-        return {"complex": [_enc(value.real), _enc(value.imag)]}
-    if isinstance(value, np.dtype):
-        return {"dtype": value.str}
-    if isinstance(value, slice):
-        return {"slice": [_enc(value.start), _enc(value.stop), _enc(value.step)]}
-    if value is Ellipsis:
-        return {"ellipsis": None}
-    raise TypeError(f"cannot save {type(value).__name__} {value!r} in a compiled graph")
-
-
-def _dec(value: Any) -> Any:
-    if not isinstance(value, dict):
-        return value
-    ((kind, body),) = value.items()
-    if kind == "ref":
-        return Ref(body)
-    if kind in ("tuple", "list"):
-        items = [_dec(v) for v in body]
-        return tuple(items) if kind == "tuple" else items
-    if kind == "float":
-        return float(body)
-    if kind == "complex":
-        return complex(_dec(body[0]), _dec(body[1]))
-    if kind == "dtype":
-        return np.dtype(body)
-    if kind in ("array", "scalar"):
-        raw = base64.b64decode(body["data"])
-        array = np.frombuffer(raw, dtype=np.dtype(body["dtype"])).reshape(body["shape"]).copy()
-        if kind == "scalar":
-            return array[()]
-        array.flags.writeable = False
-        return array
-    if kind == "slice":
-        return slice(*(_dec(v) for v in body))
-    if kind == "ellipsis":
-        return Ellipsis
-    raise ValueError(f"unknown value {value!r} in a saved compiled graph")
-
-
-def _enc_graph(graph: Graph) -> dict[str, Any]:
-    nodes = []
-    for node in graph.nodes:
-        nodes.append(
-            {
-                "op": node.op,
-                "args": [_enc(a) for a in node.args],
-                "attrs": {k: _enc(v) for k, v in node.attrs.items()},
-                "shape": list(node.shape),
-                "dtype": node.dtype.str,
-                "base": node.base,
-                "out": node.out,
-                "value": _enc(node.value),
-            }
-        )
-    return {
-        "name": graph.name,
-        "nodes": nodes,
-        "inputs": graph.inputs,
-        "outputs": graph.outputs,
-        "out_kind": graph.out_kind,
-        "report": graph.report,
-        "reuse": [[k, v] for k, v in graph.reuse.items()],
-    }
-
-
-def _dec_graph(doc: dict[str, Any]) -> Graph:
-    from ..tensor import OPS
-
-    nodes = []
-    for item in doc["nodes"]:
-        if item["op"] not in OPS and item["op"] not in ("input", "const", "dead"):
-            raise ValueError(f"saved graph uses op {item['op']!r}, which this schedsvc does not have")
-        nodes.append(
-            Node(
-                item["op"],
-                tuple(_dec(a) for a in item["args"]),
-                {k: _dec(v) for k, v in item["attrs"].items()},
-                tuple(item["shape"]),
-                np.dtype(item["dtype"]),
-                item["base"],
-                item["out"],
-                _dec(item["value"]),
-            )
-        )
-    graph = Graph(str(doc["name"]), nodes, list(doc["inputs"]), list(doc["outputs"]), doc["out_kind"])
-    graph.report = dict(doc["report"])
-    graph.reuse = {int(k): int(v) for k, v in doc["reuse"]}
-    _check_graph(graph)
-    return graph
-
-
-def _check_types(graph: Graph, signature: Any) -> None:
-    """Infer every live node's shape and dtype again, from the signature's inputs on; the file's must agree.
-
-    A replay's Tensors take their shapes and dtypes from the graph, so a file
-    edited to claim others would give Tensors that disagree with their values.
-    """
-    from ..tensor import OPS
-
-    nodes = graph.nodes
-    arrays = _signature_arrays(signature)
-    if [nodes[i].op for i in graph.inputs] != ["input"] * len(arrays):
-        raise ValueError(f"the graph's inputs {graph.inputs} are not one input node per array argument")
-    for i, node in enumerate(nodes):
-        if node.op == "dead":
-            continue
-        if node.op == "input":
-            if not 0 <= node.value < len(arrays) or graph.inputs[node.value] != i:
-                raise ValueError(f"input node {i} is not the graph's input {node.value}")
-            shape, dtype = arrays[node.value]
-        elif node.op == "const":
-            value = np.asarray(node.value)
-            shape, dtype = value.shape, value.dtype
-        else:
-            shape, dtype = _infer_node(nodes, i, OPS[node.op])
-        if node.shape != shape or node.dtype != dtype:
-            raise ValueError(
-                f"node {i} ({node.op}) is {node.dtype}{list(node.shape)} in the file, but its operands give "
-                f"{dtype}{list(shape)}"
-            )
-        node.shape = shape
-    for i in graph.outputs:
-        if nodes[i].op == "dead":
-            raise ValueError(f"output node {i} is dead")
-    for i, j in graph.reuse.items():  # an elementwise result written into a dead intermediate of its type
-        same = (nodes[j].shape, nodes[j].dtype) == (nodes[i].shape, nodes[i].dtype)
-        if not j < i or nodes[j].op in ("input", "const", "dead") or not same:
-            raise ValueError(f"node {i} cannot reuse node {j}'s memory")
-
-
-def _signature_arrays(signature: Any) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
-    """(shape, dtype) of each array argument of a saved signature, in order."""
-    arrays = []
-    for part in signature:
-        if part[1] != "array":
-            continue
-        _, _, shape, dtype, _ = part
-        if not isinstance(dtype, np.dtype) or any(type(d) is not int or d < 0 for d in shape):
-            raise ValueError(f"signature part {part!r} is not a shape and a dtype")
-        arrays.append((tuple(shape), dtype))
-    return arrays
-
-
-def _infer_node(nodes: list[Node], i: int, op: Op) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """(shape, dtype) of node ``i`` from its operands', as tracing inferred it."""
-    node = nodes[i]
-    metas: list[Any] = []
-    for a in node.args:
-        if not isinstance(a, Ref):
-            metas.append(a)
-        elif a < i and nodes[a].op != "dead":
-            metas.append((nodes[a].shape, nodes[a].dtype))
-        else:
-            raise ValueError(f"node {i} reads node {a}, which is not computed before it")
-    try:
-        shape, dtype, _ = op.infer(metas, node.attrs)
-        if node.out is None:
-            return tuple(shape), dtype
-        target = nodes[node.out]
-        if not node.out < i or nodes[target.base].op in ("input", "const", "dead"):
-            raise ValueError(f"it writes node {node.out}, which is not memory the graph computed before it")
-        check_out(op, shape, dtype, target)
-        return target.shape, target.dtype
-    except Exception as exc:
-        raise ValueError(f"node {i} ({node.op}) on its operands fails: {exc}") from exc
-
-
-def _check_graph(graph: Graph) -> None:
-    """Everything a loaded graph puts into generated code is a node index or a known name."""
-    from ..tensor import OPS
-
-    n = len(graph.nodes)
-
-    def index(value: Any) -> None:
-        if type(value) is not int or not 0 <= value < n:
-            raise ValueError(f"node reference {value!r} is not a node index below {n}")
-
-    if graph.out_kind not in ("single", "tuple", "list"):
-        raise ValueError(f"unknown output kind {graph.out_kind!r}")
-    for value in [*graph.inputs, *graph.outputs, *graph.reuse, *graph.reuse.values()]:
-        index(value)
-    for i, node in enumerate(graph.nodes):
-        if node.op not in OPS and node.op not in ("input", "const", "dead"):
-            raise ValueError(f"node {i} uses op {node.op!r}, which this schedsvc does not have")
-        index(node.base)
-        if node.out is not None:
-            index(node.out)
-        for arg in node.args:
-            if isinstance(arg, Ref):
-                index(int(arg))
-        for key in node.attrs:
-            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
-                raise ValueError(f"node {i} has an attribute name {key!r} that is not an identifier")
-        if node.op == "input" and type(node.value) is not int:
-            raise ValueError(f"input node {i} has no argument position")

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..devices._cudaapi import CudaApi, binding_of
+from ..devices import CudaApi, binding_of
 from ..tensor import OPS
 from ._graph import Graph, Node, Ref
 

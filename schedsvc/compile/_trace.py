@@ -1,7 +1,7 @@
 """Tracing: run a function once on symbolic tensors and record every array operation.
 
 While a trace runs on a thread, every Tensor operation there is recorded
-instead of queued (``schedsvc.compile._state.tracing``).  Arrays the function
+instead of queued (``schedsvc._tracing.tracing``).  Arrays the function
 captures become constants (copied -- a constant cannot change under a compiled
 graph -- once per compiled function, see ``Constants``), and so do computed Tensors; anything a replay could not repeat --
 needing a value (``if t > 0``), printing, submitting tasks, writing an
@@ -22,11 +22,11 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import TraceError
 from .._future import Future
-from ..devices._cudaapi import binding_of
-from ..tensor import ArrayOps, Op, Tensor
-from ..tensor._tensor import check_out
+from .._runtime import Found
+from .._tracing import ACTIVE, tracing
+from ..devices import binding_of
+from ..tensor import ArrayOps, Op, Tensor, check_out
 from ._graph import Constants, Graph, Node, Ref, optimize
-from ._state import ACTIVE, tracing
 
 __all__ = ["Symbol", "trace"]
 
@@ -99,7 +99,7 @@ class Symbol(ArrayOps):
     def __await__(self) -> Any:
         raise TraceError("'await' inside a compiled function: compiled functions are synchronous array code")
 
-    def __schedsvc_visit__(self, found: Any, write: bool) -> None:
+    def __schedsvc_visit__(self, found: Found, write: bool) -> None:
         raise TraceError(
             "eng.submit(...) with a traced tensor inside a compiled function: submitting a task is a "
             "side effect a replay would not repeat; call the function on Tensors outside the compiled code"

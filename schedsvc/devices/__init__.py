@@ -4,7 +4,9 @@
 a config and picks the kind that serves each of its devices (``executor_for``),
 whose ``open`` builds the executor.  The engine, the runtime and the core
 never test which kind a device is: what differs is in the executor
-(``_executor.Executor``).
+(``_executor.Executor``).  The frontend also finds here the narrow CUDA API
+(``CudaApi``, ``binding_of``; importing it imports no CuPy) and ``to_device``,
+the callable of a host-to-device copy task.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DeviceError
+from ._cudaapi import CudaApi, binding_of
+from ._cudaapi import load as load_cuda_api
 from ._executor import Executor, Keyer
 from ._transfer import to_device
 
@@ -22,14 +26,18 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "KINDS",
+    "CudaApi",
     "Executor",
     "Keyer",
+    "binding_of",
     "check_device",
     "executor_class",
     "executor_for",
     "is_device_name",
+    "load_cuda_api",
     "resolve",
     "scheduler_options",
+    "to_device",
     "unknown_device",
 ]
 

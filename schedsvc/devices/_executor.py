@@ -43,8 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from .._config import Config
     from .._core import Task
-    from .._runtime import Runtime
-    from .._runtime._copies import Copies
+    from .._runtime import Copies, Runtime
 
 __all__ = ["Executor", "Keyer"]
 

@@ -41,9 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import DeviceError, InvalidTask, MemoryLimitError
-from .._runtime import Runtime, Task
-from .._runtime._copies import Copies, CopyTask
-from .._runtime._scan import replace_leaves, substitute, substitute_args
+from .._runtime import Copies, CopyTask, Runtime, Task, replace_leaves, substitute, substitute_args
 from ._cudaapi import CudaApi, load
 from ._executor import Executor
 from ._transfer import to_device

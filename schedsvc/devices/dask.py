@@ -52,8 +52,7 @@ import numpy as np
 
 from .._core import FINAL_STATES, Task, name_of
 from .._errors import DeviceError, InvalidTask, SchedsvcError
-from .._runtime._bridge import on_loop
-from .._runtime._remote import Remote
+from .._runtime import Remote, on_loop
 from .._timeline import describe
 from ._executor import Executor
 

@@ -1,6 +1,20 @@
 """The lazy Tensor facade: array operations queued as engine tasks, shapes known at once."""
 
 from ._ops import OPS, Op
-from ._tensor import ArrayOps, Tensor, apply, concrete
+from ._tensor import ArrayOps, Tensor, apply, check_out, concrete
+from ._tracking import TensorMemory, asarray, create, queue_op, shape_arg
 
-__all__ = ["OPS", "ArrayOps", "Op", "Tensor", "apply", "concrete"]
+__all__ = [
+    "OPS",
+    "ArrayOps",
+    "Op",
+    "Tensor",
+    "TensorMemory",
+    "apply",
+    "asarray",
+    "check_out",
+    "concrete",
+    "create",
+    "queue_op",
+    "shape_arg",
+]

@@ -26,7 +26,7 @@ from .._core import FINAL_STATES, Buffer, Task
 from .._errors import InvalidTask
 from .._future import Future, blocks_the_loop, stop_through_await
 from .._runtime import buffer_of
-from ..compile._state import ACTIVE, tracing
+from .._tracing import ACTIVE, tracing
 from ._meta import Shape, broadcast
 from ._ops import OPS, Op, op_for_ufunc
 
@@ -367,7 +367,7 @@ class Tensor(ArrayOps, Future[Any]):
             return target
         base = args[0].owner if view and isinstance(args[0], Tensor) else None
         if view and base is None:  # a view of a plain ndarray operand: that array's memory
-            return queue_op(engine, op, args, attrs, shape, dtype, None, None, buffer_of(args[0]))
+            return queue_op(engine, op, args, attrs, shape, dtype, None, None, memory=buffer_of(args[0]))
         return queue_op(engine, op, args, attrs, shape, dtype, base, None)
 
     # -- sync points -------------------------------------------------------------
@@ -496,7 +496,7 @@ def _operand(obj: Any, op: Op) -> tuple[Any, Any, Port | None]:
 def concrete(port: Port, array: Any, device: str, memory: tuple[int, int] | None = None) -> Tensor:
     """A Tensor that is already computed: ``array`` itself (no copy); ``memory``: its (key, nbytes)
     when it is not a NumPy array."""
-    t = Tensor(port, None, (), None, device, 0, array.nbytes, (), (), "asarray", False)
+    t = Tensor(port, None, (), None, device, 0, array.nbytes, name="asarray")
     t.state = "done"
     t.value = array
     t.shape, t.dtype = array.shape, array.dtype

@@ -28,10 +28,9 @@ import numpy as np
 from .._core import FINAL_STATES, Buffer, Task
 from .._errors import DeviceError, QueueFull
 from .._future import Future
-from .._runtime import NOW, OVER, QUEUE, buffer_of
-from .._runtime._scan import _KEYERS
-from ..compile._state import ACTIVE, tracing
-from ..devices._transfer import to_device
+from .._runtime import BUFFER_TYPES, NOW, OVER, QUEUE, buffer_of
+from .._tracing import ACTIVE, tracing
+from ..devices import to_device
 from ._ops import OPS, Op
 from ._tensor import Tensor, concrete
 
@@ -141,7 +140,7 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
     port.running()
     rt = port.rt
     assert rt is not None
-    keyer = _KEYERS.get(type(obj))
+    keyer = BUFFER_TYPES.get(type(obj))
     if keyer is not None:  # a device array (CuPy's, the simulator's): used as it is, on its device
         if dtype is not None and np.dtype(dtype) != obj.dtype:
             raise TypeError(
@@ -389,7 +388,7 @@ def shape_arg(shape: Any) -> tuple[int, ...]:
 def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any], host: bool = False) -> Any:
     """The value of a Future made a Tensor: it must have the shape and dtype declared for it (and, for a
     Tensor on the host, be in host memory)."""
-    on_device = type(value) in _KEYERS
+    on_device = type(value) in BUFFER_TYPES
     if host and on_device:
         raise TypeError(
             f"eng.asarray(future, shape={shape}, dtype={dtype}) on the host: the future's value is a device "

@@ -53,9 +53,9 @@ def sim() -> Any:
 
 def cuda_api() -> Any:
     """The CUDA binding the tests run on."""
-    from schedsvc.devices._cudaapi import load
+    from schedsvc.devices import load_cuda_api
 
-    return load(not ON_CUPY)
+    return load_cuda_api(not ON_CUPY)
 
 
 def xp() -> Any:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from schedsvc.cli._common import make_mlp, mlp_weights
+from schedsvc.cli import make_mlp, mlp_weights
 from schedsvc.tensor import OPS, Op
 from tests.devices.cuda_helpers import (
     ON_CUPY,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schedsvc.devices._cudaapi import CudaApi, load
+from schedsvc.devices import CudaApi, load_cuda_api
 
 #: bound of every wait: far above any real wait, far below the per-test timeout
 WAIT_S = 10.0
@@ -51,7 +51,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[CudaApi]:
     """The binding under test, with no pool limit left behind."""
     if request.param == "cupy" and (reason := _cupy_available()) is not None:
         pytest.skip(reason)
-    binding = load(request.param == "simulator")
+    binding = load_cuda_api(request.param == "simulator")
     _reset(binding)
     binding.use_device(0)  # (the tests' kernels and allocations run on device 0)
     yield binding

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from schedsvc._runtime._remote import Remote
+from schedsvc._runtime import Remote
 from tests.conftest import start_local_cluster
 from tests.helpers import FileGate, until, within
 from tests.test_trace import check_well_formed, load

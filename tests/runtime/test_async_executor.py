@@ -23,8 +23,7 @@ import pytest
 
 import schedsvc as ss
 from schedsvc import devices
-from schedsvc._runtime import Runtime, substitute
-from schedsvc._runtime._scan import substitute_args
+from schedsvc._runtime import Runtime, substitute, substitute_args
 from schedsvc.devices import Executor, Keyer
 from tests.helpers import TIMEOUT, state, wait_thread_event
 

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 import schedsvc as ss
-from schedsvc._runtime._memory import exports_memory, memory_of
-from schedsvc._runtime._scan import buffer_of, scan
+from schedsvc._runtime import buffer_of, exports_memory, memory_of, scan
 
 from ..helpers import Gate, probe, within
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, namedtuple
 from typing import Any
 
-from schedsvc._runtime._scan import replace_leaves
+from schedsvc._runtime import replace_leaves
 
 Pair = namedtuple("Pair", "a b")
 

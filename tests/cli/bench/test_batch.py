@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from schedsvc.cli import main
-from schedsvc.cli._common import bench_workers
+from schedsvc.cli import bench_workers, main
 from schedsvc.cli.bench import batch
 
 BATCHED = ("batched", "batched.tasks", "batched.fast")

@@ -1,0 +1,90 @@
+"""A submission's task description: the checks ``eng.submit`` makes at the call, and the task they build.
+
+``build_task`` is the one builder behind ``submit``, ``submit_nowait`` and the
+``concurrent.futures`` view: it refuses what must never run (a submission
+while tracing, an async function, a bad option), scans the arguments for
+dependencies and memory, orders the task after the pending writes of the
+Tensors it touches, and builds the Future, which the caller hands to the
+runtime's door.  It runs once per submission: plain loops, no helper calls
+on the common path.
+"""
+
+from __future__ import annotations
+
+from types import FunctionType
+from typing import TYPE_CHECKING, Any
+
+from ._errors import InvalidTask
+from ._future import Future
+from ._runtime import Task, scan
+from ._tracing import ACTIVE, tracing
+from ._validate import ASYNC_CODE, SYNC_KINDS, async_fn, check_fn, submit_while_tracing
+from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from ._port import Port
+    from .devices import Executor
+
+__all__ = ["build_task"]
+
+
+def build_task(
+    port: Port,
+    vet: list[Executor],
+    fn: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: str | None,
+    priority: int,
+    tid: int,
+    name: str | None = None,
+    reads: Any = (),
+    writes: Any = (),
+    nbytes: int | None = None,
+) -> tuple[Future[Any], list[Tensor]]:
+    """Check a submission and build its task (not admitted yet); and the Tensors it writes (claimed by
+    the door when it is admitted).  ``tid``: the submitting thread; ``name``, ``reads``, ``writes``,
+    ``nbytes``: ``eng.submit``'s options, which the executor view does not take."""
+    if ACTIVE[0] and tracing.depth:
+        raise submit_while_tracing(fn)
+    kind = type(fn)
+    if kind is FunctionType:  # hot path: a plain function may still be an async one
+        if fn.__code__.co_flags & ASYNC_CODE:
+            raise async_fn(fn)
+    elif kind not in SYNC_KINDS:  # builtins, ufuncs and NumPy functions need no check
+        check_fn(fn)
+    device = port.default_device if device is None else port.device(device)  # hot path: no call
+    if type(priority) is not int:
+        raise InvalidTask(f"priority must be an int, got {priority!r}")
+    if nbytes is None:
+        nbytes = 0
+    elif type(nbytes) is not int or nbytes < 0:
+        raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
+    if vet:  # (no iterator made per submission when no executor checks tasks)
+        for executor in vet:
+            if executor.name == device:
+                executor.check_task(fn, kwargs, writes)
+    deps, buffers = scan(args, kwargs, reads, writes)
+    # hot path: plain loops, no generator per submission
+    tensors = False
+    for dep in deps:
+        if getattr(dep, "_port", None) is not port:
+            raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
+        if type(dep) is Tensor:
+            tensors = True
+    written: list[Tensor] = []
+    after: tuple[Task, ...] = ()
+    if tensors:  # it runs after their pending writes
+        after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
+    else:
+        for buffer in buffers:
+            if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
+                after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
+                break
+    nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
+    task: Future[Any] = Future(
+        port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
+    )
+    if after:
+        task.after = after
+    return task, written

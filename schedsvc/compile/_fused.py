@@ -1,0 +1,213 @@
+"""A batch key's group of calls, and their fused run: the ready calls of one key replayed as one.
+
+Every call of a ``Batched`` carries the ``Group`` of its key as its
+``fusion``.  The worker that takes one ready call takes the other ready calls
+of the group too (``Scheduler.take_like``) and hands them to ``Group.run``,
+which concatenates their rows (padded to a power of two, so that a few sizes
+are traced), replays once, and splits the result back, one outcome per call.
+If the fused run raises, it is split in halves, down to single calls, so each
+caller gets the outcome it would have had alone.  A call that runs alone (a
+thread running the call it waits for, sync mode) calls the group itself.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._rows import same_program
+
+if TYPE_CHECKING:
+    from .._core import Task
+    from ._batched import Batched
+    from ._graph import Graph
+
+__all__ = ["Group", "Proved", "pow2", "signature_key"]
+
+#: the modules whose frames an error of a fused run is stripped of (``_without_own_frames``)
+_OWN_MODULES = frozenset({__name__, f"{__package__}._batched"})
+
+
+class Proved:
+    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with."""
+
+    __slots__ = ("graph", "row_bytes", "rows")
+
+    def __init__(self, row_bytes: int, graph: Graph, rows: int) -> None:
+        self.row_bytes = row_bytes
+        self.graph = graph
+        self.rows = rows
+
+
+class Group:
+    """The calls of one batch key: what runs the ready ones as one (``runtime.Fusion``), and one alone
+    (as the task's function, where a thread runs the call it waits for, or in sync mode)."""
+
+    __slots__ = (
+        "__weakref__",
+        "batched",
+        "key",
+        "limit",
+        "nbatched",
+        "positions",
+        "reference",
+        "row_bytes",
+        "sigkey",
+        "statics",
+    )
+
+    def __init__(self, batched: Batched, key: Any, statics: dict[Any, Any] | None, proved: Proved) -> None:
+        self.batched = batched
+        self.key = key
+        self.sigkey = signature_key(key)
+        self.statics = statics  # the other arguments, by position or keyword (equal for the whole key)
+        self.limit = batched.max_batch
+        self.nbatched = sum(1 for part in key if part[1] == "rows")
+        self.positions = _positions(key)
+        self.row_bytes = proved.row_bytes  # the bytes of its outputs per row
+        self.reference = proved.graph, proved.rows  # what a batch of any size must trace to (same_program)
+
+    @staticmethod
+    def weight(task: Task) -> int:
+        return task.rows  # type: ignore[attr-defined, no-any-return]
+
+    def run(
+        self, tasks: list[Task], args: list[Any]
+    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
+        """The ready calls of this key, as one replay (split where it raises)."""
+        rows = [self.weight(t) for t in tasks]
+        runs: list[int] = []
+        outcomes = self.outcomes(args, rows, runs)
+        described = {
+            "name": f"batch:{self.batched.name}",
+            "calls": len(tasks),
+            "rows": sum(rows),
+            "padded_to": runs[0] if len(runs) == 1 else runs,
+            "callers": [t.number for t in tasks],  # type: ignore[attr-defined]
+        }
+        return outcomes, described
+
+    def __call__(self, *values: Any) -> Any:
+        """One call alone."""
+        axis = self.batched.batch_axis
+        rows = values[0].shape[axis]
+        ((value, error),) = self.outcomes([values], [rows], [])
+        if error is not None:
+            raise error
+        return value
+
+    @property
+    def __name__(self) -> str:
+        return f"batch:{self.batched.name}"
+
+    def outcomes(
+        self, args: list[Any], rows: list[int], runs: list[int]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Each call's (value, error): the calls run as one replay; where it raises, as two halves, down
+        to single calls, so each caller gets the outcome it would have had alone."""
+        nb = self.nbatched
+        shared = args[0][nb:]
+        if any(a[i] is not s for a in args[1:] for i, s in enumerate(shared, nb)):
+            # another unbatched array under the key (its id was reused since): never in one replay
+            return [o for a, r in zip(args, rows, strict=True) for o in self.outcomes([a], [r], runs)]
+        try:
+            values, size = self._replay(args, rows)
+        except BaseException as exc:  # a caller's rows raise (its data), or a size that cannot be traced
+            if len(args) == 1:
+                self.batched._count(rows[0])
+                runs.append(rows[0])
+                return [(None, _without_own_frames(exc))]
+            half = len(args) // 2
+            first = self.outcomes(args[:half], rows[:half], runs)
+            return first + self.outcomes(args[half:], rows[half:], runs)
+        self.batched._count(sum(rows))
+        runs.append(size)
+        return [(value, None) for value in values]
+
+    def _replay(self, args: list[Any], rows: list[int]) -> tuple[list[Any], int]:
+        """Join the calls' rows (padded), replay, split the result: each call's result, and the size."""
+        nb = self.nbatched
+        k = rows[0]
+        total = sum(rows)
+        uniform = all(r == k for r in rows)
+        size = k * pow2(len(rows)) if uniform else pow2(total)
+        shared = args[0][nb:]
+        plan = self.batched._plan(self.sigkey, size, shared, self.statics, k)
+        graph = plan.entry.graph
+        if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
+            same_program(*self.reference, graph, size, repr(self.batched))
+            plan.same = True
+        spans = []
+        start = 0
+        for r in rows:
+            spans.append((start, start + r))
+            start += r
+        pad = size - total
+        if pad:
+            spans += [(start + j, start + j + k) for j in range(0, pad, k)] if uniform else [(start, size)]
+        inputs: list[Any] = []
+        for kind, j in self.positions:
+            if kind == "shared":
+                inputs.append(shared[j])
+                continue
+            axis = plan.plan.axes[graph.inputs[len(inputs)]]
+            assert axis is not None
+            parts = [a[j] for a in args]
+            if pad:
+                first = np.take(parts[0], [0], axis=axis)
+                parts.append(np.repeat(first, pad, axis=axis))
+            inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
+        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
+        n = len(rows)
+        if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
+            # callers of one length: their rows split off in one NumPy step
+            return list(out[:total].reshape(n, k, *out.shape[1:])), size
+        outs = out if graph.out_kind != "single" else (out,)
+        results: list[Any] = []
+        kind = graph.out_kind
+        for s, e in spans[:n]:
+            pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
+            results.append(pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces)
+        return results, size
+
+
+def signature_key(key: Any) -> Any:
+    """A batch key as the signature cache keys it: an unbatched array by its shape and dtype, not its id."""
+    return tuple((p[0], "shared", p[3], p[4]) if p[1] == "shared" else p for p in key)
+
+
+def _positions(key: Any) -> list[tuple[str, int]]:
+    """For each graph input in order: ("rows", i) the i-th batched value, or ("shared", j)."""
+    batched = shared = 0
+    arrays: list[tuple[str, int]] = []
+    for part in key:
+        if part[1] == "rows":
+            arrays.append(("rows", batched))
+            batched += 1
+        elif part[1] == "shared":
+            arrays.append(("shared", shared))
+            shared += 1
+    return arrays
+
+
+def _without_own_frames(exc: BaseException) -> BaseException:
+    """``exc`` without the frames of batching on its traceback (this module's and the ``Batched``
+    front's, which traces a size the run needs): they hold every caller's arrays."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in _OWN_MODULES:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    return exc
+
+
+def _rows_of(array: Any, axis: int, start: int, stop: int) -> Any:
+    if axis == 0:
+        return array[start:stop]
+    return np.ascontiguousarray(array[(slice(None),) * axis + (slice(start, stop),)])
+
+
+def pow2(n: int) -> int:
+    """The least power of two not below ``n`` (at least 1)."""
+    return 1 << (n - 1).bit_length()
