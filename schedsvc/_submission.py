@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidTask
 from ._future import Future
-from ._runtime import Task, scan
+from ._runtime import scan
 from ._tracing import ACTIVE, tracing
 from ._validate import ASYNC_CODE, SYNC_KINDS, async_fn, check_fn, submit_while_tracing
-from .tensor import Tensor
+from .tensor import Tensor, order_after
 
 if TYPE_CHECKING:
     from ._port import Port
@@ -65,22 +65,7 @@ def build_task(
             if executor.name == device:
                 executor.check_task(fn, kwargs, writes)
     deps, buffers = scan(args, kwargs, reads, writes)
-    # hot path: plain loops, no generator per submission
-    tensors = False
-    for dep in deps:
-        if getattr(dep, "_port", None) is not port:
-            raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
-        if type(dep) is Tensor:
-            tensors = True
-    written: list[Tensor] = []
-    after: tuple[Task, ...] = ()
-    if tensors:  # it runs after their pending writes
-        after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
-    else:
-        for buffer in buffers:
-            if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
-                after, written = port.tensors.ordered(deps, buffers, kwargs, writes)
-                break
+    after, written = order_after(port, deps, buffers, kwargs, writes)
     nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
     task: Future[Any] = Future(
         port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested

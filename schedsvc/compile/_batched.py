@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import FINAL_STATES
-from .._errors import BatchError, DependencyError, InvalidTask, QueueFull, SchedsvcError
+from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
 from .._future import Future
 from .._runtime import NOW, QUEUE, buffer_of, scan
 from .._tracing import ACTIVE, tracing
-from ..tensor import Tensor
+from ..tensor import Tensor, order_after
 from ._compiled import MAX_SIGNATURES, Compiled, _static
 from ._fused import Group, Proved, pow2, signature_key
 from ._graph import emit
@@ -274,16 +274,7 @@ class Batched:
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """The call's dependencies, checked to be this engine's; and the writes queued to its Tensors
         (it runs after them)."""
-        port = self._port
-        tensors = False
-        for dep in deps:
-            if getattr(dep, "_port", None) is not port:
-                raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
-            if type(dep) is Tensor:
-                tensors = True
-        after: tuple[Any, ...] = ()
-        if tensors:
-            after, _ = port.tensors.ordered(deps, buffers, kwargs, ())
+        after, _ = order_after(self._port, deps, buffers, kwargs, ())
         return deps, after
 
     def _new_call(

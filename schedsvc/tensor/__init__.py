@@ -2,7 +2,7 @@
 
 from ._ops import OPS, Op
 from ._tensor import ArrayOps, Tensor, apply, check_out, concrete
-from ._tracking import TensorMemory, asarray, create, queue_op, shape_arg
+from ._tracking import TensorMemory, asarray, create, order_after, queue_op, shape_arg
 
 __all__ = [
     "OPS",
@@ -15,6 +15,7 @@ __all__ = [
     "check_out",
     "concrete",
     "create",
+    "order_after",
     "queue_op",
     "shape_arg",
 ]

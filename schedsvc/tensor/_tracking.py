@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .._core import FINAL_STATES, Buffer, Task
-from .._errors import DeviceError, QueueFull
+from .._errors import DeviceError, InvalidTask, QueueFull
 from .._future import Future
 from .._runtime import BUFFER_TYPES, NOW, OVER, QUEUE, buffer_of
 from .._tracing import ACTIVE, tracing
@@ -37,7 +37,7 @@ from ._tensor import Tensor, concrete
 if TYPE_CHECKING:
     from .._port import Port
 
-__all__ = ["TensorMemory", "asarray", "create", "queue_op", "shape_arg"]
+__all__ = ["TensorMemory", "asarray", "create", "order_after", "queue_op", "shape_arg"]
 
 
 class TensorMemory:
@@ -107,6 +107,26 @@ class TensorMemory:
             if write.state == "failed":
                 return write.error
         return None
+
+
+def order_after(
+    port: Port, deps: tuple[Task, ...], buffers: tuple[Buffer, ...], kwargs: dict[str, Any], writes: Any
+) -> tuple[tuple[Task, ...], list[Tensor]]:
+    """A new task's ordering against Tensors: its dependencies checked to be ``port``'s engine's, then
+    the pending writes of the Tensors it reads or writes (it runs after them: ``Task.after``) and the
+    Tensors it writes (the runtime's door claims them once it is admitted)."""
+    tensors = False  # hot path: plain loops, no generator per submission
+    for dep in deps:
+        if getattr(dep, "_port", None) is not port:
+            raise InvalidTask(f"{dep!r} belongs to another engine; await it and pass its value")
+        if type(dep) is Tensor:
+            tensors = True
+    if tensors:
+        return port.tensors.ordered(deps, buffers, kwargs, writes)
+    for buffer in buffers:
+        if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
+            return port.tensors.ordered(deps, buffers, kwargs, writes)
+    return (), []
 
 
 def _unsettled(writes: list[Task]) -> list[Task]:
