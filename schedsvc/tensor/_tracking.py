@@ -96,7 +96,13 @@ class TensorMemory:
                 if write.state not in FINAL_STATES or previous is None or previous.state in FINAL_STATES:
                     owner._last_write = write
                 unseen = owner._unseen
-                owner._unseen = [write] if unseen is None else [*_unsettled(unseen), write]
+                if unseen is None:
+                    owner._unseen = [write]
+                    continue
+                unseen.append(write)
+                n = len(unseen)
+                if n >= 16 and n & (n - 1) == 0:  # at each power of two: amortised O(1) per write
+                    owner._unseen = _unsettled(unseen)
 
     def seen(self, owner: Tensor) -> BaseException | None:
         """An await of ``owner``'s memory has waited for its writes: the error of the first of them
