@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._runtime import Runtime, Task
-from .._runtime._runtime import set_worker
+from .._runtime import Runtime, Task, set_worker
 from ._executor import Executor
 
 if TYPE_CHECKING:
