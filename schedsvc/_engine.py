@@ -45,7 +45,7 @@ from ._validate import (
     submit_while_tracing,
 )
 from .compile._state import ACTIVE, tracing
-from .devices import Executor, resolve, scheduler_options
+from .devices import Device, resolve, scheduler_options
 from .tensor import Tensor
 from .tensor._tracking import TensorMemory, asarray, create, shape_arg
 
@@ -77,7 +77,7 @@ class Engine:
             config = config.replace(**overrides)
         self.config = config
         self._port = Port(config, TensorMemory())
-        self._vet: list[Executor] = []  # executors that check each task at submission (check_task)
+        self._vet: list[Device] = []  # executors that check each task at submission (check_task)
         self._closing: anyio.Event | None = None  # set once the first aclose has finished
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
 
@@ -521,7 +521,7 @@ class Engine:
 
 def _task(
     port: Port,
-    vet: list[Executor],
+    vet: list[Device],
     fn: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],

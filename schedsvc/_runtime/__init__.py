@@ -2,10 +2,13 @@
 
 ``Runtime`` (``_runtime``) is the one door to the core; its parts each do one job:
 ``Admission``, ``DeviceCopies``, ``Dispatch``, ``Waiting``, ``Closing``, ``Status``.
+``Device`` (``_device``) is the interface the runtime drives each kind of device through
+(``schedsvc.devices`` holds the kinds).
 """
 
 from .._core import Task
 from ._admission import BLOCK, NOW, OVER, QUEUE
+from ._device import Device, Keyer
 from ._dispatch import Fusion
 from ._runtime import Runtime
 from ._scan import buffer_of, scan, substitute
@@ -16,7 +19,9 @@ __all__ = [
     "NOW",
     "OVER",
     "QUEUE",
+    "Device",
     "Fusion",
+    "Keyer",
     "Runtime",
     "Task",
     "buffer_of",

@@ -28,6 +28,7 @@ from ._bridge import watch
 from ._threads import ThreadToken
 
 if TYPE_CHECKING:
+    from ._copies import DeviceCopies
     from ._runtime import Runtime
 
 __all__ = ["BLOCK", "NOW", "OVER", "QUEUE", "Admission"]
@@ -41,24 +42,23 @@ NOW, QUEUE, BLOCK, OVER = 0, 1, 2, 3
 class Admission:
     """Admitting tasks within the engine's limits, and staging what the loop's thread submits.
 
-    It holds its own references to the runtime's lock, core and bridge, and the bound methods it
-    calls on every submission, so the door costs no extra attribute hop.
+    It holds its own references to what it reads on every submission (the runtime's lock, core,
+    bridge and device tables), and calls the runtime's ``collect`` through ``rt``.
     """
 
-    def __init__(self, rt: Runtime, prepare: Callable[[Task], list[Task] | None]) -> None:
+    def __init__(self, rt: Runtime, copies: DeviceCopies, refusal: Callable[[], BaseException]) -> None:
         self.rt = rt
         self.lock = rt.lock
         self.core = rt.core
         self.bridge = rt.bridge
-        self.collect = rt.collect
         self.sync_mode = rt.sync_mode
         self.loop_thread = rt.loop_thread
         self.preparers = rt.preparers  # (the dict, filled as devices are added)
         self.forwarding = rt.forwarding
-        self._prepare = prepare
+        self.copies = copies
         #: why a closed engine takes no work (the frontend's message), raised by ``admit`` with the lock
         #: held: it must have no side effect (never take the lock)
-        self.refusal = rt.refusal
+        self.refusal = refusal
         #: the frontend's own registration of a task's writes (``claim(task, claims)``: the Tensors it
         #: writes), made by the door once the task is admitted or queued, never for one it refuses
         self.claim_writes: Callable[[Task, Any], None] = _no_claims
@@ -91,7 +91,7 @@ class Admission:
         ``how`` says what happens at them (``NOW``: not admitted, ``QUEUE``: queued for admission
         FIFO, ``BLOCK``: this thread waits in that queue, ``OVER``: admitted over them, as operators
         cannot wait) -- registering its reads and writes, and the frontend's ``claims`` on what it
-        writes (``claim_writes``); hand it to its executor.  A task that is not admitted leaves no
+        writes (``claim_writes``); hand it to its device.  A task that is not admitted leaves no
         trace: its copies are dropped, its claims never made.  A nested task (submitted by a running
         task) is admitted over the limits, and while the engine closes.  ``counted`` runs under the
         lock once it is admitted or queued.  ``BLOCK`` waits ``timeout`` seconds at most (then the task
@@ -104,7 +104,7 @@ class Admission:
         with self.lock:
             if self.closed and not task.nested:
                 raise self.refusal()
-            along = self._prepare(task) if self.preparers else None
+            along = self.copies.prepare(task) if self.preparers else None
             stage = tid == self.loop_thread and self.stage_next(task.priority)
             core = self.core
             if how == OVER or task.nested or self.sync_mode:
@@ -123,7 +123,7 @@ class Admission:
                     self.claim_writes(task, claims)
                 if counted is not None:
                     counted()
-            after = self.collect()
+            after = self.rt.collect()
         if after is not None:
             after()
         if admitted:
@@ -148,10 +148,10 @@ class Admission:
             self.admitted(task)
 
     def admitted(self, task: Task) -> None:
-        """``task`` was admitted waiting for parents: an executor that sends work ahead may send it."""
-        executor = self.forwarding.get(task.device)
-        if executor is not None and task.state == "waiting":
-            executor.admitted(task)
+        """``task`` was admitted waiting for parents: a device that sends work ahead may send it."""
+        device = self.forwarding.get(task.device)
+        if device is not None and task.state == "waiting":
+            device.admitted(task)
 
     def _run_here(self, task: Task) -> None:
         """sync_mode: run the admitted ``task`` on this thread now."""
@@ -196,7 +196,7 @@ class Admission:
             if task.state != "admitting":
                 return task.state != "cancelled"
             self.core.cancel(task)
-            after = self.collect()
+            after = self.rt.collect()
         if after is not None:
             after()
         return False
@@ -225,7 +225,7 @@ class Admission:
             token = self.bridge.token()
             core.enqueue(None, token)
             core.publish()  # we are about to wait: let staged work run
-            after = self.collect()
+            after = self.rt.collect()
         if after is not None:
             after()
         try:

@@ -1,4 +1,4 @@
-"""Closing: taking no more work, finishing or cancelling what is pending, and ending the executors.
+"""Closing: taking no more work, finishing or cancelling what is pending, and ending the devices.
 
 ``shutdown`` is the engine's close; ``stop_when_idle`` stops an engine that
 was never closed (its loop ended); ``after_fork`` makes a forked child's copy
@@ -28,7 +28,7 @@ __all__ = ["Closing"]
 
 
 class Closing:
-    """The end of a runtime's life: close, drain or cancel, stop and join the executors."""
+    """The end of a runtime's life: close, drain or cancel, stop and join the devices."""
 
     def __init__(self, rt: Runtime, admission: Admission, dispatch: Dispatch, waiting: Waiting) -> None:
         self.rt = rt
@@ -37,12 +37,12 @@ class Closing:
         self.waiting = waiting
 
     async def shutdown(self, cancel_pending: bool, timeout: float) -> list[threading.Thread]:
-        """Take no more work; finish (or cancel) what is pending, stop the executors, and wait up to
+        """Take no more work; finish (or cancel) what is pending, stop the devices, and wait up to
         ``timeout`` for their threads; return those still alive.
 
         Nested work that running tasks submit meanwhile is admitted and waited
         for too.  If this is cancelled, unstarted work is cancelled and the
-        executors are told to stop.
+        devices are told to stop.
         """
         self.close()
         closed = functools.partial(EngineClosed, "the engine closed with cancel_pending=True")
@@ -56,17 +56,17 @@ class Closing:
         except BaseException:  # the close was cancelled (or failed): stop now
             self.cancel_pending(closed)
             self.stop()
-            await self.aclose_executors()
+            await self.aclose_devices()
             raise
         self.stop()
-        await self.aclose_executors()
+        await self.aclose_devices()
         return await self.join(timeout)
 
     async def join(self, timeout: float) -> list[threading.Thread]:
-        """Wait, without blocking the loop, for the executors' threads to end; return those still alive."""
+        """Wait, without blocking the loop, for the devices' threads to end; return those still alive."""
         deadline = time.monotonic() + timeout
         while True:
-            alive = [t for executor in self.rt.devices.values() for t in executor.join(0)]
+            alive = [t for device in self.rt.devices.values() for t in device.join(0)]
             if not alive or time.monotonic() > deadline:
                 return alive
             await anyio.sleep(0.001)  # they were told to stop; they exit within microseconds
@@ -89,22 +89,22 @@ class Closing:
         rt = self.rt
         for token in rt.under_lock(rt.core.cancel_pending):
             settle(token, error())
-        for executor in rt.devices.values():
-            executor.cancel_all()
+        for device in rt.devices.values():
+            device.cancel_all()
 
     def stop(self) -> None:
-        """Tell the executors no more work comes; their threads end once idle."""
-        for executor in self.rt.devices.values():
-            executor.stop()
+        """Tell the devices no more work comes; their threads end once idle."""
+        for device in self.rt.devices.values():
+            device.stop()
 
     def stop_when_idle(self) -> None:
         """Stop an engine that was never closed: staged work is handed over, then the threads end."""
         self.rt.under_lock(self.admission.close_and_publish)
         self.stop()
 
-    async def aclose_executors(self) -> None:
-        for executor in self.rt.devices.values():
-            await executor.aclose()
+    async def aclose_devices(self) -> None:
+        for device in self.rt.devices.values():
+            await device.aclose()
 
     def after_fork(self) -> None:
         """In a forked child (one thread, a copy of memory): no worker or loop of the engine runs here."""

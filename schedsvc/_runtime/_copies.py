@@ -1,7 +1,7 @@
 """Device copies: the copy tasks a submission needs on an engine with devices of their own memory.
 
 ``DeviceCopies.prepare`` runs with the runtime's lock held, as part of a task's
-admission: the executor of the task's device moves host arguments in as copy
+admission: the task's device moves host arguments in as copy
 tasks, a task elsewhere taking such a device's value gets a copy task out
 instead, and a write drops the copies of what it writes.  ``Copies`` finds a
 host-to-device copy again for the same buffer version while it is in flight.
@@ -19,7 +19,7 @@ from .._core import Task
 from ._scan import replace_leaves
 
 if TYPE_CHECKING:
-    from ..devices import Executor
+    from ._device import Device
 
 __all__ = ["Copies", "CopyTask", "DeviceCopies"]
 
@@ -28,14 +28,14 @@ class DeviceCopies:
     """The copies in and out of devices with memory of their own that submissions need."""
 
     def __init__(self) -> None:
-        #: executors whose devices have memory of their own, which rewrite tasks at submission so their
+        #: devices with memory of their own, which rewrite tasks at submission so their
         #: arguments are copied in (and device values copied out for other devices' tasks): ``prepare``
-        self.preparers: dict[str, Executor] = {}
+        self.preparers: dict[str, Device] = {}
         self.copies = Copies()
 
     def prepare(self, task: Task) -> list[Task] | None:
         """With the lock held, before ``task`` is admitted, on an engine with devices of their own memory:
-        its device's executor moves host arguments in as copy tasks; a task elsewhere taking such a
+        its device moves host arguments in as copy tasks; a task elsewhere taking such a
         device's value gets a copy task out instead; a write drops the copies of what it writes.
         Returns the copy tasks made for it (admitted with it, or not at all), if any."""
         copies = self.copies

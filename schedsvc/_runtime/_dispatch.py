@@ -1,8 +1,8 @@
-"""Dispatch: the executors' side of the runtime -- taking ready work, running it, recording outcomes.
+"""Dispatch: the devices' side of the runtime -- taking ready work, running it, recording outcomes.
 
-A thread executor's workers ask ``next_task`` for work and park when there is
+A thread device's workers ask ``next_task`` for work and park when there is
 none; ``execute`` runs a task on the calling thread and records its outcome,
-taking the next task under the same lock hold.  Executors that run work
+taking the next task under the same lock hold.  Devices that run work
 elsewhere report through ``finish``, and asynchronous devices (CUDA streams)
 through ``launched`` and ``complete``.  This is the hot path: each method is
 written for speed.
@@ -20,8 +20,8 @@ from ._threads import acquire_contended
 from ._waiting import MAX_COST_KEYS, cost_key
 
 if TYPE_CHECKING:
-    from ..devices import Executor
     from ._admission import Admission
+    from ._device import Device
     from ._runtime import Runtime
 
 __all__ = ["Dispatch", "Fusion"]
@@ -51,11 +51,12 @@ class Fusion(Protocol):
 
 
 class Dispatch:
-    """What the executors call: take ready tasks, run them here or report how they ran elsewhere.
+    """What the devices call: take ready tasks, run them here or report how they ran elsewhere.
 
-    It holds its own references to the runtime's lock, core, ``collect`` and shared tables (worker
-    threads, queue waits, learned costs), so a task pays no extra attribute hop; ``timeline`` and
-    ``inline_threshold_s`` are set here by the runtime together with its own.
+    It holds its own references to what a task reads (the runtime's lock, core and shared tables:
+    worker threads, queue waits, learned costs), and calls the runtime's ``collect`` through ``rt``;
+    ``timeline`` and ``inline_threshold_s`` are set here together with the runtime's own (``Status``,
+    ``Runtime.add_device``, ``Closing.after_fork``).
     """
 
     def __init__(
@@ -64,7 +65,6 @@ class Dispatch:
         self.rt = rt
         self.lock = rt.lock
         self.core = rt.core
-        self.collect = rt.collect
         self.worker_threads = rt.worker_threads
         self.queue_waits = rt.queue_waits
         self.timeline = rt.timeline
@@ -78,9 +78,9 @@ class Dispatch:
         with self.lock:
             self.worker_threads.add(get_ident())
 
-    def next_task(self, executor: Executor, worker: Any) -> Task | bool | float | None:
-        """A worker of ``executor`` asks for work: a task (running now), None (it is parked: wait for
-        its wake-up), False (it leaves: ``executor.leaving`` said so), or a number of seconds: it is
+    def next_task(self, device: Device, worker: Any) -> Task | bool | float | None:
+        """A worker of ``device`` asks for work: a task (running now), None (it is parked: wait for
+        its wake-up), False (it leaves: ``device.leaving`` said so), or a number of seconds: it is
         parked, but tasks staged on the loop's thread wait to be handed over -- if no wake-up comes
         within that time, it says so (``unpark``) and asks again.  Staged tasks the loop has not
         handed over within ``_STALE_S`` are taken here: a loop kept busy (a long synchronous handler,
@@ -89,46 +89,46 @@ class Dispatch:
         park = None
         with self.lock:
             core = self.core
-            if executor.leaving(worker, core.queues[executor.name].count):
+            if device.leaving(worker, core.queues[device.name].count):
                 self.worker_threads.discard(get_ident())
                 return False
-            task = core.take(executor.name)
-            if task is None and executor.parks_timed and (staging := self.staging).flush_scheduled:
+            task = core.take(device.name)
+            if task is None and device.parks_timed and (staging := self.staging).flush_scheduled:
                 if not core.staged:  # (the loop may be staging)
                     park = _STALE_S * 5  # (until it stages, or its flush comes)
                 elif (waited := time.perf_counter() - staging.staged_since) >= _STALE_S:
                     core.publish()  # the loop has not come round to its flush: it is busy
-                    task = core.take(executor.name)
-                    after = self.collect()  # (the other devices' workers, for what was theirs)
+                    task = core.take(device.name)
+                    after = self.rt.collect()  # (the other devices' workers, for what was theirs)
                 else:
                     park = _STALE_S - waited
             if task is None:  # parked: notify() wakes it
-                executor.idle.append(worker)
-                executor.hungry = True
+                device.idle.append(worker)
+                device.hungry = True
         if after is not None:
             after()
         return task if task is not None else park
 
-    def unpark(self, executor: Executor, worker: Any) -> bool:
+    def unpark(self, device: Device, worker: Any) -> bool:
         """A worker parked with a time limit (``next_task``) woke without being notified: True if it is
         no longer parked; False if it was notified meanwhile -- its wake-up is on its way, and the
         worker must take it (acquire its park lock) before it asks for work again."""
         with self.lock:
-            if worker not in executor.idle:
+            if worker not in device.idle:
                 return False
-            executor.idle.remove(worker)
-            executor.hungry = bool(executor.idle)
+            device.idle.remove(worker)
+            device.hungry = bool(device.idle)
             return True
 
-    def take_all(self, executor: Executor) -> list[Task]:
-        """Every ready task of ``executor``'s device, taken (running now); the executor is ``hungry``
+    def take_all(self, device: Device) -> list[Task]:
+        """Every ready task of ``device``, taken (running now); the device is ``hungry``
         again, under the same lock hold, so no task made ready later goes unnoticed."""
         tasks = []
         with self.lock:
             take = self.core.take
-            while (task := take(executor.name)) is not None:
+            while (task := take(device.name)) is not None:
                 tasks.append(task)
-            executor.hungry = True
+            device.hungry = True
         return tasks
 
     def claim(self, task: Task) -> bool:
@@ -193,7 +193,7 @@ class Dispatch:
             nxt = self.core.finish(task, value, error, chain)
             if nxt is None and chain:
                 nxt = self.core.take(task.device)
-            after = self.collect()
+            after = self.rt.collect()
         finally:
             lock.release()
         if after is not None:
@@ -229,7 +229,7 @@ class Dispatch:
                 nxt = core.finish(task, value, error, i == last)
             if nxt is None:
                 nxt = core.take(first.device)
-            after = self.collect()
+            after = self.rt.collect()
         finally:
             lock.release()
         if after is not None:
@@ -249,9 +249,9 @@ class Dispatch:
     def finish(self, task: Task, value: Any, error: BaseException | None, cancelled: bool = False) -> str:
         """Record the outcome of a task that ran elsewhere; returns the state it was in.
 
-        Only a ``running`` task is finished (``cancelled``: the executor dropped it unrun, and it ends
+        Only a ``running`` task is finished (``cancelled``: the device dropped it unrun, and it ends
         as an unstarted task cancelled here would).  A final one (failed through a parent, cancelled)
-        is left alone; a task not yet running (sent ahead) is the executor's to keep until it is.
+        is left alone; a task not yet running (sent ahead) is the device's to keep until it is.
         """
         with self.lock:
             state = task.state
@@ -261,19 +261,19 @@ class Dispatch:
                 self.core.finish_cancelled(task)
             else:
                 self.core.finish(task, value, error, False)
-            after = self.collect()
+            after = self.rt.collect()
         if after is not None:
             after()
         return state
 
     def launched(self, task: Task, value: Any) -> None:
-        """An asynchronous executor queued ``task``'s work on its device (behind its parents' work):
+        """An asynchronous device queued ``task``'s work (behind its parents' work):
         dependents on the same device may now be launched behind it, taking ``value`` (a device
         array whose contents are still being computed) in its place."""
         with self.lock:
             task.value = value  # what a dependent launched behind it receives; final at complete
             self.core.launch(task)
-            after = self.collect()
+            after = self.rt.collect()
         if after is not None:
             after()
 
@@ -281,7 +281,7 @@ class Dispatch:
         """A launched task's result is visible to the host (or its device reported ``error``)."""
         with self.lock:
             self.core.complete(task, value, error)
-            after = self.collect()
+            after = self.rt.collect()
         if after is not None:
             after()
 

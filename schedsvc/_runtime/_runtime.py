@@ -1,13 +1,13 @@
 """The runtime: the one door to the scheduling core and its lock.
 
-Frontend calls (submit, cancel, throttle, waitall, stats) and executor reports
+Frontend calls (submit, cancel, throttle, waitall, stats) and device reports
 (take, finish) arrive here; each takes the lock, applies core events, and
 routes what they produced (``Runtime.collect``): wake a parked worker, resolve
 a future, admit a waiter.  Nothing outside ``_runtime/`` and ``_core/`` touches
 the core or the lock.
 
 ``Runtime`` holds what every part shares (the core, the lock, the bridge, the
-executors) and routes the core's instructions; each job is a part of its own,
+devices) and routes the core's instructions; each job is a part of its own,
 sharing that lock and core:
 
 * ``Admission`` (``_admission``): the door every submission goes through, the
@@ -15,17 +15,17 @@ sharing that lock and core:
   submissions;
 * ``DeviceCopies`` (``_copies``): the copy tasks a submission needs on devices
   with memory of their own, made as part of its admission;
-* ``Dispatch`` (``_dispatch``): the executors' side -- take ready work, run
+* ``Dispatch`` (``_dispatch``): the devices' side -- take ready work, run
   it, record how it ended;
 * ``Waiting`` (``_waiting``): for a task (or running it on the waiting thread),
   for every task, for a state;
-* ``Closing`` (``_closing``): close, drain or cancel, stop the executors;
+* ``Closing`` (``_closing``): close, drain or cancel, stop the devices;
 * ``Status`` (``_status``): counts, load and limits for the frontend, and the
   trace being recorded.
 
-The frontend and the executors call the runtime only: its entry points are the
-parts' own methods, bound here once, so a call costs what a method of the
-runtime would.
+The frontend and the devices call the runtime only: its entry points are the
+parts' own methods, bound on it once (no frame of the runtime's in between).
+The parts call one another, and ``collect``, directly.
 
 What the event loop must learn goes through the bridge (``_bridge``).
 Threads blocked in ``result()`` wait on a plain lock that the finishing
@@ -56,17 +56,100 @@ from ._status import Status
 from ._waiting import Waiting
 
 if TYPE_CHECKING:
-    from ..devices import Executor
+    from ._device import Device
 
 __all__ = ["Runtime"]
 
 _LockType = type(threading.Lock())
 
 
+# what every part shares
+_SHARED = (
+    "core",
+    "sync_mode",
+    "lock",
+    "bridge",
+    "loop",
+    "devices",
+    "_pools",
+    "anywhere",
+    "forwarding",
+    "preparers",
+    "timeline",
+    "worker_threads",
+    "loop_thread",
+    "queue_waits",
+    "forked",
+    "other_loops",
+    "remote",
+    "_costs",
+    "_conditions",
+    "_recheck_soon",
+)
+# the parts
+_PARTS = (
+    "_admission",
+    "_dispatch",
+    "_waiting",
+)
+# the entry points: the parts' methods, bound once
+_ENTRY_POINTS = (
+    "wait",
+    "admit",
+    "admission",
+    "admitted",
+    "throttle",
+    "flush",
+    "worker_started",
+    "next_task",
+    "unpark",
+    "take_all",
+    "claim",
+    "execute",
+    "finish",
+    "launched",
+    "complete",
+    "ahead",
+    "data_parents",
+    "run_inline",
+    "wait_blocking",
+    "watch_off_loop",
+    "add_done_callback",
+    "on_loop_thread",
+    "barrier",
+    "until",
+    "shutdown",
+    "join",
+    "close",
+    "settled",
+    "cancel_pending",
+    "stop",
+    "stop_when_idle",
+    "aclose_devices",
+    "after_fork",
+    "counts",
+    "running",
+    "describe",
+    "has_room",
+    "limits_text",
+    "launches",
+    "busy_seconds",
+    "attach",
+    "detach",
+)
+
+
 class Runtime:
-    """Scheduler + lock + executors + loop bridge: the one door to the core, for the frontend and the
-    executors alike.  Each entry point takes the lock, applies core events, and acts on what they
-    produced (``collect``) once the lock is released."""
+    """Scheduler + lock + devices + loop bridge: the one door to the core, for the frontend and the
+    devices alike.  Each entry point takes the lock, applies core events, and acts on what they
+    produced (``collect``) once the lock is released.
+
+    Its attributes are slots: what the frontend reads on every submission and await (``sync_mode``,
+    ``bridge``, ``worker_threads``, ...) and the parts' entry points bound here stay a slot read
+    however many there are (an instance dict past 30 keys makes every attribute read and method
+    call on it slower)."""
+
+    __slots__ = _SHARED + _PARTS + _ENTRY_POINTS
 
     def __init__(
         self,
@@ -84,13 +167,10 @@ class Runtime:
         #: ``await rt.wait(task)``: wait on the event loop until ``task`` is final (the bridge's own
         #: method, bound here: no frame of the runtime's on the path of every await)
         self.wait = self.bridge.wait
-        #: why a closed engine takes no work (the frontend's message), raised by the submit methods
-        #: with the lock held: it must have no side effect (never take the lock)
-        self.refusal: Callable[[], BaseException] = refusal or (lambda: EngineClosed("the engine is closed"))
-        self.devices: dict[str, Executor] = {}
-        self._pools: list[tuple[Executor, Any]] = []  # (executor, its ready queue), for collect()
+        self.devices: dict[str, Device] = {}
+        self._pools: list[tuple[Device, Any]] = []  # (device, its ready queue), for collect()
         self.anywhere: set[str] = set()  # devices whose queued task any thread may run itself
-        self.forwarding: dict[str, Executor] = {}  # executors told of tasks admitted waiting (admitted)
+        self.forwarding: dict[str, Device] = {}  # devices told of tasks admitted waiting (admitted)
         self.timeline: Timeline | None = None  # set while a trace is recorded (eng.trace)
         self.worker_threads: set[int] = set()  # idents of threads that run tasks
         self.loop_thread = threading.get_ident()
@@ -102,17 +182,20 @@ class Runtime:
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
 
         # the parts, each sharing the lock and the core
-        copies = self._copies = DeviceCopies()
-        #: executors whose devices have memory of their own (``DeviceCopies.prepare``)
+        copies = DeviceCopies()
+        #: devices with memory of their own (``DeviceCopies.prepare``)
         self.preparers = copies.preparers
         #: (code, log2 input bytes) -> seconds, smoothed: learned by Dispatch, read by Waiting
         costs: dict[Any, float] = {}
         self._costs = costs
-        admission = self._admission = Admission(self, copies.prepare)
+        #: why a closed engine takes no work (the frontend's message), raised by the door with the lock
+        #: held: it must have no side effect (never take the lock)
+        refusal = refusal or (lambda: EngineClosed("the engine is closed"))
+        admission = self._admission = Admission(self, copies, refusal)
         dispatch = self._dispatch = Dispatch(self, admission, inline_threshold_s, costs)
         waiting = self._waiting = Waiting(self, dispatch, costs)
         closing = Closing(self, admission, dispatch, waiting)
-        status = self._status = Status(self, dispatch)
+        status = Status(self, dispatch)
         self._conditions = waiting.conditions  # (collect: does anybody wait for a state?)
         self._recheck_soon = waiting.recheck_soon
 
@@ -123,7 +206,7 @@ class Runtime:
         self.admitted = admission.admitted
         self.throttle = admission.throttle
         self.flush = admission.flush
-        # -- the executors' door
+        # -- the devices' door
         self.worker_started = dispatch.worker_started
         self.next_task = dispatch.next_task
         self.unpark = dispatch.unpark
@@ -151,7 +234,7 @@ class Runtime:
         self.cancel_pending = closing.cancel_pending
         self.stop = closing.stop
         self.stop_when_idle = closing.stop_when_idle
-        self.aclose_executors = closing.aclose_executors
+        self.aclose_devices = closing.aclose_devices
         self.after_fork = closing.after_fork
         # -- state, for the frontend
         self.counts = status.counts
@@ -164,18 +247,18 @@ class Runtime:
         self.attach = status.attach
         self.detach = status.detach
 
-    def add_device(self, name: str, executor: Executor) -> None:
-        self.devices[name] = executor
-        self._pools.append((executor, self.core.queues[name]))
-        self._admission.eager_left += executor.eager
-        register_buffer_types(executor.buffer_types)
-        if executor.runs_anywhere:
+    def add_device(self, name: str, device: Device) -> None:
+        self.devices[name] = device
+        self._pools.append((device, self.core.queues[name]))
+        self._admission.eager_left += device.eager
+        register_buffer_types(device.buffer_types)
+        if device.runs_anywhere:
             self.anywhere.add(name)
-        if executor.forwards:
-            self.forwarding[name] = executor
-        if executor.prepares:
-            self.preparers[name] = executor
-        if not executor.local:
+        if device.forwards:
+            self.forwarding[name] = device
+        if device.prepares:
+            self.preparers[name] = device
+        if not device.local:
             self.remote = True
             # no task runs in this process: none runs inline
             self._dispatch.inline_threshold_s = self._waiting.inline_threshold_s = 0.0
@@ -225,10 +308,10 @@ class Runtime:
                 items = _without_foreign(items, bridge)
             if items:
                 bridge.post(items, wakes)
-        for executor, queue in self._pools:
-            if not executor.hungry or not queue.count:
+        for device, queue in self._pools:
+            if not device.hungry or not queue.count:
                 continue
-            wake = executor.notify(queue.count)
+            wake = device.notify(queue.count)
             if wake is not None:
                 if wakes is None:
                     wakes = []
@@ -279,10 +362,10 @@ class Runtime:
 
     def cancel(self, task: Task) -> bool:
         """Cancel ``task`` (and what takes its value) if it has not started; True if it is cancelled,
-        or its executor cancelled it where it was sent."""
+        or its device cancelled it where it was sent."""
         self.under_lock(self.core.cancel, task)
-        executor = self.devices.get(task.device)
-        sent = executor is not None and executor.cancel(task)  # (sent ahead while waiting, say)
+        device = self.devices.get(task.device)
+        sent = device is not None and device.cancel(task)  # (sent ahead while waiting, say)
         return task.state == "cancelled" or sent
 
 

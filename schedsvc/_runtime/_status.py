@@ -66,14 +66,14 @@ class Status:
         )
 
     def launches(self) -> dict[str, int]:
-        """Tasks launched per stream, of every executor."""
+        """Tasks launched per stream, of every device."""
         found: dict[str, int] = {}
         for device in self.rt.devices.values():
             found.update(device.launches())
         return found
 
     def busy_seconds(self) -> dict[str, float]:
-        """Seconds spent running tasks per worker track, of every executor."""
+        """Seconds spent running tasks per worker track, of every device."""
         busy: dict[str, float] = {}
         for device in self.rt.devices.values():
             busy.update(device.busy_seconds())

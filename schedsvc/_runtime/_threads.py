@@ -78,7 +78,7 @@ class ThreadToken(Token):
 
 
 def set_worker(worker: Any) -> None:
-    """This thread is ``worker``'s (an executor's thread): ``current_worker`` returns it here."""
+    """This thread is ``worker``'s (a device's thread): ``current_worker`` returns it here."""
     _local.worker = worker
 
 

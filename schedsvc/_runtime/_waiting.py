@@ -43,8 +43,7 @@ class Waiting:
         self.rt = rt
         self.bridge = rt.bridge
         self.anywhere = rt.anywhere  # devices whose queued task any thread may run itself
-        self.claim = dispatch.claim
-        self.execute = dispatch.execute
+        self.dispatch = dispatch  # (a task run on the waiting thread is run as a worker runs it)
         self.inline_threshold_s = dispatch.inline_threshold_s
         self._costs = costs  # learned by Dispatch.execute
         #: ``until`` waiters: (predicate, token); while any waits, each scheduling event re-checks them
@@ -61,9 +60,9 @@ class Waiting:
             and task.fusion is None
             and task.device in self.anywhere
             and self.is_cheap(task)
-            and self.claim(task)
+            and self.dispatch.claim(task)
         ):
-            self.execute(task, chain=False)
+            self.dispatch.execute(task, chain=False)
             return True
         return False
 
@@ -84,9 +83,9 @@ class Waiting:
         if (
             task.device in self.anywhere
             and (timeout is None or self.fits(task, timeout))
-            and self.claim(task)
+            and self.dispatch.claim(task)
         ):
-            self.execute(task, chain=False)  # just this task: its dependents go to the queue
+            self.dispatch.execute(task, chain=False)  # just this task: its dependents go to the queue
             return True
         rt.flush()
         gate = threading.Lock()
