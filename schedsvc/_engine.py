@@ -77,7 +77,7 @@ class Engine:
             config = config.replace(**overrides)
         self.config = config
         self._port = Port(config, TensorMemory())
-        self._vet: list[Device] = []  # executors that check each task at submission (check_task)
+        self._vet: list[Device] = []  # devices that check each task at submission (check_task)
         self._closing: anyio.Event | None = None  # set once the first aclose has finished
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
 

@@ -43,7 +43,8 @@ class Admission:
     """Admitting tasks within the engine's limits, and staging what the loop's thread submits.
 
     It holds its own references to what it reads on every submission (the runtime's lock, core,
-    bridge and device tables), and calls the runtime's ``collect`` through ``rt``.
+    bridge and device tables), and calls the runtime's ``collect`` through ``rt``.  In a forked
+    child, ``Closing.after_fork`` gives it the new lock and closes it.
     """
 
     def __init__(self, rt: Runtime, copies: DeviceCopies, refusal: Callable[[], BaseException]) -> None:

@@ -52,7 +52,7 @@ def test_every_kind_resolves_lazily_to_an_executor_subclass() -> None:
     assert report["after_resolving"] == []
     assert set(report["kinds"]) == set(KINDS) >= {"cpu", "dask", "cuda"}
     for kind, (module, cls, is_executor, name) in report["kinds"].items():
-        assert is_executor, f"{kind}: {module}.{cls} is not an Executor"
+        assert is_executor, f"{kind}: {module}.{cls} is not a Device"
         assert module == f"schedsvc.devices.{KINDS[kind][0]}" and cls == KINDS[kind][1]
         assert name == kind, f"{module}.{cls}.kind is {name!r}, registered as {kind!r}"
 
