@@ -149,7 +149,7 @@ class Runtime:
     however many there are (an instance dict past 30 keys makes every attribute read and method
     call on it slower)."""
 
-    __slots__ = _SHARED + _PARTS + _ENTRY_POINTS
+    __slots__ = (*_SHARED, *_PARTS, *_ENTRY_POINTS, "__weakref__")
 
     def __init__(
         self,
