@@ -38,7 +38,7 @@ from ._submission import build_task
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._validate import check_fn, refuse_submit_while_tracing
-from .devices import Executor, resolve, scheduler_options
+from .devices import Device, resolve, scheduler_options
 from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class Engine:
             config = config.replace(**overrides)
         self.config = config
         self._port = Port(config, TensorMemory())
-        self._vet: list[Executor] = []  # executors that check each task at submission (check_task)
+        self._vet: list[Device] = []  # devices that check each task at submission (check_task)
         self._closing: anyio.Event | None = None  # set once the first aclose has finished
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
 

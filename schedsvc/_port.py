@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import FORKED, DeviceError, EngineClosed, InvalidTask
 from .compile import Counts
-from .devices import check_device, executor_for
+from .devices import check_device, device_class_for
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -105,7 +105,7 @@ class Port:
         remote = (
             rt.remote
             if rt is not None
-            else not executor_for(self.default_device, self.config, check=False).local
+            else not device_class_for(self.default_device, self.config, check=False).local
         )
         if remote:
             raise InvalidTask(

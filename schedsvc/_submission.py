@@ -23,14 +23,14 @@ from .tensor import Tensor, order_after
 
 if TYPE_CHECKING:
     from ._port import Port
-    from .devices import Executor
+    from .devices import Device
 
 __all__ = ["build_task"]
 
 
 def build_task(
     port: Port,
-    vet: list[Executor],
+    vet: list[Device],
     fn: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],

@@ -1,15 +1,85 @@
-"""Host-to-device copy tasks, found again for the same buffer version while one is in flight."""
+"""Device copies: the copy tasks a submission needs on an engine with devices of their own memory.
+
+``DeviceCopies.prepare`` runs with the runtime's lock held, as part of a task's
+admission: the task's device moves host arguments in as copy
+tasks, a task elsewhere taking such a device's value gets a copy task out
+instead, and a write drops the copies of what it writes.  ``Copies`` finds a
+host-to-device copy again for the same buffer version while it is in flight.
+"""
 
 from __future__ import annotations
 
+import functools
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._core import Task
+from ._scan import replace_leaves
 
-__all__ = ["Copies", "CopyTask"]
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["Copies", "CopyTask", "DeviceCopies"]
+
+
+class DeviceCopies:
+    """The copies in and out of devices with memory of their own that submissions need."""
+
+    def __init__(self) -> None:
+        #: devices with memory of their own, which rewrite tasks at submission so their
+        #: arguments are copied in (and device values copied out for other devices' tasks): ``prepare``
+        self.preparers: dict[str, Device] = {}
+        self.copies = Copies()
+
+    def prepare(self, task: Task) -> list[Task] | None:
+        """With the lock held, before ``task`` is admitted, on an engine with devices of their own memory:
+        its device moves host arguments in as copy tasks; a task elsewhere taking such a
+        device's value gets a copy task out instead; a write drops the copies of what it writes.
+        Returns the copy tasks made for it (admitted with it, or not at all), if any."""
+        copies = self.copies
+        if task.buffers:
+            copies.written(task)
+        along: list[Task] = []
+        preparer = self.preparers.get(task.device)
+        if preparer is not None:
+            preparer.prepare(task, along.append, copies)
+            return along or None
+        for owner in self.preparers.values():
+            if task.fn == owner.to_host:  # a copy out is not copied out again
+                return None
+        # the values it takes that live on such a device (its results, or its arrays passed as they
+        # are) are copied out first, each by a copy task that reads that memory (so it is ordered
+        # after writes to it); its other dependencies on them only order it
+        swapped: dict[int, Task] = {}
+        out_of_devices = functools.partial(self._copy_out, task, swapped)
+        args = replace_leaves(task.args, out_of_devices)
+        kwargs = replace_leaves(task.kwargs, out_of_devices) if task.kwargs else task.kwargs
+        if not swapped:
+            return None
+        task.args, task.kwargs = args, kwargs
+        task.deps = (*(d for d in task.deps if id(d) not in swapped), *swapped.values())
+        return list(swapped.values())
+
+    def _copy_out(self, task: Task, swapped: dict[int, Task], value: Any) -> Any:
+        """``value`` as ``task`` (elsewhere) takes it: if it lives on a device of its own memory (a task
+        of that device, or one of its arrays), the copy task bringing it to the host, made once per
+        value (``swapped``, by the id of what it copies)."""
+        if isinstance(value, Task):
+            owner = self.preparers.get(value.device)
+        else:
+            for owner in self.preparers.values():
+                if owner.holds(value):  # a device array passed as it is
+                    break
+            else:
+                return value
+        if owner is None:
+            return value
+        copy = swapped.get(id(value))
+        if copy is None:
+            copy = swapped[id(value)] = owner.host_copy(value, task)
+        return copy
 
 
 class CopyTask(Task):

@@ -1,10 +1,10 @@
 """``Remote``: a task value that lives on another machine until someone asks for it.
 
-An executor that runs tasks elsewhere (``schedsvc.devices.dask``) makes a
+A device that runs tasks elsewhere (``schedsvc.devices.dask``) makes a
 finished task's value a ``Remote``: dependents receive the handle (so data
 stays where it is), and the value itself is fetched only when a ``Future`` is
 awaited or ``result()`` is called, then kept.  This module imports nothing
-from the executor, so the frontend can recognise a ``Remote`` without Dask.
+from the device, so the frontend can recognise a ``Remote`` without Dask.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ __all__ = ["Remote"]
 
 
 class Remote:
-    """A handle to a value held by a remote executor; ``fetch`` brings it to this process once."""
+    """A handle to a value held by a remote device; ``fetch`` brings it to this process once."""
 
     __slots__ = ("_fetched", "_value", "handle")
 

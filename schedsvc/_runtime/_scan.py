@@ -31,13 +31,13 @@ _SCALARS = {kind for kind in np.sctypeDict.values() if kind not in (np.void, np.
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis), *_SCALARS})
 
 
-#: argument types executors understand as memory (a CuPy array, say), beyond NumPy arrays and the
+#: argument types devices understand as memory (a CuPy array, say), beyond NumPy arrays and the
 #: buffer protocol, with how to key them: type -> (obj -> (key, nbytes)), the same key for every view
 _KEYERS: dict[type, Callable[[Any], tuple[int, int]]] = {}
 
 
 def register_buffer_types(keyers: Mapping[type, Callable[[Any], tuple[int, int]]]) -> None:
-    """Scan arguments of these types as memory from now on (an executor's ``buffer_types``)."""
+    """Scan arguments of these types as memory from now on (a device's ``buffer_types``)."""
     _KEYERS.update(keyers)
 
 
@@ -93,7 +93,7 @@ class _Found:
             hook = getattr(kind, "__schedsvc_visit__", None)
             if hook is not None:
                 hook(obj, self, write)
-            elif kind in _KEYERS:  # a device array an executor keys (a view keys to its base)
+            elif kind in _KEYERS:  # a device array a device keys (a view keys to its base)
                 self.memory(_KEYERS[kind](obj), write)
             elif exports_memory(obj):  # a memoryview, bytearray, array-interface wrapper, ...
                 self.memory(memory_of(obj), write)

@@ -1,4 +1,7 @@
-"""``ThreadToken``: what a thread that is not the event loop's waits on, woken without the loop.
+"""Threads and the runtime: what a thread that is not the event loop's waits on, which worker runs on
+this thread, and how a worker takes the runtime's lock when another thread holds it.
+
+``ThreadToken``: what a thread that is not the event loop's waits on, woken without the loop.
 
 A coroutine waits on an asyncio future that the bridge settles on its loop.  A
 plain thread (a ``concurrent.futures`` caller, ``eng.executor()``) may have no
@@ -16,11 +19,16 @@ released (``settle`` in ``_bridge``, ``Runtime.collect``).  Two uses:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 from ._bridge import Token
 
-__all__ = ["ThreadToken"]
+__all__ = ["ThreadToken", "acquire_contended", "current_worker", "set_worker"]
+
+_SPINS = 16  # GIL yields before a contended acquire blocks
+_local = threading.local()
 
 
 #: makes settling once-only when two threads settle one token (a blocked submission's token is
@@ -67,3 +75,28 @@ class ThreadToken(Token):
 
     def __repr__(self) -> str:
         return f"<ThreadToken {'settled' if self._settled else 'pending'}>"
+
+
+def set_worker(worker: Any) -> None:
+    """This thread is ``worker``'s (a device's thread): ``current_worker`` returns it here."""
+    _local.worker = worker
+
+
+def current_worker() -> Any:
+    """The worker object running on this thread, or None outside workers."""
+    return getattr(_local, "worker", None)
+
+
+def acquire_contended(lock: threading.Lock) -> None:
+    """Take a lock another thread holds, without queueing on it while this thread lacks the GIL.
+
+    A blocked ``acquire`` can be granted the lock while the thread still waits for
+    the GIL; the holder of the GIL then blocks on the lock, and two workers
+    convoy, trading the GIL and the lock on every task.  ``sleep(0)`` gives up
+    the GIL so the holder can finish, and the lock is only taken with the GIL.
+    """
+    for _ in range(_SPINS):
+        time.sleep(0)
+        if lock.acquire(False):
+            return
+    lock.acquire()

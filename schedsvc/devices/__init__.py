@@ -1,12 +1,12 @@
-"""Executors, one module per kind, found by name and imported only when an engine uses them.
+"""Devices, one module per kind, found by name and imported only when an engine uses them.
 
-``KINDS`` maps an executor kind to its module and class; ``resolve`` checks
-a config and picks the kind that serves each of its devices (``executor_for``),
-whose ``open`` builds the executor.  The engine, the runtime and the core
-never test which kind a device is: what differs is in the executor
-(``_executor.Executor``).  The frontend also finds here the narrow CUDA API
-(``CudaApi``, ``binding_of``; importing it imports no CuPy) and ``to_device``,
-the callable of a host-to-device copy task.
+``KINDS`` maps a kind of device to its module and class; ``resolve`` checks
+a config and picks the kind that serves each of its devices (``device_class_for``),
+whose ``open`` builds the device.  The engine, the runtime and the core
+never test which kind a device is: what differs is in the kind's class, a
+``Device`` (the interface, beside the runtime that drives it).  The frontend
+also finds here the narrow CUDA API (``CudaApi``, ``binding_of``; importing it
+imports no CuPy) and ``to_device``, the callable of a host-to-device copy task.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DeviceError
+from .._runtime import Device, Keyer
 from ._cudaapi import CudaApi, binding_of
 from ._cudaapi import load as load_cuda_api
-from ._executor import Executor, Keyer
 from ._transfer import to_device
 
 if TYPE_CHECKING:
@@ -27,12 +27,12 @@ __all__ = [
     "BACKENDS",
     "KINDS",
     "CudaApi",
-    "Executor",
+    "Device",
     "Keyer",
     "binding_of",
     "check_device",
-    "executor_class",
-    "executor_for",
+    "device_class",
+    "device_class_for",
     "is_device_name",
     "load_cuda_api",
     "resolve",
@@ -41,12 +41,12 @@ __all__ = [
     "unknown_device",
 ]
 
-#: executor kind -> (module, class), imported on first use; a module without a dot is one of
+#: kind of device -> (module, class), imported on first use; a module without a dot is one of
 #: this package's.  A device is named by its kind ("cpu", "cuda:0" of kind "cuda").
 KINDS: dict[str, tuple[str, str]] = {
     "cpu": ("cpu", "CpuPool"),
-    "dask": ("dask", "DaskExecutor"),
-    "cuda": ("cuda", "CudaExecutor"),
+    "dask": ("dask", "DaskDevice"),
+    "cuda": ("cuda", "CudaDevice"),
 }
 #: kinds that run another kind's device when ``Config.backend`` names them, and name no device
 BACKENDS = {"dask": "cpu"}
@@ -66,11 +66,11 @@ def is_device_name(name: str) -> bool:
     return bool(sep) and index.isascii() and index.isdigit()
 
 
-def executor_class(kind: str) -> type[Executor]:
-    """The executor class of ``kind`` (its module is imported now)."""
+def device_class(kind: str) -> type[Device]:
+    """The class of the devices of ``kind`` (its module is imported now)."""
     module, cls = KINDS[kind]
     where = module if "." in module else f"{__package__}.{module}"
-    found: type[Executor] = getattr(importlib.import_module(where), cls)
+    found: type[Device] = getattr(importlib.import_module(where), cls)
     return found
 
 
@@ -79,34 +79,34 @@ def check_device(name: str, config: Config | None = None) -> None:
     simulator runs any ``cuda:N``)."""
     if not isinstance(name, str) or not is_device_name(name):
         raise unknown_device(name)
-    executor_class(name.partition(":")[0]).check_device(name, config)
+    device_class(name.partition(":")[0]).check_device(name, config)
 
 
-def executor_for(name: str, config: Config, check: bool = True) -> type[Executor]:
-    """The executor class that runs device ``name``'s tasks under ``config`` (imported now);
+def device_class_for(name: str, config: Config, check: bool = True) -> type[Device]:
+    """The class that runs device ``name``'s tasks under ``config`` (imported now);
     ``check``: raise DeviceError unless this machine can run the device (``check_device``)."""
     if check:
         check_device(name, config)
     kind = name.partition(":")[0]
     if BACKENDS.get(config.backend) == kind:
         kind = config.backend  # the backend runs this device's tasks (Dask: the "cpu" device's)
-    return executor_class(kind)
+    return device_class(kind)
 
 
-def resolve(config: Config) -> dict[str, type[Executor]]:
-    """The executor class of each of ``config``'s devices, once ``config`` is checked: the backend's
+def resolve(config: Config) -> dict[str, type[Device]]:
+    """The class of each of ``config``'s devices, once ``config`` is checked: the backend's
     settings first, then each device (unknown, unavailable), naming the field."""
     if config.backend in BACKENDS:
-        executor_class(config.backend).check_config(config)
+        device_class(config.backend).check_config(config)
     kinds = {}
     for name in config.devices:
-        kinds[name] = executor_for(name, config)
+        kinds[name] = device_class_for(name, config)
         kinds[name].check_config(config)
     return kinds
 
 
-def scheduler_options(kinds: dict[str, type[Executor]], config: Config) -> dict[str, Any]:
-    """The core's per-device settings its executors ask for: which devices launch asynchronously,
+def scheduler_options(kinds: dict[str, type[Device]], config: Config) -> dict[str, Any]:
+    """The core's per-device settings its kinds ask for: which devices launch asynchronously,
     and the byte budget of each device with memory of its own (``max_device_bytes``)."""
     budget = config.max_device_bytes
     return {

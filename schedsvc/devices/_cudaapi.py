@@ -1,6 +1,6 @@
-"""The narrow CUDA API the CUDA executor is written against, bound to CuPy or to the simulator.
+"""The narrow CUDA API the CUDA device (``CudaDevice``) is written against, bound to CuPy or to the simulator.
 
-Everything the executor needs from CUDA goes through one ``CudaApi`` object:
+Everything the device needs from CUDA goes through one ``CudaApi`` object:
 devices, streams, events, host callbacks, pinned and device memory, copies,
 graph capture, the error classes, and the array module kernels run with.
 Two bindings implement it:
@@ -57,13 +57,13 @@ __all__ = ["CudaApi", "binding_of", "load"]
 
 
 class CudaApi:
-    """What the CUDA executor may use; one instance per process and binding."""
+    """What the CUDA device may use; one instance per process and binding."""
 
     #: "cupy" or "simulator"
     name: ClassVar[str] = ""
     #: the array module kernels run with (``cupy``, or the simulator's)
     xp: Any
-    #: the device array type (a buffer type of the executor)
+    #: the device array type (a buffer type of the device)
     ndarray: type
     #: errors: a CUDA call failed (``.status``); the device memory pool could not allocate
     #: (a ``MemoryError``); the driver failed

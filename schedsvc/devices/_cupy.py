@@ -4,7 +4,7 @@ Imported only by ``_cudaapi.load(False)``, so CuPy is imported when an engine
 uses a real GPU and never by ``import schedsvc``.  CuPy has no type stubs: its
 objects are ``Any`` here (pyproject's mypy overrides ignore the missing imports).
 
-What CuPy does that matters to the executor (checked on an H100 with CuPy
+What CuPy does that matters to the CUDA device (checked on an H100 with CuPy
 14.2, ``docs/cuda-facts.md``): the current stream and device are per host
 thread; the memory pool is per device, picked by the current device, so the
 pool methods enter ``Device(device)`` first.

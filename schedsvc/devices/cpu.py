@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._runtime import Runtime, Task, set_worker
-from ._executor import Executor
+from .._runtime import Device, Runtime, Task, set_worker
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -75,7 +74,7 @@ class CpuWorker:
         self.pool.blocking(delta)
 
 
-class CpuPool(Executor):
+class CpuPool(Device):
     """``size`` worker threads, plus stand-ins while workers block.
 
     Its bookkeeping (parked and live workers) is read by ``notify`` and

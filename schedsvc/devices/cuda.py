@@ -1,6 +1,6 @@
 """CUDA devices: tasks launched on CUDA streams, through the narrow API of ``_cudaapi``.
 
-One ``CudaExecutor`` per device (``cuda:N``), bound to CuPy or, with
+One ``CudaDevice`` per device (``cuda:N``), bound to CuPy or, with
 ``Config(cuda_simulator=True)``, to the CUDA simulator.  Per device:
 
 - **one launching thread** (switching the current stream per task: measured
@@ -41,15 +41,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import DeviceError, InvalidTask, MemoryLimitError
-from .._runtime import Copies, CopyTask, Runtime, Task, replace_leaves, substitute, substitute_args
+from .._runtime import Copies, CopyTask, Device, Runtime, Task, replace_leaves, substitute, substitute_args
 from ._cudaapi import CudaApi, load
-from ._executor import Executor
 from ._transfer import to_device
 
 if TYPE_CHECKING:
     from .._config import Config
 
-__all__ = ["CudaExecutor", "api_for", "check"]
+__all__ = ["CudaDevice", "api_for", "check"]
 
 _ndarray = np.ndarray
 
@@ -124,8 +123,8 @@ class Flight:
 class Track:
     """One stream and the watcher thread that reports its tasks complete, in launch order."""
 
-    def __init__(self, executor: CudaExecutor, stream: Any, name: str) -> None:
-        self.executor = executor
+    def __init__(self, owner: CudaDevice, stream: Any, name: str) -> None:
+        self.owner = owner
         self.stream = stream
         self.name = name  # "cuda:0/s0", "cuda:0/h2d", "cuda:0/d2h"
         self.flights: deque[Flight] = deque()
@@ -144,8 +143,8 @@ class Track:
                 self.more.notify()
 
     def _watch(self) -> None:
-        executor = self.executor
-        executor.api.use_device(executor.index)
+        owner = self.owner
+        owner.api.use_device(owner.index)
         flights = self.flights
         while True:
             with self.more:
@@ -168,11 +167,11 @@ class Track:
                 else:
                     done.extend(flights)
                     flights.clear()
-            executor.completed(self, done, error)
+            owner.completed(self, done, error)
             del head, done  # holds nothing while it sleeps: a result lives as long as its users keep it
 
 
-class CudaExecutor(Executor):
+class CudaDevice(Device):
     """The streams of one CUDA device, fed by one launching thread."""
 
     kind = "cuda"
@@ -221,12 +220,12 @@ class CudaExecutor(Executor):
             )
 
     @classmethod
-    async def open(cls, rt: Runtime, name: str, config: Config) -> CudaExecutor:
+    async def open(cls, rt: Runtime, name: str, config: Config) -> CudaDevice:
         api = api_for(config.cuda_simulator)
-        executor = cls(rt, name, api, config.streams_per_device)
+        device = cls(rt, name, api, config.streams_per_device)
         if config.max_device_bytes is not None:
-            api.set_pool_limit(executor.index, config.max_device_bytes)
-        return executor
+            api.set_pool_limit(device.index, config.max_device_bytes)
+        return device
 
     def start(self) -> None:
         for track in self.tracks:

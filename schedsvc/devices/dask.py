@@ -1,9 +1,9 @@
-"""The Dask executor: ready CPU tasks run on a Dask distributed cluster.
+"""Dask: ready CPU tasks run on a Dask distributed cluster.
 
 The only module that imports Dask, and only when an engine with
 ``backend="dask"`` starts.  The scheduling core is unchanged: it still orders
 data dependencies and buffer hazards and admits work under the limits; this
-executor takes the tasks it makes ready and sends them with ``client.submit``.
+device takes the tasks it makes ready and sends them with ``client.submit``.
 
 * A Future among a task's arguments becomes its parent's Dask future, so
   intermediate values stay on the workers and move only to a worker that needs
@@ -52,15 +52,14 @@ import numpy as np
 
 from .._core import FINAL_STATES, Task, name_of
 from .._errors import DeviceError, InvalidTask, SchedsvcError
-from .._runtime import Remote, on_loop
+from .._runtime import Device, Remote, on_loop
 from .._timeline import describe
-from ._executor import Executor
 
 if TYPE_CHECKING:
     from .._config import Config
     from .._runtime import Runtime
 
-__all__ = ["DaskExecutor", "DaskValue", "Fetcher"]
+__all__ = ["DaskDevice", "DaskValue", "Fetcher"]
 
 # Dask's objects, as this module sees them (distributed is untyped, and optional)
 Client = Any
@@ -273,7 +272,7 @@ def _closing(batch: list[tuple[DaskFuture, asyncio.Future[Any]]]) -> bool:
     return True
 
 
-class DaskExecutor(Executor):
+class DaskDevice(Device):
     """Sends the core's ready tasks of its device ("cpu") to a Dask cluster; reports their end back."""
 
     kind = "dask"
@@ -310,7 +309,7 @@ class DaskExecutor(Executor):
         client.subscribe_topic(self.topic, self._on_span)
 
     @classmethod
-    async def open(cls, rt: Runtime, name: str, config: Config) -> DaskExecutor:
+    async def open(cls, rt: Runtime, name: str, config: Config) -> DaskDevice:
         """Start an async Client on the running loop (and a LocalCluster if no address is given)."""
         if rt.loop is None:
             raise DeviceError(
@@ -368,7 +367,7 @@ class DaskExecutor(Executor):
                 f"back after the task), got {type(out).__name__}; return the new value instead"
             )
 
-    # -- the Executor interface -------------------------------------------------
+    # -- the Device interface -------------------------------------------------
 
     def notify(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: schedule one pump on the loop for the ready tasks."""

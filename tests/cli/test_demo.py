@@ -141,7 +141,7 @@ def test_gpu_found_but_engine_without_cuda_workers_is_skipped(monkeypatch: pytes
         raise ss.DeviceError(f"{name} is present, but this engine cannot run cuda tasks")
 
     monkeypatch.setattr(cuda, "check", lambda index, simulated=False: None)
-    monkeypatch.setattr(cuda.CudaExecutor, "open", classmethod(not_built))
+    monkeypatch.setattr(cuda.CudaDevice, "open", classmethod(not_built))
     assert demo._skips() == {
         "gpu_queued": "cuda:0 is present, but this engine cannot run cuda tasks",
         "cpu_gpu": "cuda:0 is present, but this engine cannot run cuda tasks",

@@ -20,7 +20,7 @@ import pytest
 import schedsvc as ss
 from schedsvc import devices
 from schedsvc._runtime import Runtime, Task
-from schedsvc.devices import KINDS, Executor, executor_for
+from schedsvc.devices import KINDS, Device, device_class_for
 from schedsvc.devices.cpu import CpuPool
 
 from ..helpers import TIMEOUT, within
@@ -36,7 +36,7 @@ at_import = loaded()
 kinds = {}
 for kind, (module, cls) in devices.KINDS.items():
     found = getattr(importlib.import_module(f"schedsvc.devices.{module}"), cls)
-    kinds[kind] = [found.__module__, found.__name__, issubclass(found, devices.Executor), found.kind]
+    kinds[kind] = [found.__module__, found.__name__, issubclass(found, devices.Device), found.kind]
 print(json.dumps({"at_import": at_import, "after_resolving": loaded(), "kinds": kinds}))
 """
 
@@ -52,21 +52,21 @@ def test_every_kind_resolves_lazily_to_an_executor_subclass() -> None:
     assert report["after_resolving"] == []
     assert set(report["kinds"]) == set(KINDS) >= {"cpu", "dask", "cuda"}
     for kind, (module, cls, is_executor, name) in report["kinds"].items():
-        assert is_executor, f"{kind}: {module}.{cls} is not an Executor"
+        assert is_executor, f"{kind}: {module}.{cls} is not a Device"
         assert module == f"schedsvc.devices.{KINDS[kind][0]}" and cls == KINDS[kind][1]
         assert name == kind, f"{module}.{cls}.kind is {name!r}, registered as {kind!r}"
 
 
 def test_the_cpu_device_runs_on_dask_under_the_dask_backend_and_on_threads_otherwise() -> None:
     dask_kind = getattr(importlib.import_module(f"schedsvc.devices.{KINDS['dask'][0]}"), KINDS["dask"][1])
-    assert executor_for("cpu", ss.Config(backend="dask")) is dask_kind
-    assert executor_for("cpu", ss.Config(backend="threads")) is CpuPool
-    assert executor_for("cpu", ss.Config()) is CpuPool
+    assert device_class_for("cpu", ss.Config(backend="dask")) is dask_kind
+    assert device_class_for("cpu", ss.Config(backend="threads")) is CpuPool
+    assert device_class_for("cpu", ss.Config()) is CpuPool
 
 
 def test_an_unknown_device_names_the_ones_there_are() -> None:
     with pytest.raises(ss.DeviceError, match="use 'cpu' or 'cuda:N'"):
-        executor_for("tpu:0", ss.Config())
+        device_class_for("tpu:0", ss.Config())
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -83,7 +83,7 @@ async def test_the_cpu_pools_window_is_twice_its_workers(workers: int) -> None:
 # -- a new kind, added without touching the engine --------------------------------------------------
 
 
-class OneThread(Executor):
+class OneThread(Device):
     """A minimal executor: one thread that takes tasks through the runtime and runs them there."""
 
     kind = "cpu"

@@ -24,7 +24,7 @@ import pytest
 import schedsvc as ss
 from schedsvc import devices
 from schedsvc._runtime import Runtime, substitute, substitute_args
-from schedsvc.devices import Executor, Keyer
+from schedsvc.devices import Device, Keyer
 from tests.helpers import TIMEOUT, state, wait_thread_event
 
 
@@ -49,7 +49,7 @@ def fill(value: float, out: DeviceArray) -> DeviceArray:
     return out
 
 
-class FakeStream(Executor):
+class FakeStream(Device):
     """One launcher thread and one completer; completions only once ``gate`` is set."""
 
     kind = "fake"

@@ -88,7 +88,7 @@ async def test_inline_runs_can_be_turned_off() -> None:
 
 def test_a_contended_finish_waits_for_the_lock_and_then_takes_it() -> None:
     """The worker's finish path yields the GIL a few times, then blocks: it never takes a held lock."""
-    from schedsvc._runtime._runtime import _acquire_contended
+    from schedsvc._runtime._threads import acquire_contended
 
     lock = threading.Lock()
     lock.acquire()  # held by this thread, as a worker would hold it mid-finish
@@ -96,7 +96,7 @@ def test_a_contended_finish_waits_for_the_lock_and_then_takes_it() -> None:
 
     def contender() -> None:
         started.set()
-        _acquire_contended(lock)
+        acquire_contended(lock)
         got.set()
         lock.release()
 

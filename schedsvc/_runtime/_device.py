@@ -1,16 +1,16 @@
-"""The executor interface: what every kind of device (CPU threads, Dask, CUDA streams) implements.
+"""The device interface: what every kind of device (CPU threads, Dask, CUDA streams) implements.
 
-An executor serves one device name (``"cpu"``, ``"cuda:0"``).  It never
-touches the scheduling core or its lock: it calls the runtime (``rt``), which
-is the one door to both.  Its life, as the runtime drives it:
+A ``Device`` serves one device name (``"cpu"``, ``"cuda:0"``) for an engine.
+It never touches the scheduling core or its lock: it calls the runtime
+(``rt``), which is the one door to both.  Its life, as the runtime drives it:
 
 1. ``await Kind.open(rt, name, config)`` builds it (a remote kind connects
    here); ``start()`` starts its threads.
 2. Whenever tasks of its device are ready and it is ``hungry``, the runtime
-   calls ``notify(ready)`` with its lock held; the executor returns what to do
+   calls ``notify(ready)`` with its lock held; the device returns what to do
    once the lock is released (release a parked thread), or None.  A thread
-   executor's workers ask ``rt.next_task`` for work; one that finds none is
-   parked in ``idle`` (the executor is hungry again) until ``notify``.
+   device's workers ask ``rt.next_task`` for work; one that finds none is
+   parked in ``idle`` (the device is hungry again) until ``notify``.
 3. It takes ready tasks from the runtime (``rt.next_task``, ``rt.take_all``),
    runs or launches them, and reports each outcome through the runtime:
    ``rt.execute`` for a task run on the calling thread (the CPU path: a task
@@ -29,13 +29,16 @@ may run a queued task itself, and Tensors may live on it), and
 them: a view keys to the object that owns its memory, so tasks touching the
 same memory through different views are ordered).
 
-A new kind is one module in this package with one ``Executor`` subclass,
-named in ``KINDS`` (``schedsvc.devices``); it is imported only when an engine
-uses it, so its libraries (CuPy, Dask) are imported by that module alone.
+A new kind is one module in ``schedsvc.devices`` with one ``Device`` subclass,
+named in ``KINDS`` there; it is imported only when an engine uses it, so its
+libraries (CuPy, Dask) are imported by that module alone.  The interface lives
+here, beside the runtime that drives it, so the runtime never imports the
+devices package.
 """
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -43,17 +46,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from .._config import Config
     from .._core import Task
-    from .._runtime import Copies, Runtime
+    from ._copies import Copies
+    from ._runtime import Runtime
 
-__all__ = ["Executor", "Keyer"]
+__all__ = ["Device", "Keyer"]
 
-#: How an executor keys a buffer argument: ``(key, nbytes)`` of the memory it
+#: How a device keys a buffer argument: ``(key, nbytes)`` of the memory it
 #: lives in -- the same key for every view of that memory.
 Keyer = Callable[[Any], tuple[int, int]]
 
 
-class Executor:
-    """Base of every executor kind; the methods below are the whole interface."""
+class Device(abc.ABC):
+    """Base of every kind of device; the methods below are the whole interface (``open`` and ``notify``
+    each kind must write; the others have defaults that suit a kind that does not need them)."""
 
     #: the kind's name in ``Config`` (``backend=``) and in messages
     kind: ClassVar[str] = ""
@@ -77,19 +82,19 @@ class Executor:
         self.rt = rt
         self.name = name  # the device it serves
         #: does it want to be told of ready work (``notify``)?  The runtime reads this with its lock
-        #: held at every scheduling event, so it is a plain attribute the executor keeps true
+        #: held at every scheduling event, so it is a plain attribute the device keeps true
         self.hungry = True
         #: submissions of one event-loop iteration handed to it at once, before the rest are staged
         #: (held, then handed over together when the submitting coroutine yields)
         self.eager = 1
-        #: its workers parked waiting for work (a thread executor's): ``rt.next_task`` appends a
-        #: worker that found none and makes the executor ``hungry``; ``notify`` takes them out
+        #: its workers parked waiting for work (a thread device's): ``rt.next_task`` appends a
+        #: worker that found none and makes the device ``hungry``; ``notify`` takes them out
         self.idle: list[Any] = []
 
     @classmethod
-    async def open(cls, rt: Runtime, name: str, config: Config) -> Executor:
-        """Build the executor for device ``name`` (a remote kind connects here)."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def open(cls, rt: Runtime, name: str, config: Config) -> Device:
+        """Build the device ``name`` (a remote kind connects here)."""
 
     @classmethod
     def check_device(cls, name: str, config: Config | None = None) -> None:
@@ -119,10 +124,10 @@ class Executor:
         tasks queued?"""
         return False
 
+    @abc.abstractmethod
     def notify(self, ready: int) -> Callable[[], None] | None:
         """With the runtime's lock held: ``ready`` tasks of its device wait; return the wake-up to call
         once the lock is released, or None."""
-        raise NotImplementedError
 
     def admitted(self, task: Task) -> None:
         """A task of its device was admitted waiting for parents (called when ``forwards`` is true):

@@ -1,0 +1,300 @@
+"""Dispatch: the devices' side of the runtime -- taking ready work, running it, recording outcomes.
+
+A thread device's workers ask ``next_task`` for work and park when there is
+none; ``execute`` runs a task on the calling thread and records its outcome,
+taking the next task under the same lock hold.  Devices that run work
+elsewhere report through ``finish``, and asynchronous devices (CUDA streams)
+through ``launched`` and ``complete``.  This is the hot path: each method is
+written for speed.
+"""
+
+from __future__ import annotations
+
+import time
+from threading import get_ident
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._core import FINAL_STATES, Task
+from ._scan import substitute, substitute_args
+from ._threads import acquire_contended
+from ._waiting import MAX_COST_KEYS, cost_key
+
+if TYPE_CHECKING:
+    from ._admission import Admission
+    from ._device import Device
+    from ._runtime import Runtime
+
+__all__ = ["Dispatch", "Fusion"]
+
+#: how long tasks staged on the loop's thread wait for the loop to hand them over before a worker
+#: with nothing to do takes them itself (the loop is busy: it has not come round to its flush)
+_STALE_S = 0.002
+
+
+class Fusion(Protocol):
+    """What a task's ``fusion`` is: how the ready tasks that share it run as one, on the worker that took
+    one of them (``Runtime.execute``).  It is compared by identity."""
+
+    #: the most weight one run takes
+    limit: int
+
+    def weight(self, task: Task) -> int:
+        """The share of ``limit`` that ``task`` takes (its rows, say)."""
+        ...
+
+    def run(
+        self, tasks: list[Task], args: list[Any]
+    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
+        """Run ``tasks`` (their arguments, values in place of futures, are ``args``) as one; each one's
+        (value, error), in order, and what the trace shows of the run.  Raises nothing."""
+        ...
+
+
+class Dispatch:
+    """What the devices call: take ready tasks, run them here or report how they ran elsewhere.
+
+    It holds its own references to what a task reads (the runtime's lock, core and shared tables:
+    worker threads, queue waits, learned costs), and calls the runtime's ``collect`` through ``rt``;
+    ``timeline`` and ``inline_threshold_s`` are set here together with the runtime's own (``Status``,
+    ``Runtime.add_device``, ``Closing.after_fork``).
+    """
+
+    def __init__(
+        self, rt: Runtime, staging: Admission, inline_threshold_s: float, costs: dict[Any, float]
+    ) -> None:
+        self.rt = rt
+        self.lock = rt.lock
+        self.core = rt.core
+        self.worker_threads = rt.worker_threads
+        self.queue_waits = rt.queue_waits
+        self.timeline = rt.timeline
+        self.inline_threshold_s = inline_threshold_s  # learn costs only where a cheap task runs inline
+        self._costs = costs  # (code, log2 input bytes) -> seconds, smoothed; read by Waiting
+        self.staging = staging  # (a busy loop's staged tasks are taken here: next_task)
+
+    # -- taking work -----------------------------------------------------------------
+
+    def worker_started(self) -> None:
+        with self.lock:
+            self.worker_threads.add(get_ident())
+
+    def next_task(self, device: Device, worker: Any) -> Task | bool | float | None:
+        """A worker of ``device`` asks for work: a task (running now), None (it is parked: wait for
+        its wake-up), False (it leaves: ``device.leaving`` said so), or a number of seconds: it is
+        parked, but tasks staged on the loop's thread wait to be handed over -- if no wake-up comes
+        within that time, it says so (``unpark``) and asks again.  Staged tasks the loop has not
+        handed over within ``_STALE_S`` are taken here: a loop kept busy (a long synchronous handler,
+        a notebook cell that does not await) does not hold back the work queued before."""
+        after = None
+        park = None
+        with self.lock:
+            core = self.core
+            if device.leaving(worker, core.queues[device.name].count):
+                self.worker_threads.discard(get_ident())
+                return False
+            task = core.take(device.name)
+            if task is None and device.parks_timed and (staging := self.staging).flush_scheduled:
+                if not core.staged:  # (the loop may be staging)
+                    park = _STALE_S * 5  # (until it stages, or its flush comes)
+                elif (waited := time.perf_counter() - staging.staged_since) >= _STALE_S:
+                    core.publish()  # the loop has not come round to its flush: it is busy
+                    task = core.take(device.name)
+                    after = self.rt.collect()  # (the other devices' workers, for what was theirs)
+                else:
+                    park = _STALE_S - waited
+            if task is None:  # parked: notify() wakes it
+                device.idle.append(worker)
+                device.hungry = True
+        if after is not None:
+            after()
+        return task if task is not None else park
+
+    def unpark(self, device: Device, worker: Any) -> bool:
+        """A worker parked with a time limit (``next_task``) woke without being notified: True if it is
+        no longer parked; False if it was notified meanwhile -- its wake-up is on its way, and the
+        worker must take it (acquire its park lock) before it asks for work again."""
+        with self.lock:
+            if worker not in device.idle:
+                return False
+            device.idle.remove(worker)
+            device.hungry = bool(device.idle)
+            return True
+
+    def take_all(self, device: Device) -> list[Task]:
+        """Every ready task of ``device``, taken (running now); the device is ``hungry``
+        again, under the same lock hold, so no task made ready later goes unnoticed."""
+        tasks = []
+        with self.lock:
+            take = self.core.take
+            while (task := take(device.name)) is not None:
+                tasks.append(task)
+            device.hungry = True
+        return tasks
+
+    def claim(self, task: Task) -> bool:
+        """Take a queued ready task to run on this thread (ready -> running)."""
+        with self.lock:
+            return self.core.claim(task)
+
+    # -- running one task here ---------------------------------------------------------
+
+    def execute(self, task: Task, chain: bool = True) -> Task | None:
+        """Run a ``running`` task here, record the outcome; return the task to run next.
+
+        On a worker (``chain=True``) that is a dependent this task made ready,
+        or else the next queued task of the device, taken under the same lock
+        hold as the finish (one lock round trip per task, not two).
+        ``chain=False`` (a thread that is not a worker, or one that runs a task it
+        waits on): dependents go to the queue and nothing is taken.  On a worker, a
+        task with a ``fusion`` runs with the others of it that are ready (``_execute_fused``).
+        """
+        if task.fusion is not None and chain:  # hot path: the one check a task pays for fusion
+            return self._execute_fused(task)
+        t0 = time.perf_counter()
+        self.queue_waits.append(t0 - task.t_ready)
+        key = None
+        if self.inline_threshold_s and (task.watchers is not None or not chain):
+            try:
+                key = cost_key(task)
+                hash(key)
+            except Exception:  # user code raising in __hash__/__getattr__: just do not learn
+                key = None
+        guest = not chain and self._enter_guest()
+        try:
+            if task.deps:
+                if task.kwargs:
+                    value = task.fn(*substitute_args(task.args), **substitute(task.kwargs))
+                else:
+                    value = task.fn(*substitute_args(task.args))
+            elif task.kwargs:
+                value = task.fn(*task.args, **task.kwargs)
+            else:
+                value = task.fn(*task.args)
+            error = None
+        except BaseException as exc:  # the task's failure is its result, whatever it is
+            value, error = None, exc
+            if exc.__traceback__ is not None:  # without this frame, whose `task` would make a cycle
+                exc.__traceback__ = exc.__traceback__.tb_next  # (error -> frame -> task -> error)
+        if guest:
+            self.worker_threads.discard(get_ident())
+        timeline = self.timeline
+        if timeline is not None:
+            timeline.span(task, t0, time.perf_counter(), error)
+        if key is not None:
+            elapsed = time.perf_counter() - t0
+            old = self._costs.get(key)
+            if old is None and len(self._costs) >= MAX_COST_KEYS:
+                self._costs.clear()
+            self._costs[key] = elapsed if old is None else 0.7 * old + 0.3 * elapsed
+        lock = self.lock
+        if not lock.acquire(False):
+            acquire_contended(lock)
+        try:
+            nxt = self.core.finish(task, value, error, chain)
+            if nxt is None and chain:
+                nxt = self.core.take(task.device)
+            after = self.rt.collect()
+        finally:
+            lock.release()
+        if after is not None:
+            after()
+        return nxt
+
+    def _execute_fused(self, first: Task) -> Task | None:
+        """On a worker: take the ready tasks of ``first``'s fusion too, run them as one, and finish each
+        with its own outcome; return the task to run next, as ``execute`` does."""
+        fusion: Fusion = first.fusion
+        core = self.core
+        with self.lock:
+            room = fusion.limit - fusion.weight(first)
+            tasks = [first, *core.take_like(first.device, fusion, room, fusion.weight)]
+        t0 = time.perf_counter()
+        for task in tasks:
+            self.queue_waits.append(t0 - task.t_ready)
+        try:
+            args = [substitute_args(t.args) if t.deps else t.args for t in tasks]
+            outcomes, described = fusion.run(tasks, args)
+        except BaseException as exc:  # (run raises nothing; were it to, no task may stay running)
+            outcomes, described = [(None, exc)] * len(tasks), {}
+        timeline = self.timeline
+        if timeline is not None:
+            timeline.fused_span(first, t0, time.perf_counter(), described)
+        lock = self.lock
+        if not lock.acquire(False):
+            acquire_contended(lock)
+        try:
+            last = len(tasks) - 1
+            for i, task in enumerate(tasks):  # the last one may hand on a dependent to run here
+                value, error = outcomes[i]
+                nxt = core.finish(task, value, error, i == last)
+            if nxt is None:
+                nxt = core.take(first.device)
+            after = self.rt.collect()
+        finally:
+            lock.release()
+        if after is not None:
+            after()
+        return nxt
+
+    def _enter_guest(self) -> bool:
+        """A thread that is not a worker runs a task: submissions it makes meanwhile are nested."""
+        ident = get_ident()
+        if ident in self.worker_threads:
+            return False
+        self.worker_threads.add(ident)
+        return True
+
+    # -- outcomes of work run elsewhere ------------------------------------------------
+
+    def finish(self, task: Task, value: Any, error: BaseException | None, cancelled: bool = False) -> str:
+        """Record the outcome of a task that ran elsewhere; returns the state it was in.
+
+        Only a ``running`` task is finished (``cancelled``: the device dropped it unrun, and it ends
+        as an unstarted task cancelled here would).  A final one (failed through a parent, cancelled)
+        is left alone; a task not yet running (sent ahead) is the device's to keep until it is.
+        """
+        with self.lock:
+            state = task.state
+            if state != "running":
+                return state
+            if cancelled:
+                self.core.finish_cancelled(task)
+            else:
+                self.core.finish(task, value, error, False)
+            after = self.rt.collect()
+        if after is not None:
+            after()
+        return state
+
+    def launched(self, task: Task, value: Any) -> None:
+        """An asynchronous device queued ``task``'s work (behind its parents' work):
+        dependents on the same device may now be launched behind it, taking ``value`` (a device
+        array whose contents are still being computed) in its place."""
+        with self.lock:
+            task.value = value  # what a dependent launched behind it receives; final at complete
+            self.core.launch(task)
+            after = self.rt.collect()
+        if after is not None:
+            after()
+
+    def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
+        """A launched task's result is visible to the host (or its device reported ``error``)."""
+        with self.lock:
+            self.core.complete(task, value, error)
+            after = self.rt.collect()
+        if after is not None:
+            after()
+
+    def ahead(self, task: Task) -> list[Task]:
+        """The launched parents on its device that a ready or running ``task`` launches behind."""
+        with self.lock:
+            return list(self.core.ahead(task))
+
+    def data_parents(self, task: Task) -> list[Task] | None:
+        """The unfinished data parents of a waiting ``task``, if they are all it waits for (no hazard
+        edge holds it); None otherwise."""
+        with self.lock:
+            if task.state != "waiting":
+                return None
+            parents = [d for d in task.deps if d.state not in FINAL_STATES]
+            return parents if len(parents) == task.n_waiting else None

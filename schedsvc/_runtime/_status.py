@@ -1,0 +1,124 @@
+"""Status: what the frontend reads of the runtime (counts, load, limits, busy time) and the trace it records."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._errors import SchedsvcError
+from .._timeline import Timeline
+
+if TYPE_CHECKING:
+    from .._core import Task
+    from ._dispatch import Dispatch
+    from ._runtime import Runtime
+
+__all__ = ["Status"]
+
+
+class Status:
+    """The runtime's state as the frontend sees it (``eng.stats()``, a repr, a QueueFull message), and
+    the attaching of a trace."""
+
+    def __init__(self, rt: Runtime, dispatch: Dispatch) -> None:
+        self.rt = rt
+        self.core = rt.core
+        self.dispatch = dispatch
+
+    def counts(self) -> tuple[int, int, int, int, int, int, int, int, int]:
+        """(submitted, completed, failed, cancelled, pending, running, waiting admission, pending bytes,
+        peak pending bytes), read together."""
+        core = self.core
+        with self.rt.lock:
+            return (
+                core.submitted,
+                core.completed,
+                core.failed,
+                core.cancelled,
+                core.pending,
+                core.running,
+                core.waiting_admission,
+                core.pending_bytes,
+                core.peak_pending_bytes,
+            )
+
+    def running(self) -> int:
+        with self.rt.lock:
+            return self.core.running
+
+    def describe(self) -> str:
+        """The load, for a repr (read without the lock: a snapshot that may be a moment old)."""
+        core = self.core
+        return (
+            f"pending={core.pending}/{core.max_pending} running={core.running} "
+            f"bytes={core.pending_bytes}/{core.max_pending_bytes}"
+        )
+
+    def writer_of(self, key: int) -> Task | None:
+        """The last unfinished task queued to write the memory ``key`` (a Tensor made over it waits for it)."""
+        with self.rt.lock:
+            return self.core.writer_of(key)
+
+    def has_room(self, nbytes: int) -> bool:
+        with self.rt.lock:
+            return self.core.has_room(nbytes)
+
+    def limits_text(self) -> str:
+        """The limits and what holds them, for a QueueFull message."""
+        core = self.core
+        held = f", {core.reserved} slots held by throttle() callers" if core.reserved else ""
+        return (
+            f"{core.pending}/{core.max_pending} tasks{held}, "
+            f"{core.pending_bytes}/{core.max_pending_bytes} bytes, {core.waiting_admission} waiting"
+        )
+
+    def launches(self) -> dict[str, int]:
+        """Tasks launched per stream, of every device."""
+        found: dict[str, int] = {}
+        for device in self.rt.devices.values():
+            found.update(device.launches())
+        return found
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds spent running tasks per worker track, of every device."""
+        busy: dict[str, float] = {}
+        for device in self.rt.devices.values():
+            busy.update(device.busy_seconds())
+        return busy
+
+    # -- a trace ---------------------------------------------------------------------
+
+    def attach(self, timeline: Timeline) -> None:
+        """Record into ``timeline`` from now on (one at a time)."""
+        rt = self.rt
+        with rt.lock:
+            if rt.timeline is not None:
+                raise SchedsvcError(
+                    f"a trace is already being recorded to {rt.timeline.path!r}; one trace at a time "
+                    "(Config(trace_path=...) records the whole life of the engine)"
+                )
+            self._record(timeline)
+            self.core.edges = timeline.edges
+            timeline.on_full = self._stop_edges  # past the cap: memory stays bounded
+            timeline.loop_thread = rt.loop_thread
+            timeline.sample(self.core)
+
+    def detach(self) -> Timeline:
+        """Stop recording; return the timeline."""
+        rt = self.rt
+        with rt.lock:
+            timeline = rt.timeline
+            assert timeline is not None
+            timeline.sample(self.core)
+            self._record(None)
+            self.core.edges = None
+        return timeline
+
+    def _record(self, timeline: Timeline | None) -> None:
+        """With the lock held: ``timeline`` is the one the scheduling events (``collect``) and the tasks
+        run here (``Dispatch.execute``) are recorded into."""
+        self.rt.timeline = self.dispatch.timeline = timeline
+
+    def _stop_edges(self) -> None:
+        """A trace reached its cap: the scheduler stops listing dependency edges (called without the lock)."""
+        with self.rt.lock:
+            self.core.edges = None
