@@ -205,9 +205,9 @@ class Engine:
         task, written = build_task(
             port, self._vet, fn, args, kwargs, device, priority, tid, name, reads, writes, nbytes
         )
-        token = rt.admit(task, tid, QUEUE, written)
+        token = rt.door.admit(task, tid, QUEUE, written)
         if token is not True:  # queued: wait for room (cancelled meanwhile: the task is cancelled)
-            await rt.admission(task, token)
+            await rt.door.admission(task, token)
         elif rt.sync_mode and task.state == "failed" and task.error is not None:  # its error at the call
             if isinstance(task.error, StopIteration):  # PEP 479 would make it a bare RuntimeError here
                 raise stop_through_await(task, task.error) from task.error
@@ -241,7 +241,7 @@ class Engine:
         task, written = build_task(
             port, self._vet, fn, args, kwargs, device, priority, tid, name, reads, writes, nbytes
         )
-        if not rt.admit(task, tid, NOW, written):
+        if not rt.door.admit(task, tid, NOW, written):
             raise QueueFull(port.full_message(task))
         if rt.sync_mode and task.state == "failed" and task.error is not None:  # its error at the call
             raise task.error

@@ -233,7 +233,7 @@ class EngineExecutor(concurrent.futures.Executor):
         on_loop = tid == rt.loop_thread and tid not in rt.worker_threads
         try:
             # BLOCK: False if cancelled while it waited, or not admitted within the timeout (cancelled too)
-            if not rt.admit(task, tid, NOW if on_loop else BLOCK, written, None, timeout) and on_loop:
+            if not rt.door.admit(task, tid, NOW if on_loop else BLOCK, written, None, timeout) and on_loop:
                 raise QueueFull(
                     port.full_message(task)
                     + " (executor.submit() on the event loop's thread does not block the loop)"

@@ -65,7 +65,12 @@ def build_task(
             if executor.name == device:
                 executor.check_task(fn, kwargs, writes)
     deps, buffers = scan(args, kwargs, reads, writes)
-    after, written = order_after(port, deps, buffers, kwargs, writes)
+    # (a write is an out= keyword or writes=: without those and dependencies, nothing to order after)
+    after, written = (
+        order_after(port, deps, buffers, kwargs, writes)
+        if deps or kwargs or type(writes) is not tuple or writes
+        else ((), [])
+    )
     nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
     task: Future[Any] = Future(
         port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested

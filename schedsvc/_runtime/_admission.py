@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BLOCK", "NOW", "OVER", "QUEUE", "Admission"]
 
-#: what a submission does at the engine's limits (``Runtime.admit``): is not admitted (``submit_nowait``),
+#: what a submission does at the engine's limits (``rt.door.admit``): is not admitted (``submit_nowait``),
 #: queues for admission FIFO and awaits (``await eng.submit``), blocks its thread in that queue (the
 #: executor view), or is admitted over them (operators, which cannot wait)
 NOW, QUEUE, BLOCK, OVER = 0, 1, 2, 3

@@ -10,7 +10,8 @@ the core or the lock.
 devices) and routes the core's instructions; each job is a part of its own,
 sharing that lock and core:
 
-* ``Admission`` (``_admission``): the door every submission goes through, the
+* ``Admission`` (``_admission``, the runtime's ``door``): the door every submission goes through
+  (``rt.door.admit``: the frontends call it directly, on the hot path), the
   admission queue and ``throttle``, and the staging of the loop thread's
   submissions;
 * ``DeviceCopies`` (``_copies``): the copy tasks a submission needs on devices
@@ -88,15 +89,13 @@ _SHARED = (
 )
 # the parts
 _PARTS = (
-    "_admission",
+    "door",
     "_dispatch",
     "_waiting",
 )
 # the entry points: the parts' methods, bound once
 _ENTRY_POINTS = (
     "wait",
-    "admit",
-    "admission",
     "admitted",
     "throttle",
     "flush",
@@ -192,7 +191,7 @@ class Runtime:
         #: why a closed engine takes no work (the frontend's message), raised by the door with the lock
         #: held: it must have no side effect (never take the lock)
         refusal = refusal or (lambda: EngineClosed("the engine is closed"))
-        admission = self._admission = Admission(self, copies, refusal)
+        admission = self.door = Admission(self, copies, refusal)
         dispatch = self._dispatch = Dispatch(self, admission, inline_threshold_s, costs)
         waiting = self._waiting = Waiting(self, dispatch, costs)
         closing = Closing(self, admission, dispatch, waiting)
@@ -202,8 +201,6 @@ class Runtime:
 
         # the entry points, bound once
         # -- submissions
-        self.admit = admission.admit
-        self.admission = admission.admission
         self.admitted = admission.admitted
         self.throttle = admission.throttle
         self.flush = admission.flush
@@ -252,7 +249,7 @@ class Runtime:
     def add_device(self, name: str, device: Device) -> None:
         self.devices[name] = device
         self._pools.append((device, self.core.queues[name]))
-        self._admission.eager_left += device.eager
+        self.door.eager_left += device.eager
         register_buffer_types(device.buffer_types)
         if device.runs_anywhere:
             self.anywhere.add(name)
@@ -268,17 +265,17 @@ class Runtime:
     @property
     def closed(self) -> bool:
         """Does the engine take no more work (nested work of running tasks still gets in)?"""
-        return self._admission.closed
+        return self.door.closed
 
     @property
     def claim_writes(self) -> Callable[[Task, Any], None]:
         """The frontend's own registration of a task's writes (``claim(task, claims)``: the Tensors it
         writes), made by the door once the task is admitted or queued, never for one it refuses."""
-        return self._admission.claim_writes
+        return self.door.claim_writes
 
     @claim_writes.setter
     def claim_writes(self, claim: Callable[[Task, Any], None]) -> None:
-        self._admission.claim_writes = claim
+        self.door.claim_writes = claim
 
     @property
     def pending(self) -> int:

@@ -201,7 +201,7 @@ class Batched:
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
         call = self._call(args, kwargs, tid)
-        if not rt.admit(call, tid, NOW):
+        if not rt.door.admit(call, tid, NOW):
             raise QueueFull(
                 f"engine at its limits ({rt.limits_text()}): {call!r} was not admitted; "
                 "'await fn.submit(...)' waits for room instead"
@@ -216,9 +216,9 @@ class Batched:
         port = self._port
         rt = port.running()
         call = self._call(args, kwargs, tid)
-        token = rt.admit(call, tid, QUEUE)
+        token = rt.door.admit(call, tid, QUEUE)
         if token is not True:  # (cancelled while it waits, or Ctrl-C: nobody holds the call, it is cancelled)
-            await rt.admission(call, token)
+            await rt.door.admission(call, token)
         elif rt.sync_mode and call.state == "failed" and call.error is not None:  # its error at the call
             raise call.error
         return call

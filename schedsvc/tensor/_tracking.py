@@ -364,7 +364,7 @@ def queue_op(
         task._root = None
     counted = None if replay is None else replay.count_replay
     how = OVER if not limits else NOW if waiting is None else QUEUE
-    admitted = rt.admit(task, tid, how, None if target is None else [target], counted)
+    admitted = rt.door.admit(task, tid, how, None if target is None else [target], counted)
     if admitted is True:
         if rt.sync_mode and task.state == "failed" and task.error is not None:
             raise task.error  # sync_mode: its error at the call

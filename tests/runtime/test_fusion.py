@@ -55,7 +55,7 @@ def tagged(eng: ss.Engine, fusion: Tens, x: Any) -> Tagged:
     task = Tagged(port, fusion, (x,), None, "cpu", 0, 0, (), (), "tens", False)
     task.fusion = fusion
     rt = eng._rt
-    assert rt is not None and rt.admit(task, get_ident(), NOW)
+    assert rt is not None and rt.door.admit(task, get_ident(), NOW)
     return task
 
 
