@@ -19,7 +19,6 @@ every call.  Every wait flushes first, so staged work never stalls.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +69,7 @@ class Admission:
         #: is a flush of staged tasks scheduled on the loop, and since when (``Dispatch.next_task``
         #: takes staged tasks itself once the loop has not come round to it for a while)
         self.flush_scheduled = False
-        self.staged_since = 0.0
+        self.staged_count = 0  # submissions staged so far: a worker sees whether the loop still stages
         self.eager_left = 0  # submissions of this loop iteration still handed to the workers at once
 
     # -- the door: every submission enters here ------------------------------------
@@ -264,9 +263,9 @@ class Admission:
             self.eager_left -= 1
             if self.eager_left == 0 and not self.flush_scheduled:
                 self.flush_scheduled = True  # the flush re-arms the budget
-                self.staged_since = time.perf_counter()
                 self.bridge.call_soon(self._flush)
             return False
+        self.staged_count += 1
         return True
 
     def flush(self) -> None:

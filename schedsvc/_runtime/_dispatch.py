@@ -71,6 +71,9 @@ class Dispatch:
         self.inline_threshold_s = inline_threshold_s  # learn costs only where a cheap task runs inline
         self._costs = costs  # (code, log2 input bytes) -> seconds, smoothed; read by Waiting
         self.staging = staging  # (a busy loop's staged tasks are taken here: next_task)
+        #: (the loop's staged count, when a worker last saw it change): unchanged for _STALE_S with
+        #: the flush still pending, the loop is blocked, not staging a burst
+        self.staged_seen = (0, 0.0)
 
     # -- taking work -----------------------------------------------------------------
 
@@ -82,9 +85,10 @@ class Dispatch:
         """A worker of ``device`` asks for work: a task (running now), None (it is parked: wait for
         its wake-up), False (it leaves: ``device.leaving`` said so), or a number of seconds: it is
         parked, but tasks staged on the loop's thread wait to be handed over -- if no wake-up comes
-        within that time, it says so (``unpark``) and asks again.  Staged tasks the loop has not
-        handed over within ``_STALE_S`` are taken here: a loop kept busy (a long synchronous handler,
-        a notebook cell that does not await) does not hold back the work queued before."""
+        within that time, it says so (``unpark``) and asks again.  Staged tasks are taken here once the
+        loop has staged nothing new for ``_STALE_S`` and has not come round to its flush: a loop kept
+        busy (a long synchronous handler, a notebook cell that does not await) does not hold back the
+        work queued before, and a loop staging a burst is not raced for the GIL."""
         after = None
         park = None
         with self.lock:
@@ -94,14 +98,18 @@ class Dispatch:
                 return False
             task = core.take(device.name)
             if task is None and device.parks_timed and (staging := self.staging).flush_scheduled:
-                if not core.staged:  # (the loop may be staging)
-                    park = _STALE_S * 5  # (until it stages, or its flush comes)
-                elif (waited := time.perf_counter() - staging.staged_since) >= _STALE_S:
-                    core.publish()  # the loop has not come round to its flush: it is busy
+                count, now = staging.staged_count, time.perf_counter()
+                if count != self.staged_seen[0]:  # the loop is staging (a burst): look again later
+                    self.staged_seen = (count, now)
+                    park = _STALE_S
+                elif (waited := now - self.staged_seen[1]) < _STALE_S:
+                    park = _STALE_S - waited
+                elif core.staged:  # nothing staged for _STALE_S, and no flush: the loop is blocked
+                    core.publish()
                     task = core.take(device.name)
                     after = self.rt.collect()  # (the other devices' workers, for what was theirs)
                 else:
-                    park = _STALE_S - waited
+                    park = _STALE_S * 5  # (until the loop stages, or its flush comes)
             if task is None:  # parked: notify() wakes it
                 device.idle.append(worker)
                 device.hungry = True
