@@ -757,6 +757,22 @@ async def test_a_batch_holds_the_bytes_of_its_rows(anyio_backend: str) -> None:
     assert held >= sum(mlp(x).nbytes for x in xs)
 
 
+async def submitted_while_busy(eng: ss.Engine, f: Any, xs: list[Any], waiting: int) -> list[Any]:
+    """``await f.submit(x)`` for each of ``xs`` at once while a worker is held, until ``waiting`` of them wait
+    for admission; the calls, once every submission got in."""
+    calls: list[Any] = [None] * len(xs)
+
+    async def call(i: int) -> None:
+        calls[i] = await f.submit(xs[i])
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg, occupied(eng, 1):
+            for i in range(len(xs)):
+                tg.start_soon(call, i)
+            await state(eng, lambda: eng.stats().waiting_admission == waiting)
+    return calls
+
+
 async def test_calls_that_fit_max_pending_bytes_one_by_one_are_not_failed_by_batching(
     anyio_backend: str,
 ) -> None:
@@ -766,16 +782,7 @@ async def test_calls_that_fit_max_pending_bytes_one_by_one_are_not_failed_by_bat
         f = eng.compile(np.negative, batch_axis=0, max_batch=64)
         xs = [rows(8, seed, features=16) for seed in range(4)]
         assert_same_bits(await within(f(xs[0])), -xs[0])
-        calls: list[Any] = [None] * len(xs)
-
-        async def call(i: int) -> None:
-            calls[i] = await f.submit(xs[i])
-
-        with anyio.fail_after(TIMEOUT):
-            async with anyio.create_task_group() as tg, occupied(eng, 1):
-                for i in range(len(xs)):
-                    tg.start_soon(call, i)
-                await state(eng, lambda: eng.stats().waiting_admission == 2)
+        calls = await submitted_while_busy(eng, f, xs, waiting=2)
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, -x)
         assert eng.stats().peak_pending_bytes <= 4096
@@ -880,16 +887,7 @@ async def test_calls_that_waited_for_room_leave_no_refusal_behind(anyio_backend:
     async with engine(max_pending=1) as eng:
         f = eng.compile(mlp, batch_axis=0, max_batch=2)
         xs = [rows(1, seed) for seed in range(3)]
-        calls: list[Any] = [None] * len(xs)
-
-        async def call(i: int) -> None:
-            calls[i] = await f.submit(xs[i])
-
-        with anyio.fail_after(TIMEOUT):
-            async with anyio.create_task_group() as tg, occupied(eng, 1):
-                for i in range(len(xs)):
-                    tg.start_soon(call, i)
-                await state(eng, lambda: eng.stats().waiting_admission == len(xs))
+        calls = await submitted_while_busy(eng, f, xs, waiting=len(xs))
         for x, y in zip(xs, await results(calls), strict=True):
             assert_same_bits(y, mlp(x))
         await within(eng.waitall())

@@ -617,8 +617,8 @@ class Model:
         assert s.out
         self.new_tensor(s.out, np.arange(s.ops[0], dtype=np.int64), "cpu", None)
 
-    def tensor_op(self, s: Stmt, fn: Callable[..., Any], operands: list[Any]) -> None:
-        assert s.out
+    def operands(self, operands: list[Any]) -> tuple[list[Any], Outcome | None]:
+        """The values a Tensor op takes, and the error it fails with if one of them failed (the first)."""
         vals = []
         error = None
         for x in operands:
@@ -626,6 +626,11 @@ class Model:
             if e is not None and error is None:
                 error = dep(e)
             vals.append(v)
+        return vals, error
+
+    def tensor_op(self, s: Stmt, fn: Callable[..., Any], operands: list[Any]) -> None:
+        assert s.out
+        vals, error = self.operands(operands)
         dev = next((d for d in map(self.device_of, operands) if d), "cpu")
         self.new_tensor(s.out, fn(*vals), dev, error)
 
@@ -656,13 +661,7 @@ class Model:
         t = self.tinfo(target[1])
         if t.error is not None:
             raise Rejected("an in-place write to a Tensor whose creation failed")
-        vals = []
-        error = None
-        for x in operands:
-            v, e = self.operand(x)
-            if e is not None and error is None:
-                error = dep(e)
-            vals.append(v)
+        vals, error = self.operands(operands)
         if error is None:
             fn(self.mem[t.mem][t.start : t.stop], *vals)
         self.write(t.mem, tensor=True, error=error)
