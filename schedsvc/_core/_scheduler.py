@@ -260,14 +260,6 @@ class Scheduler:
         if footprint > self._max_footprint:
             self._refuse(task, footprint)
 
-    def fits_alone(self, task: Task) -> bool:
-        """Whether ``task`` alone is within the byte budgets (else ``submit`` raises MemoryLimitError)."""
-        footprint = task.out_bytes + sum(buffer[1] for buffer in task.buffers)
-        if footprint > self.max_pending_bytes:
-            return False
-        budget = self.max_device_bytes.get(task.device)
-        return budget is None or self._on_device(task, footprint) <= budget
-
     def _on_device(self, task: Task, nbytes: int) -> int:
         """Of ``nbytes`` a task adds, those on its device: a host-to-device copy reads host memory."""
         return task.out_bytes if task.fn is self._host_copy and task.fn is not None else nbytes
