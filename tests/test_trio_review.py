@@ -1,4 +1,4 @@
-"""Review of the trio bridge (issue 18): each test here failed before its fix."""
+"""Review of the trio bridge: each test here failed before its fix."""
 
 from __future__ import annotations
 

@@ -38,6 +38,23 @@ def _cupy_missing() -> str | None:
 
 CUPY_MISSING = _cupy_missing() if ON_CUPY else None
 
+
+def _gpu_count() -> int:
+    """How many CUDA devices the tests may use: the simulator's two, or the real ones (at most two)."""
+    if not ON_CUPY or CUPY_MISSING:
+        return 2
+    import cupy
+
+    return min(2, int(cupy.cuda.runtime.getDeviceCount()))
+
+
+GPU_COUNT = _gpu_count()
+
+#: For tests that move work between cuda:0 and cuda:1 (the simulator always has both).
+two_devices = pytest.mark.skipif(
+    GPU_COUNT < 2, reason=f"needs two CUDA devices; this machine has {GPU_COUNT}"
+)
+
 #: For tests that need the simulator's knobs (delays, host-sync counters, injected failures, races).
 simulator_only = pytest.mark.skipif(
     ON_CUPY, reason="needs the CUDA simulator's knobs (SCHEDSVC_TEST_CUDA=cupy runs on a real GPU)"
@@ -75,9 +92,10 @@ def devices_for(n_gpus: int) -> tuple[str, ...]:
 
 
 def engine_options(**overrides: Any) -> dict[str, Any]:
-    """Options of an engine with cpu, cuda:0 and cuda:1, on the binding the tests run on."""
+    """Options of an engine with cpu, cuda:0 and cuda:1 (cuda:0 alone on a one-GPU machine), on the binding
+    the tests run on."""
     options: dict[str, Any] = {
-        "devices": ("cpu", "cuda:0", "cuda:1"),
+        "devices": devices_for(GPU_COUNT),
         "cuda_simulator": not ON_CUPY,
         "cpu_workers": 2,
     }
@@ -87,7 +105,7 @@ def engine_options(**overrides: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def cuda_engine(**overrides: Any) -> AsyncIterator[ss.Engine]:
-    """A started engine on cpu, cuda:0, cuda:1 with a bounded close (a wedged engine fails the test)."""
+    """A started engine on cpu and the CUDA devices of ``engine_options`` with a bounded close (a wedged engine fails the test)."""
     if CUPY_MISSING:
         pytest.skip(CUPY_MISSING)
     async with started(**engine_options(**overrides)) as eng:

@@ -27,6 +27,7 @@ from tests.devices.cuda_helpers import (
     host,
     sim,
     simulator_only,
+    two_devices,
     xp,
 )
 from tests.helpers import TIMEOUT, state, within
@@ -269,6 +270,7 @@ async def test_tensor_in_place_on_cuda() -> None:
         assert await within(after.to("cpu")) == expected.sum()
 
 
+@two_devices
 async def test_asarray_of_a_done_future_of_a_device_array_is_on_that_device() -> None:
     seen: list[Any] = []
     async with cuda_engine() as eng:
@@ -313,6 +315,7 @@ async def test_asarray_on_the_host_of_a_future_whose_value_is_a_device_array_is_
         np.testing.assert_array_equal(host(await within(on_its_device)), np.arange(3.0))
 
 
+@two_devices
 async def test_asarray_of_a_tensor_on_another_device_moves_it() -> None:
     async with cuda_engine() as eng:
         t = eng.asarray(np.arange(5.0), device="cuda:0")
@@ -328,6 +331,7 @@ async def test_asarray_of_a_tensor_on_another_device_moves_it() -> None:
         assert cuda_api().device_of(await within(on1)) == 1
 
 
+@two_devices
 async def test_asarray_of_a_device_array_is_labelled_with_its_device() -> None:
     async with cuda_engine() as eng:
         value = await within(await eng.submit(np.arange, 3.0, device="cuda:1"))
@@ -338,6 +342,7 @@ async def test_asarray_of_a_device_array_is_labelled_with_its_device() -> None:
         np.testing.assert_array_equal(await within(moved), np.arange(3.0))
 
 
+@two_devices
 async def test_asarray_of_a_device_array_of_a_device_the_engine_lacks_is_refused() -> None:
     async with cuda_engine() as eng:
         value = await within(await eng.submit(np.arange, 3.0, device="cuda:1"))
@@ -346,6 +351,7 @@ async def test_asarray_of_a_device_array_of_a_device_the_engine_lacks_is_refused
                 other.asarray(value)
 
 
+@two_devices
 @pytest.mark.usefixtures("delays")
 async def test_round_trip_cpu_cuda0_cuda1_cpu() -> None:
     a = np.arange(10.0)
@@ -373,6 +379,7 @@ async def test_host_arrays_in_kwargs_lists_and_views_are_copied_in() -> None:
         np.testing.assert_array_equal(host(await within(a_view)), a[::2] + 1)
 
 
+@two_devices
 @pytest.mark.usefixtures("delays")
 async def test_future_of_another_device_is_copied_across() -> None:
     async with cuda_engine() as eng:
@@ -454,6 +461,7 @@ async def _copy_out_settled(eng: ss.Engine, consumer: Any) -> None:
     await state(eng, lambda: copy.state not in ("ready", "running"))
 
 
+@two_devices
 @simulator_only
 @pytest.mark.usefixtures("expect_faults")
 async def test_device_fault_fails_work_in_flight_and_dependents_and_the_other_device_serves() -> None:
@@ -513,6 +521,7 @@ async def test_host_write_waits_for_the_copy_and_a_later_task_sees_the_new_value
 # -- 4. no host sync on a launching thread -----------------------------------------------------------
 
 
+@two_devices
 @simulator_only
 @pytest.mark.usefixtures("delays")
 async def test_mixed_workload_makes_no_host_sync_on_launching_threads() -> None:
@@ -781,6 +790,7 @@ async def test_unknown_device_in_the_engine_config(device: str) -> None:
             pass
 
 
+@two_devices
 async def test_device_array_of_another_device_is_refused() -> None:
     async with cuda_engine() as eng:
         on1 = await within(await eng.submit(np.ones, 3, device="cuda:1"))
@@ -808,6 +818,7 @@ async def test_sync_mode_with_a_cuda_device_is_refused_at_start() -> None:
 # -- 8. stats and traces -----------------------------------------------------------------------------
 
 
+@two_devices
 async def test_worker_busy_has_one_entry_per_stream() -> None:
     async with cuda_engine(streams_per_device=3) as eng:
         await _copy_in_and_out(eng)
@@ -843,6 +854,7 @@ def _thread_names(path: Path) -> set[str]:
     return {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
 
 
+@two_devices
 async def test_trace_has_a_track_per_stream_that_ran_work(tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
     async with cuda_engine() as eng:
