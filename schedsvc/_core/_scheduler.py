@@ -117,6 +117,7 @@ class Scheduler:
         "_clock",
         "_device_peak",
         "_device_pending",
+        "_device_used",
         "_doomed",
         "_epoch",
         "_held",
@@ -183,6 +184,9 @@ class Scheduler:
         # bytes per device, counted only when some device has a budget
         self._device_pending: dict[str, int] = dict.fromkeys(self.queues, 0)
         self._device_peak: dict[str, int] = dict.fromkeys(self.queues, 0)
+        #: bytes live in each budgeted device's memory as its allocator last reported them
+        #: (``device_used``): results user code still references, and what work in flight allocated
+        self._device_used: dict[str, int] = dict.fromkeys(self.queues, 0)
         self._owner: dict[int, tuple[str, int]] = {}  # buffer key -> (device that brought it in, nbytes)
         self.out: list[Instruction] = []
         self.pending = 0  # admitted, not final
@@ -237,8 +241,13 @@ class Scheduler:
             self._refuse(task, footprint)
         if along:
             return self._submit_along(task, force, stage, along)
-        if not force and (self._admission or not self._fits(task)):
-            return False
+        if not force:
+            if self._admission or not self._fits(task):
+                if self._budgeted:
+                    self._check_held([task])
+                return False
+        elif self._budgeted:
+            self._check_held([task])
         if stage:
             task.staged = self._epoch
         self._admit(task)
@@ -247,8 +256,13 @@ class Scheduler:
     def _submit_along(self, task: Task, force: bool, stage: bool, along: list[Task]) -> bool:
         for extra in along:
             self._refuse_never_fitting(extra)
-        if not force and (self._admission or not self._fits_group([*along, task])):
+        group = [*along, task]
+        if not force and (self._admission or not self._fits_group(group)):
+            if self._budgeted:
+                self._check_held(group)
             return False
+        if force and self._budgeted:
+            self._check_held(group)
         for extra in (*along, task):
             if stage:
                 extra.staged = self._epoch
@@ -533,6 +547,24 @@ class Scheduler:
         """Slots held by throttle waiters that were let through."""
         return len(self._reservations)
 
+    def device_used(self, device: str, nbytes: int) -> None:
+        """Event: ``device``'s allocator holds ``nbytes`` of live memory now (a budgeted device)."""
+        self._device_used[device] = nbytes
+
+    def devices_have_room(self) -> bool:
+        """Is every budgeted device either under its budget or idle?  (An idle device's memory is held by
+        results user code references: only dropping them frees it, so nobody waits for that.)"""
+        pending, used = self._device_pending, self._device_used
+        for device, budget in self.max_device_bytes.items():
+            if pending[device] and pending[device] + used[device] >= budget:
+                return False
+        return True
+
+    @property
+    def budgeted(self) -> bool:
+        """Has some device a byte budget (``max_device_bytes``)?"""
+        return self._budgeted
+
     def has_room(self, nbytes: int = 0) -> bool:
         """Would a task holding ``nbytes`` new bytes be admitted now, without waiting?"""
         return (
@@ -593,8 +625,15 @@ class Scheduler:
         more tasks than ``max_pending`` needs every slot: it gets in once nothing else is pending.)"""
         if self.pending + min(len(tasks), self.max_pending) > self._limit:
             return False
+        total, need = self._group_bytes(tasks)
+        if self.pending_bytes + total > self.max_pending_bytes:
+            return False
+        return not self._budgeted or all(self._fits_device(d, n) for d, n in need.items())
+
+    def _group_bytes(self, tasks: list[Task]) -> tuple[int, dict[str, int]]:
+        """The new bytes ``tasks`` bring in together (each buffer counted once), and those per device."""
         known = self._buffers
-        new: set[int] = set()  # buffers the group brings in, each counted once
+        new: set[int] = set()
         need: dict[str, int] = {}
         total = 0
         for task in tasks:
@@ -605,13 +644,44 @@ class Scheduler:
                     added += nbytes
             total += added
             need[task.device] = need.get(task.device, 0) + self._on_device(task, added)
-        if self.pending_bytes + total > self.max_pending_bytes:
-            return False
-        return not self._budgeted or all(self._fits_device(d, n) for d, n in need.items())
+        return total, need
+
+    def _idle_and_held(self, tasks: list[Task]) -> bool:
+        """Is a queued submission kept out only by results referenced on a device with no unfinished work?
+        Then waiting cannot make room: it is let in, and its device's allocator has the last word (the
+        memory may have been freed meanwhile; if not, it fails with MemoryLimitError as it allocates)."""
+        try:
+            self._check_held(tasks)
+        except MemoryLimitError:
+            return True
+        return False
+
+    def _check_held(self, tasks: list[Task]) -> None:
+        """Budgeted devices: refuse a submission that only dropping referenced results could make room for."""
+        self._refuse_held(tasks[-1], self._group_bytes(tasks)[1])
 
     def _fits_device(self, device: str, need: int) -> bool:
+        """Room on ``device`` for ``need`` more bytes: its unfinished tasks' bytes, plus what its memory
+        holds (referenced results; what running work allocated, counted twice: erring on the safe side
+        while work is in flight, exact once the device is idle), stay within its budget."""
         budget = self.max_device_bytes.get(device)
-        return budget is None or self._device_pending[device] + need <= budget
+        return budget is None or self._device_pending[device] + self._device_used[device] + need <= budget
+
+    def _refuse_held(self, task: Task, need: dict[str, int]) -> None:
+        """Raise MemoryLimitError if ``task`` (with ``need`` bytes per device) could only fit once user
+        code drops device results it references: no work on that device is unfinished, so nothing the
+        engine runs can make the room, and admitting it would only fail it at its allocation."""
+        for device, nbytes in need.items():
+            budget = self.max_device_bytes.get(device)
+            if budget is None or self._device_pending[device] or self._device_used[device] + nbytes <= budget:
+                continue
+            used = self._device_used[device]
+            raise MemoryLimitError(
+                f"{task!r} needs {nbytes:,} bytes on {device}, but arrays still referenced there hold "
+                f"{used:,} of its max_device_bytes={budget:,} and no work on it is unfinished: nothing "
+                "the engine runs can free them. Drop the device results you no longer need (or move them "
+                "to the host with .to('cpu')), or raise max_device_bytes."
+            )
 
     def _refuse(self, task: Task, footprint: int) -> None:
         """Raise MemoryLimitError if a task of ``footprint`` bytes could never be admitted."""
@@ -980,9 +1050,14 @@ class Scheduler:
             if task is None:  # a throttle waiter: let through only onto a free slot, which it reserves
                 if self.pending >= self._limit or self.pending_bytes >= self.max_pending_bytes:
                     return
+                if self._budgeted and not self.devices_have_room():
+                    return
             else:
                 along = self._along.get(task) if self._along else None
-                if not (self._fits_group([*along, task]) if along else self._fits(task)):
+                group = [*along, task] if along else [task]
+                if not (self._fits_group(group) if along else self._fits(task)) and not (
+                    self._budgeted and self._idle_and_held(group)
+                ):
                     return
             token = admission.popleft()[1]
             if task is None:

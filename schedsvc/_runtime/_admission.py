@@ -55,6 +55,7 @@ class Admission:
         self.loop_thread = rt.loop_thread
         self.preparers = rt.preparers  # (the dict, filled as devices are added)
         self.forwarding = rt.forwarding
+        self.metered = rt.metered  # (the list, filled as budgeted devices are added)
         self.copies = copies
         #: why a closed engine takes no work (the frontend's message), raised by ``admit`` with the lock
         #: held: it must have no side effect (never take the lock)
@@ -107,6 +108,8 @@ class Admission:
             along = self.copies.prepare(task) if self.preparers else None
             stage = tid == self.loop_thread and self.stage_next(task.priority)
             core = self.core
+            if self.metered:  # a budgeted device's memory, as its allocator sees it now
+                self.rt.meter()
             if how == OVER or task.nested or self.sync_mode:
                 admitted = core.submit(task, True, stage, along)
             else:  # (MemoryLimitError raised here, for a task that could never fit, leaves nothing behind)
@@ -220,7 +223,10 @@ class Admission:
         """Wait until the engine is under its limits (``Engine.throttle``)."""
         core = self.core
         with self.lock:
-            if core.has_room(1):  # under both limits, nobody queued: what lets a waiter through
+            if self.metered:
+                self.rt.meter()
+            # under both limits, nobody queued, no busy device over its budget: what lets a waiter through
+            if core.has_room(1) and (not core.budgeted or core.devices_have_room()):
                 return
             token = self.bridge.token()
             core.enqueue(None, token)

@@ -190,3 +190,9 @@ class Device(abc.ABC):
     def launches(self) -> dict[str, int]:
         """Tasks launched per stream (an asynchronous device's)."""
         return {}
+
+    def used_bytes(self) -> int:
+        """Bytes live in the device's own memory now, as its allocator counts them (``own_memory``
+        kinds): results user code still references and what work in flight allocated.  Read under the
+        runtime's lock: it must not block or take that lock."""
+        return 0

@@ -265,6 +265,8 @@ class Dispatch:
             state = task.state
             if state != "running":
                 return state
+            if self.rt.metered:
+                self.rt.meter()
             if cancelled:
                 self.core.finish_cancelled(task)
             else:
@@ -288,6 +290,8 @@ class Dispatch:
     def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
         """A launched task's result is visible to the host (or its device reported ``error``)."""
         with self.lock:
+            if self.rt.metered:
+                self.rt.meter()
             self.core.complete(task, value, error)
             after = self.rt.collect()
         if after is not None:

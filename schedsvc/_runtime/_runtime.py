@@ -69,6 +69,7 @@ _SHARED = (
     "core",
     "sync_mode",
     "lock",
+    "metered",
     "bridge",
     "loop",
     "devices",
@@ -169,6 +170,9 @@ class Runtime:
         self.wait = self.bridge.wait
         self.devices: dict[str, Device] = {}
         self._pools: list[tuple[Device, Any]] = []  # (device, its ready queue), for collect()
+        #: devices with a byte budget: their allocators are read (``meter``) before admissions and
+        #: completions, so the budget counts the results user code still references
+        self.metered: list[tuple[str, Device]] = []
         self.anywhere: set[str] = set()  # devices whose queued task any thread may run itself
         self.forwarding: dict[str, Device] = {}  # devices told of tasks admitted waiting (admitted)
         self.timeline: Timeline | None = None  # set while a trace is recorded (eng.trace)
@@ -248,6 +252,8 @@ class Runtime:
 
     def add_device(self, name: str, device: Device) -> None:
         self.devices[name] = device
+        if name in self.core.max_device_bytes:
+            self.metered.append((name, device))
         self._pools.append((device, self.core.queues[name]))
         self.door.eager_left += device.eager
         register_buffer_types(device.buffer_types)
@@ -324,6 +330,12 @@ class Runtime:
         if len(wakes) == 1:
             return wakes[0]
         return functools.partial(_call_all, wakes)  # (a lambda would make `wakes` a cell at every call)
+
+    def meter(self) -> None:
+        """With the lock held: tell the core what each budgeted device's memory holds now."""
+        core = self.core
+        for name, device in self.metered:
+            core.device_used(name, device.used_bytes())
 
     def under_lock(self, event: Callable[..., Any], *args: Any) -> Any:
         """Apply one core event (off the hot path), then act on what it produced."""

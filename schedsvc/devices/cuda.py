@@ -267,6 +267,10 @@ class CudaDevice(Device):
     def busy_seconds(self) -> dict[str, float]:
         return {track.name: track.busy for track in self.tracks}
 
+    def used_bytes(self) -> int:
+        """Bytes of this device's memory pool held by live arrays (host bookkeeping: no sync)."""
+        return self.api.pool_used(self.index)
+
     def launches(self) -> dict[str, int]:
         return {track.name: track.launches for track in self.tracks}
 

@@ -464,3 +464,59 @@ def test_device_bytes_are_not_counted_without_a_budget() -> None:
     s = make()
     submit(s, task("a", nbytes=10, buffers=(R(1, 5),)))
     assert s.device_pending_bytes(GPU) == 0 and s.pending_bytes == 15
+
+
+# -- what a budgeted device's memory holds (results user code references) ----------------------------
+
+
+def test_memory_a_device_reports_counts_against_its_budget() -> None:
+    s = make(device_bytes={GPU: 100})
+    s.device_used(GPU, 70)  # results referenced there
+    busy = task("busy", nbytes=10)
+    submit(s, busy)
+    assert s.submit(task("over", nbytes=30)) is False  # 10 pending + 70 held + 30 > 100: it waits
+    assert s.submit(task("fits", nbytes=20))  # 10 + 70 + 20 = 100
+    assert s.submit(task("cpu_is_not_budgeted", device="cpu", nbytes=1000))
+    s.validate()
+
+
+def test_a_submission_only_dropped_results_could_make_room_for_raises_at_once() -> None:
+    s = make(device_bytes={GPU: 100})
+    s.device_used(GPU, 90)  # nothing unfinished on the device: nothing the engine runs frees it
+    t = task("t", nbytes=20)
+    for force in (False, True):  # operators, admitted over the limits, are refused too
+        with pytest.raises(
+            MemoryLimitError, match=r"still referenced there hold 90 of its max_device_bytes=100"
+        ):
+            s.submit(t, force)
+        assert t.state == "new" and s.pending == 0
+    s.device_used(GPU, 80)  # some were dropped
+    assert s.submit(t)
+    s.validate()
+
+
+def test_a_waiter_kept_out_only_by_referenced_results_is_let_in_once_the_device_is_idle() -> None:
+    """Waiting could not make room, and refusing it then would race a consumer about to drop its results:
+    it is let in, and the device's allocator decides."""
+    s = make(device_bytes={GPU: 100})
+    a = task("a", nbytes=40)
+    submit(s, a)
+    s.device_used(GPU, 40)  # a's result, allocated
+    late = task("late", nbytes=30)
+    assert s.submit(late) is False  # 40 pending + 40 + 30 > 100, while a is in flight: it waits
+    s.enqueue(late, "late")
+    s.device_used(GPU, 80)  # a completed; its result and others are referenced
+    assert [x[1] for x in run(s, a) if x[0] == "admitted"] == ["late"]
+    s.validate()
+
+
+def test_throttle_waits_while_a_busy_device_is_full_and_not_for_an_idle_one() -> None:
+    s = make(device_bytes={GPU: 100})
+    a = task("a", nbytes=60)
+    submit(s, a)
+    s.device_used(GPU, 40)
+    assert not s.devices_have_room()
+    s.enqueue(None, "throttle")
+    assert [x[1] for x in run(s, a) if x[0] == "admitted"] == ["throttle"]  # idle now: let through
+    s.device_used(GPU, 100)
+    assert s.devices_have_room()  # idle and full: only dropping results frees it, nobody waits for that

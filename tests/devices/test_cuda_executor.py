@@ -568,6 +568,53 @@ async def test_a_host_array_sent_to_a_device_counts_its_copy_not_its_host_memory
         assert float(host(await within(f))) == a.sum()
 
 
+async def test_streaming_device_tensors_with_throttle_loses_no_result() -> None:
+    """Regression: the device budget counted only unfinished tasks, not the results a program still
+    references, so a producer that throttled ran ahead of its consumer, the device filled with results
+    waiting to be read, and later tasks failed at their allocations (35 of 40 results lost)."""
+    async with cuda_engine(max_device_bytes=64_000, cpu_workers=1) as eng:
+        send, receive = anyio.create_memory_object_stream[Any](100)  # unbounded enough: throttle bounds it
+        values: list[float] = []
+
+        async def produce() -> None:
+            async with send:
+                for i in range(40):
+                    await within(eng.throttle())
+                    await send.send(eng.asarray(np.full(1000, float(i)), device="cuda:0") * 2)
+
+        async def consume() -> None:
+            async with receive:
+                async for t in receive:
+                    values.append(float(host(await within(t))[0]))
+                    del t  # (its device array is freed: room for the next)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(produce)
+            group.start_soon(consume)
+    assert values == [2.0 * i for i in range(40)]
+
+
+async def test_results_kept_on_a_full_device_refuse_the_next_submission_at_the_call() -> None:
+    """A program that keeps every device result fills the budget: the submission that no longer fits
+    raises MemoryLimitError at once, naming what referenced arrays hold -- no task fails later with its
+    result lost, and every result kept stays intact."""
+    async with cuda_engine(max_device_bytes=64_000) as eng:
+        kept = []
+        with pytest.raises(ss.MemoryLimitError, match="arrays still referenced there hold") as info:
+            for i in range(40):  # each: a copy of the host array in, and an 8,000-byte result
+                f = await eng.submit(np.multiply, np.full(1000, float(i)), 2.0, device="cuda:0", nbytes=8000)
+                await within(f)
+                kept.append(f.result())
+        assert "max_device_bytes=64,000" in str(info.value)
+        assert 3 <= len(kept) < 8
+        for i, value in enumerate(kept):
+            np.testing.assert_array_equal(host(value), np.full(1000, 2.0 * i))
+        last = 2.0 * (len(kept) - 1)
+        del kept[:-1]  # room again: the engine takes device work
+        again = await eng.submit(np.add, kept[0], 1.0, device="cuda:0")
+        assert float(host(await within(again))[0]) == last + 1
+
+
 @simulator_only
 async def test_one_failed_allocation_with_work_in_flight_is_retried() -> None:
     gate = StreamGate()
