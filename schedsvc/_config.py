@@ -126,7 +126,9 @@ class Config(BaseSettings):
     max_pending_bytes: int = Field(default_factory=lambda: _physical_memory() // 4, ge=1)
     """Bytes that unfinished tasks hold (array arguments once each, plus declared outputs)."""
     max_device_bytes: int | None = Field(default=None, ge=1)
-    """Per-CUDA-device byte budget; None: no limit beyond the device's memory."""
+    """Per-CUDA-device byte budget; None: no limit beyond the device's memory.  It counts the bytes of the
+    device's unfinished tasks and what its memory pool holds (results still referenced included); a
+    submission that only dropping referenced results could make room for raises MemoryLimitError."""
     cuda_simulator: bool = False
     """Run ``cuda:N`` devices on the CUDA simulator: strict, asynchronous simulated streams, for
     testing GPU pipelines where there is no GPU (``schedsvc.devices.cudasim``)."""

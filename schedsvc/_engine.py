@@ -280,7 +280,10 @@ class Engine:
         Waiters are let through one per free slot, in the same queue as
         ``await submit`` calls.  A caller that had to wait holds its slot until
         it next yields to the event loop: its next submission takes it, and
-        nobody queued behind it does.
+        nobody queued behind it does.  With ``max_device_bytes``, it also waits
+        while a device with work in flight is at its budget, which counts the
+        device results still referenced: a producer of device Tensors that
+        throttles stays within the budget as its consumer drops what it read.
         """
         await self._port.running().throttle()
 
