@@ -358,7 +358,8 @@ class Engine:
             p50, p99 = percentiles(list(rt.queue_waits), (0.5, 0.99))
             self._waits_cache = (ended, p50, p99)
         return Stats(
-            *counts,
+            *counts[:9],
+            copies=counts[9],
             max_pending=self.config.max_pending,
             max_pending_bytes=self.config.max_pending_bytes,
             queue_wait_p50_s=p50,

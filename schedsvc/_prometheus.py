@@ -44,6 +44,7 @@ METRICS: dict[str, tuple[str, Kind, str]] = {
     "compile_replays": ("compile_replays", "counter", "Calls of compiled functions (replays)."),
     "batches": ("batches", "counter", "Batches of batched compiled functions sent, each one task."),
     "batch_rows": ("batch_rows", "counter", "Callers' rows in those batches."),
+    "copies": ("copies", "counter", "Copies of task arguments between host and device memory made."),
 }
 #: Stats fields exported with a label: queue waits by quantile, busy seconds by worker.
 QUEUE_WAIT = ("queue_wait_seconds", "Seconds from ready to started over recent tasks, by quantile.")

@@ -16,7 +16,8 @@ class Stats:
     """An immutable snapshot of an engine's counters (``eng.stats()``)."""
 
     submitted: int
-    """Tasks admitted so far."""
+    """Tasks admitted so far (the copies of arguments the engine makes for them are not counted: they
+    ride on their task's slot of ``max_pending``; their bytes count against the byte limits)."""
     completed: int
     failed: int
     """Tasks that raised, plus tasks that failed because an input failed."""
@@ -53,6 +54,9 @@ class Stats:
     """Rows of their callers in those batches."""
     batch_sizes: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     """The batch-size histogram: rows -> batches of that many rows."""
+    copies: int = 0
+    """Copies of task arguments between host and device memory the engine made (one per buffer version
+    and device, shared by the tasks that read it)."""
 
     def __str__(self) -> str:
         """One figure a line, aligned, sizes and durations in units (``repr`` is the one-line form)."""

@@ -115,6 +115,7 @@ class Scheduler:
         "_cancelling",
         "_check",
         "_clock",
+        "_copies",
         "_device_peak",
         "_device_pending",
         "_device_used",
@@ -143,6 +144,7 @@ class Scheduler:
         "pending",
         "pending_bytes",
         "queues",
+        "riding",
         "running",
         "staged",
         "submitted",
@@ -190,6 +192,11 @@ class Scheduler:
         self._owner: dict[int, tuple[str, int]] = {}  # buffer key -> (device that brought it in, nbytes)
         self.out: list[Instruction] = []
         self.pending = 0  # admitted, not final
+        #: of those, the tasks made for a submission (its copies), which ride on its slot: the slots of
+        #: ``max_pending`` in use are ``pending - riding``
+        self.riding = 0
+        #: tasks made for submissions: admitted, then those that ended done, failed, cancelled (``counts``)
+        self._copies = {"admitted": 0, "done": 0, "failed": 0, "cancelled": 0}
         self.pending_bytes = 0
         self.peak_pending_bytes = 0
         self.running = 0
@@ -263,11 +270,25 @@ class Scheduler:
             return False
         if force and self._budgeted:
             self._check_held(group)
-        for extra in (*along, task):
+        for extra in along:
             if stage:
                 extra.staged = self._epoch
-            self._admit(extra)
+            self._admit_rider(extra)
+        if stage:
+            task.staged = self._epoch
+        self._admit(task)
         return True
+
+    def _admit_rider(self, extra: Task) -> None:
+        """Admit a task made for a submission (just before it), on that submission's slot."""
+        self._hooks = True  # (_released counts it out)
+        self._admit(extra)
+        copies = self._copies
+        copies["admitted"] += 1
+        if extra.state in FINAL_STATES:  # failed at once (its input had failed): never pending
+            copies[extra.state] += 1
+        elif extra.rides:
+            self.riding += 1
 
     def _refuse_never_fitting(self, task: Task) -> None:
         footprint = task.out_bytes + sum(buffer[1] for buffer in task.buffers)
@@ -547,6 +568,12 @@ class Scheduler:
         """Slots held by throttle waiters that were let through."""
         return len(self._reservations)
 
+    @property
+    def copies(self) -> Mapping[str, int]:
+        """Tasks made for submissions (riding on their slots): how many were admitted, and ended done,
+        failed, cancelled."""
+        return self._copies
+
     def device_used(self, device: str, nbytes: int) -> None:
         """Event: ``device``'s allocator holds ``nbytes`` of live memory now (a budgeted device)."""
         self._device_used[device] = nbytes
@@ -569,7 +596,7 @@ class Scheduler:
         """Would a task holding ``nbytes`` new bytes be admitted now, without waiting?"""
         return (
             not self._admission
-            and self.pending < self._limit
+            and self.pending - self.riding < self._limit
             and self.pending_bytes + nbytes <= self.max_pending_bytes
         )
 
@@ -609,7 +636,7 @@ class Scheduler:
         return True
 
     def _fits(self, task: Task) -> bool:
-        if self.pending >= self._limit:  # hot path: one compare, reserved slots included
+        if self.pending - self.riding >= self._limit:  # hot path: one compare, reserved slots included
             return False
         need = task.out_bytes
         known = self._buffers
@@ -623,7 +650,9 @@ class Scheduler:
     def _fits_group(self, tasks: list[Task]) -> bool:
         """Do ``tasks`` (one submission and what was made for it) fit the limits together?  (A group of
         more tasks than ``max_pending`` needs every slot: it gets in once nothing else is pending.)"""
-        if self.pending + min(len(tasks), self.max_pending) > self._limit:
+        if (
+            self.pending - self.riding >= self._limit
+        ):  # the submission's slot; what was made for it rides on it
             return False
         total, need = self._group_bytes(tasks)
         if self.pending_bytes + total > self.max_pending_bytes:
@@ -774,9 +803,13 @@ class Scheduler:
                 self._device_peak[device] = held
 
     def _released(self, task: Task) -> None:
-        """Check mode: forget the task; byte budgets: give back its device's bytes (before its buffers go)."""
+        """Check mode: forget the task; a rider: off its submission's slot; byte budgets: give back its
+        device's bytes (before its buffers go)."""
         if self._check:
             self._live.pop(task, None)
+        if task.rides:
+            self.riding -= 1
+            self._copies[task.state] += 1
         if self._budgeted:
             pending = self._device_pending
             pending[task.device] -= task.out_bytes
@@ -1048,7 +1081,7 @@ class Scheduler:
         while admission:
             task = admission[0][0]
             if task is None:  # a throttle waiter: let through only onto a free slot, which it reserves
-                if self.pending >= self._limit or self.pending_bytes >= self.max_pending_bytes:
+                if self.pending - self.riding >= self._limit or self.pending_bytes >= self.max_pending_bytes:
                     return
                 if self._budgeted and not self.devices_have_room():
                     return
@@ -1065,7 +1098,7 @@ class Scheduler:
                 self._limit -= 1
             else:
                 for extra in self._along.pop(task, ()) if self._along else ():
-                    self._admit(extra)
+                    self._admit_rider(extra)
                 self._admit(task)
             self.out.append(("admitted", token))
 
@@ -1081,7 +1114,10 @@ class Scheduler:
         assert self._check, "validate() needs Scheduler(check=True)"
         live = self._live
         assert self.pending == len(live), (self.pending, len(live))
-        assert self.pending <= self.max_pending or any(t.nested for t in live), "over max_pending"
+        assert self.riding == sum(t.rides for t in live), (self.riding, live)
+        assert self.pending - self.riding <= self.max_pending or any(t.nested for t in live), (
+            "over max_pending"
+        )
         states = [t.state for t in live]
         behind = self._behind
         for task in live:  # final tasks stay in the graph only while a parent is unfinished

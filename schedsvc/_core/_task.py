@@ -99,6 +99,10 @@ class Task:
     #: kind of task that fuses gives it a slot of its own.
     fusion: Any = None
 
+    #: A task the engine made for a submission (a copy of an argument to the submission's device): it is
+    #: admitted with that submission and rides on its slot of ``max_pending``.  A class attribute.
+    rides: bool = False
+
     def __init__(
         self,
         fn: Any = None,

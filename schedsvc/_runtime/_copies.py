@@ -86,6 +86,7 @@ class CopyTask(Task):
     """A copy between host and device memory that a submission needed (a task the engine made)."""
 
     __slots__ = ("__weakref__",)
+    rides = True  # on the slot of the submission it was made for
 
 
 _IN_FLIGHT = frozenset({"waiting", "ready", "running", "launched"})

@@ -286,7 +286,7 @@ class Runtime:
     @property
     def pending(self) -> int:
         """Tasks admitted and not final (read without the lock: one int)."""
-        return self.core.pending
+        return self.core.pending - self.core.riding  # (the copies made for them ride on their slots)
 
     # -- routing the core's instructions ------------------------------------------------
 

@@ -24,21 +24,24 @@ class Status:
         self.core = rt.core
         self.dispatch = dispatch
 
-    def counts(self) -> tuple[int, int, int, int, int, int, int, int, int]:
+    def counts(self) -> tuple[int, int, int, int, int, int, int, int, int, int]:
         """(submitted, completed, failed, cancelled, pending, running, waiting admission, pending bytes,
-        peak pending bytes), read together."""
+        peak pending bytes, copies made), read together.  The tasks submitted: the copies made for them
+        (riding on their slots) are counted apart, their bytes with the rest."""
         core = self.core
         with self.rt.lock:
+            copies = core.copies
             return (
-                core.submitted,
-                core.completed,
-                core.failed,
-                core.cancelled,
-                core.pending,
+                core.submitted - copies["admitted"],
+                core.completed - copies["done"],
+                core.failed - copies["failed"],
+                core.cancelled - copies["cancelled"],
+                core.pending - core.riding,
                 core.running,
                 core.waiting_admission,
                 core.pending_bytes,
                 core.peak_pending_bytes,
+                copies["admitted"],
             )
 
     def running(self) -> int:
@@ -49,7 +52,7 @@ class Status:
         """The load, for a repr (read without the lock: a snapshot that may be a moment old)."""
         core = self.core
         return (
-            f"pending={core.pending}/{core.max_pending} running={core.running} "
+            f"pending={core.pending - core.riding}/{core.max_pending} running={core.running} "
             f"bytes={core.pending_bytes}/{core.max_pending_bytes}"
         )
 
@@ -67,7 +70,7 @@ class Status:
         core = self.core
         held = f", {core.reserved} slots held by throttle() callers" if core.reserved else ""
         return (
-            f"{core.pending}/{core.max_pending} tasks{held}, "
+            f"{core.pending - core.riding}/{core.max_pending} tasks{held}, "
             f"{core.pending_bytes}/{core.max_pending_bytes} bytes, {core.waiting_admission} waiting"
         )
 

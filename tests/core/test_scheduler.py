@@ -638,28 +638,55 @@ def test_a_parent_it_runs_after_does_not_fail_it() -> None:
     assert dependent.state == "failed" and isinstance(dependent.error, DependencyError)
 
 
+class Copy(Task):
+    """A task made for a submission (as the runtime's copies are): it rides on the submission's slot."""
+
+    __slots__ = ()
+    rides = True
+
+
+def copy_task(name: str) -> Task:
+    t = Copy(name=name)
+    t.watchers = []
+    return t
+
+
 def test_a_task_and_its_copies_are_admitted_together_or_not_at_all() -> None:
-    s = make(max_pending=2)
-    blocker, copy, t = task("blocker"), task("copy"), task("t")
+    s = make(max_pending=1)
+    blocker, copy, t = task("blocker"), copy_task("copy"), task("t")
     t.deps = (copy,)
     submit(s, blocker)
-    assert s.submit(t, along=[copy]) is False  # 1 + 2 > 2: neither is admitted
+    assert s.submit(t, along=[copy]) is False  # no slot for t: neither is admitted
     assert copy.state == t.state == "new" and s.pending == 1
     s.enqueue(t, "tt", along=[copy])
     assert out_of(s) == []
     take(s)
     out = finish(s, blocker)
     assert ("admitted", "tt") in out
-    assert copy.seq < t.seq and s.pending == 2
+    assert copy.seq < t.seq and s.pending == 2 and s.riding == 1
     s.validate()
 
 
-def test_a_group_larger_than_max_pending_gets_in_once_nothing_is_pending() -> None:
-    s = make(max_pending=1)
-    copy, t = task("copy"), task("t")
-    t.deps = (copy,)
-    assert s.submit(t, along=[copy])
-    assert s.pending == 2  # (the one way past max_pending besides nested tasks: validate() would say so)
+def test_copies_ride_on_their_submission_s_slot() -> None:
+    """A submission needs one slot of max_pending however many copies are made for it (has_room() is
+    then the truth), and its copies keep no slot from anyone once it is admitted."""
+    s = make(max_pending=2)
+    blocker = task("blocker")
+    submit(s, blocker)
+    assert take(s) is blocker  # (running: the copies are next)
+    assert s.has_room()
+    copies = [copy_task(f"copy{i}") for i in range(3)]
+    t = task("t", deps=tuple(copies))
+    assert s.submit(t, along=copies)  # what has_room() said
+    assert s.pending == 5 and s.riding == 3 and not s.has_room()
+    assert s.submit(task("over")) is False  # 2 submissions pending: full
+    s.validate()
+    for _ in copies:
+        ran = take(s)
+        assert ran in copies
+        finish(s, ran)
+    assert s.riding == 0 and s.copies == {"admitted": 3, "done": 3, "failed": 0, "cancelled": 0}
+    s.validate()
 
 
 # -- admission ------------------------------------------------------------------------------

@@ -151,7 +151,9 @@ async def test_failing_cuda_task_fails_its_dependents_and_the_engine_keeps_servi
             await within(on_cpu)
         again = await eng.submit(np.add, x, 1.0, device="cuda:0")
         np.testing.assert_array_equal(host(await within(again)), np.arange(4.0) + 1)
-        assert eng.stats().failed == 4  # and the D2H copy task feeding the CPU task
+        stats = eng.stats()
+        # bad, child, on_cpu (the D2H copy made for on_cpu failed too, on its slot: not counted)
+        assert (stats.failed, stats.submitted, stats.completed, stats.copies) == (3, 5, 2, 1)
 
 
 @simulator_only
@@ -498,7 +500,7 @@ async def test_one_host_array_read_by_five_tasks_is_one_copy() -> None:
     a = np.arange(16.0)
     async with cuda_engine() as eng:
         futures = [await eng.submit(np.multiply, a, float(k), device="cuda:0") for k in range(5)]
-        assert eng.stats().submitted == 6  # five tasks and one H2D copy
+        assert (eng.stats().submitted, eng.stats().copies) == (5, 1)  # five tasks and one H2D copy
         for k, fut in enumerate(futures):
             np.testing.assert_array_equal(host(await within(fut)), np.arange(16.0) * k)
 
@@ -515,7 +517,7 @@ async def test_host_write_waits_for_the_copy_and_a_later_task_sees_the_new_value
             np.testing.assert_array_equal(host(await within(fut)), np.arange(16.0) + k)
         np.testing.assert_array_equal(host(await within(later)), np.full(16, 99.0))
         # the five readers, one copy, the write, a new copy and the later reader
-        assert eng.stats().submitted == 9
+        assert (eng.stats().submitted, eng.stats().copies) == (7, 2)
 
 
 # -- 4. no host sync on a launching thread -----------------------------------------------------------
@@ -721,6 +723,28 @@ async def test_a_refused_submission_admits_no_copy_task() -> None:
         await within(blocker)
         done = eng.submit_nowait(np.add, np.arange(4.0), 1.0, device="cuda:0")  # room now: it and its copy
         np.testing.assert_array_equal(host(await within(done)), np.arange(4.0) + 1)
+
+
+# Regression: a submission needed a slot for each copy of its arguments, so has_room() said yes to a
+# submission to a device that submit_nowait then refused with QueueFull
+async def test_has_room_is_the_truth_for_a_submission_that_copies_its_arguments_in() -> None:
+    opened = threading.Event()
+    async with cuda_engine(max_pending=2) as eng:
+        blocker = eng.submit_nowait(lambda: opened.wait(TIMEOUT), device="cpu")
+        try:
+            assert eng.has_room()
+            a, b = np.arange(4.0), np.ones(4)
+            fut = eng.submit_nowait(np.add, a, b, device="cuda:0")  # two copies in: on its one slot
+            assert eng.stats().pending == 2 and not eng.has_room()
+            with pytest.raises(ss.QueueFull):
+                eng.submit_nowait(np.add, a, 1.0, device="cuda:0")
+        finally:
+            opened.set()
+        np.testing.assert_array_equal(host(await within(fut)), a + b)
+        await within(blocker)
+        await within(eng.waitall())
+        stats = eng.stats()
+        assert stats.pending == 0 and stats.submitted == stats.completed == 2 and stats.copies == 2
 
 
 # Regression: the copies of 4 producers were admitted over the limits, pushing pending above max_pending
