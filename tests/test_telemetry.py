@@ -158,6 +158,7 @@ def expected_samples(stats: ss.Stats, engine: str | None = None) -> dict[Any, fl
         key("schedsvc_compile_replays_total"): stats.compile_replays,
         key("schedsvc_batches_total"): stats.batches,
         key("schedsvc_batch_rows_total"): stats.batch_rows,
+        key("schedsvc_copies_total"): stats.copies,
         key("schedsvc_queue_wait_seconds", ("quantile", "0.5")): stats.queue_wait_p50_s,
         key("schedsvc_queue_wait_seconds", ("quantile", "0.99")): stats.queue_wait_p99_s,
     }
