@@ -235,21 +235,21 @@ async def test_untraced_tasks_log_no_spans(dask_address: str) -> None:
         assert await within(eng.run(np.add, 1, 2)) == 3
         fut = await eng.submit(np.multiply, 3, 4)
         assert await within(fut) == 12
-        assert device.traced == {} and eng.stats().worker_busy_s == {}
+        assert device.spans.traced == {} and eng.stats().worker_busy_s == {}
 
 
 async def test_a_lost_span_event_does_not_hold_the_task(
     dask_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from schedsvc.devices import dask as dask_device
+    from schedsvc.devices import _dask_spans
 
-    monkeypatch.setattr(dask_device, "_SPAN_WAIT_S", 0.2)
+    monkeypatch.setattr(_dask_spans, "SPAN_WAIT_S", 0.2)
     async with engine(dask_address) as eng:
         device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
-        device.topic = "nobody-listens"  # the worker logs the span where this engine does not hear it
+        device.spans.topic = "nobody-listens"  # the worker logs the span where this engine does not hear it
         with eng.trace(tmp_path / "lost.json"):
             assert await within(eng.run(np.add, 2, 2)) == 4  # done after the short wait, without a span
-        assert device.traced == {}
+        assert device.spans.traced == {}
     assert [e for e in load(tmp_path / "lost.json") if e["ph"] == "X"] == []
 
 
@@ -333,9 +333,9 @@ async def test_a_client_that_will_not_close_is_a_warning_not_an_error(
     """``aclose()`` raised ``TimeoutError`` from ``client.close()`` when the scheduler was slow to
     answer (after a large map), although every result had been delivered; now the close of the client
     is bounded and a failure is a ``RuntimeWarning``."""
-    from schedsvc.devices import dask as dask_device
+    from schedsvc.devices import _dask_cluster
 
-    monkeypatch.setattr(dask_device, "_CLOSE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(_dask_cluster, "CLOSE_TIMEOUT_S", 0.1)
     eng = await within(engine(dask_address).start(), 60)
     device: Any = eng._rt.devices["cpu"]  # type: ignore[union-attr]
     real_close = device.client.close
