@@ -648,11 +648,9 @@ class Scheduler:
         return not self._budgeted or self._fits_device(task.device, self._on_device(task, need))
 
     def _fits_group(self, tasks: list[Task]) -> bool:
-        """Do ``tasks`` (one submission and what was made for it) fit the limits together?  (A group of
-        more tasks than ``max_pending`` needs every slot: it gets in once nothing else is pending.)"""
-        if (
-            self.pending - self.riding >= self._limit
-        ):  # the submission's slot; what was made for it rides on it
+        """Do ``tasks`` (what was made for a submission, then the submission) fit the limits together?
+        They need one slot, the submission's (what was made for it rides on it), and room for their bytes."""
+        if self.pending - self.riding >= self._limit:
             return False
         total, need = self._group_bytes(tasks)
         if self.pending_bytes + total > self.max_pending_bytes:
@@ -679,15 +677,32 @@ class Scheduler:
         """Is a queued submission kept out only by results referenced on a device with no unfinished work?
         Then waiting cannot make room: it is let in, and its device's allocator has the last word (the
         memory may have been freed meanwhile; if not, it fails with MemoryLimitError as it allocates)."""
-        try:
-            self._check_held(tasks)
-        except MemoryLimitError:
-            return True
-        return False
+        return self._held_against(self._group_bytes(tasks)[1]) is not None
 
     def _check_held(self, tasks: list[Task]) -> None:
-        """Budgeted devices: refuse a submission that only dropping referenced results could make room for."""
-        self._refuse_held(tasks[-1], self._group_bytes(tasks)[1])
+        """Raise MemoryLimitError if only dropping referenced device results could make room for ``tasks``
+        (what was made for a submission, then the submission): no work on that device is unfinished, so
+        nothing the engine runs can make the room, and admitting it would only fail it at its allocation."""
+        held = self._held_against(self._group_bytes(tasks)[1])
+        if held is None:
+            return
+        device, nbytes = held
+        budget, used = self.max_device_bytes[device], self._device_used[device]
+        raise MemoryLimitError(
+            f"{tasks[-1]!r} needs {nbytes:,} bytes on {device}, but arrays still referenced there hold "
+            f"{used:,} of its max_device_bytes={budget:,} and no work on it is unfinished: nothing the "
+            "engine runs can free them. Drop the device results you no longer need (or move them to the "
+            "host with .to('cpu')), or raise max_device_bytes."
+        )
+
+    def _held_against(self, need: dict[str, int]) -> tuple[str, int] | None:
+        """The idle budgeted device (and the bytes needed there) whose referenced memory leaves no room."""
+        for device, nbytes in need.items():
+            budget = self.max_device_bytes.get(device)
+            idle = not self._device_pending[device]
+            if budget is not None and idle and self._device_used[device] + nbytes > budget:
+                return device, nbytes
+        return None
 
     def _fits_device(self, device: str, need: int) -> bool:
         """Room on ``device`` for ``need`` more bytes: its unfinished tasks' bytes, plus what its memory
@@ -695,22 +710,6 @@ class Scheduler:
         while work is in flight, exact once the device is idle), stay within its budget."""
         budget = self.max_device_bytes.get(device)
         return budget is None or self._device_pending[device] + self._device_used[device] + need <= budget
-
-    def _refuse_held(self, task: Task, need: dict[str, int]) -> None:
-        """Raise MemoryLimitError if ``task`` (with ``need`` bytes per device) could only fit once user
-        code drops device results it references: no work on that device is unfinished, so nothing the
-        engine runs can make the room, and admitting it would only fail it at its allocation."""
-        for device, nbytes in need.items():
-            budget = self.max_device_bytes.get(device)
-            if budget is None or self._device_pending[device] or self._device_used[device] + nbytes <= budget:
-                continue
-            used = self._device_used[device]
-            raise MemoryLimitError(
-                f"{task!r} needs {nbytes:,} bytes on {device}, but arrays still referenced there hold "
-                f"{used:,} of its max_device_bytes={budget:,} and no work on it is unfinished: nothing "
-                "the engine runs can free them. Drop the device results you no longer need (or move them "
-                "to the host with .to('cpu')), or raise max_device_bytes."
-            )
 
     def _refuse(self, task: Task, footprint: int) -> None:
         """Raise MemoryLimitError if a task of ``footprint`` bytes could never be admitted."""
