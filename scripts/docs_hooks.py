@@ -1,8 +1,8 @@
-"""MkDocs hook (mkdocs.yml ``hooks:``): the configuration page's table of settings, from ``schedsvc.Config``.
+"""MkDocs hook (mkdocs.yml ``hooks:``): the configuration page's list of settings, from ``schedsvc.Config``.
 
-A page that holds the line ``<!-- config-table -->`` gets, in its place, a table of every ``Config`` field:
-its type and constraints, its default, its environment variable and its description (the docstring under
-the field), so the page can never disagree with the code.
+A page that holds the line ``<!-- config-settings -->`` gets, in its place, a section per ``Config`` field:
+its description (the docstring under the field), its type and constraints, its default and its environment
+variable, so the page can never disagree with the code.
 """
 
 from __future__ import annotations
@@ -15,31 +15,43 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-MARKER = "<!-- config-table -->"
+MARKER = "<!-- config-settings -->"
 _PREFIX = "SCHEDSVC_"
 _CONSTRAINTS = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<", "min_length": "length ≥"}
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    """Replace the marker with the table (MkDocs calls this for every page)."""
+    """Replace the marker with the settings (MkDocs calls this for every page)."""
     if MARKER not in markdown:
         return markdown
-    return markdown.replace(MARKER, config_table())
+    return markdown.replace(MARKER, config_settings())
 
 
-def config_table() -> str:
-    """The Markdown table of ``schedsvc.Config``'s fields, in their order in the class."""
+def config_settings() -> str:
+    """Markdown for ``schedsvc.Config``'s fields, in their order in the class: a heading per field (a link
+    target), its description, and a line with its type, default and environment variable."""
     from schedsvc import Config
 
     descriptions = field_descriptions(Config)
     factories = default_factory_sources(Config)
-    rows = ["| setting | type | default | environment variable | description |", "|---|---|---|---|---|"]
+    sections = []
     for name, field in Config.model_fields.items():
-        default = f"computed: `{factories[name]}`" if name in factories else f"`{field.default!r}`"
         description = " ".join(descriptions.get(name, "").split())
-        cells = [f"`{name}`", _type(field), default, f"`{_PREFIX}{name.upper()}`", description]
-        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(rows)
+        facts = [
+            f"type {_type(field)}",
+            f"default {_default(field, factories.get(name))}",
+            f"environment `{_PREFIX}{name.upper()}`",
+        ]
+        sections.append(f"### `{name}`\n\n{description}\n\n{' · '.join(facts)}\n")
+    return "\n".join(sections)
+
+
+def _default(field: FieldInfo, factory: str | None) -> str:
+    if factory is None:
+        return f"`{field.default!r}`"
+    if factory.startswith("_"):  # a private helper: the page says in prose what it computes
+        return "computed for this machine when a Config is built"
+    return f"computed for this machine when a Config is built: `{factory}`"
 
 
 def field_descriptions(cls: type) -> dict[str, str]:
@@ -76,4 +88,5 @@ def _type(field: FieldInfo) -> str:
         for key, symbol in _CONSTRAINTS.items()
         if getattr(meta, key, None) is not None
     ]
-    return f"`{text}`" + (f" ({', '.join(limits)})" if limits else "")
+    text = " or ".join(f"`{part}`" for part in text.split(" | "))
+    return text + (f" ({', '.join(limits)})" if limits else "")

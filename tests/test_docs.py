@@ -1,8 +1,9 @@
-"""The documentation's generated parts: the settings table comes from ``ss.Config`` itself."""
+"""The documentation's generated parts: the configuration page's settings come from ``ss.Config`` itself."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -19,30 +20,32 @@ def _hooks() -> ModuleType:
     return module
 
 
-def test_the_configuration_page_asks_for_the_generated_table() -> None:
+def test_the_configuration_page_asks_for_the_generated_settings() -> None:
     hooks = _hooks()
     page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert page.count(hooks.MARKER) == 1
     rendered = hooks.on_page_markdown(page)
-    assert hooks.MARKER not in rendered and hooks.config_table() in rendered
+    assert hooks.MARKER not in rendered and hooks.config_settings() in rendered
 
 
-def test_the_table_has_a_row_per_setting_with_its_variable_and_description() -> None:
-    rows = _hooks().config_table().splitlines()[2:]
-    assert len(rows) == len(ss.Config.model_fields)
-    for row, name in zip(rows, ss.Config.model_fields, strict=True):
-        cells = [cell.strip() for cell in row.strip("|").split(" | ")]
-        assert cells[0] == f"`{name}`"
-        assert cells[3] == f"`SCHEDSVC_{name.upper()}`"
-        assert len(cells[4]) > 10, f"{name} has no description"
-
-
-def test_descriptions_and_defaults_are_the_code_s() -> None:
+def test_a_section_per_setting_in_the_class_order_with_its_variable_and_description() -> None:
     hooks = _hooks()
-    table = hooks.config_table()
-    assert "| `max_pending` | `int` (≥ 1) | `1024` |" in table
-    assert "computed: `os.cpu_count() or 1`" in table  # a default computed per machine is shown as code
+    text = hooks.config_settings()
+    assert re.findall(r"^### `(\w+)`$", text, re.MULTILINE) == list(ss.Config.model_fields)
     descriptions = hooks.field_descriptions(ss.Config)
     assert set(descriptions) == set(ss.Config.model_fields)
-    assert descriptions["sync_mode"].startswith("Debugging: run each task in the caller")
-    assert " ".join(descriptions["cuda_simulator"].split()) in table
+    for name in ss.Config.model_fields:
+        section = text.split(f"### `{name}`\n", 1)[1].split("\n### ", 1)[0]
+        assert " ".join(descriptions[name].split()) in section
+        assert f"environment `SCHEDSVC_{name.upper()}`" in section
+
+
+def test_types_limits_and_defaults_are_the_code_s() -> None:
+    hooks = _hooks()
+    text = hooks.config_settings()
+    assert "type `int` (≥ 1) · default `1024` · environment `SCHEDSVC_MAX_PENDING`" in text
+    assert "type `int` or `None` (≥ 1) · default `None`" in text  # max_device_bytes
+    assert "computed for this machine when a Config is built: `os.cpu_count() or 1`" in text
+    assert hooks.field_descriptions(ss.Config)["sync_mode"].startswith(
+        "Debugging: run each task in the caller"
+    )
