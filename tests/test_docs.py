@@ -49,3 +49,13 @@ def test_types_limits_and_defaults_are_the_code_s() -> None:
     assert hooks.field_descriptions(ss.Config)["sync_mode"].startswith(
         "Debugging: run each task in the caller"
     )
+
+
+def test_the_errors_page_says_when_each_error_is_raised() -> None:
+    page = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)`", page, re.MULTILINE)}
+    exported = [getattr(ss, name) for name in ss.__all__]
+    errors = {e.__name__ for e in exported if isinstance(e, type) and issubclass(e, ss.SchedsvcError)}
+    assert len(errors) >= 10
+    assert errors - {"SchedsvcError"} <= rows, "an error class has no row on docs/errors.md"
+    assert "`ss.ConfigWarning`" in page and "`ss.SchedsvcError` itself is raised" in page
