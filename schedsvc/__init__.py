@@ -1,5 +1,7 @@
 """schedsvc: an asyncio-native, dependency-aware, backpressured compute engine for array work."""
 
+from importlib import metadata as _metadata
+
 from ._config import Config
 from ._engine import Engine
 from ._errors import (
@@ -23,7 +25,10 @@ from ._telemetry import Stats
 from .compile import BatchCall, Batched, Compiled, load
 from .tensor import Tensor
 
-__version__ = "0.1.0"
+try:
+    __version__: str = _metadata.version("schedsvc")  # defined once, in pyproject.toml
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "BatchCall",

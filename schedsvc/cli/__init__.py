@@ -21,10 +21,12 @@ __all__ = ["bench_workers", "main", "make_mlp", "mlp_weights"]
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line), run the subcommand, return its exit status."""
+    from .. import __version__
     from .._errors import ConfigError
     from . import bench, demo, info, tune
 
     parser = argparse.ArgumentParser(prog="schedsvc", description="schedsvc: async array compute engine")
+    parser.add_argument("--version", action="version", version=f"schedsvc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (demo, bench, tune, info):  # the order --help lists them in
         command.register(sub)
