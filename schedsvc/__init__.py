@@ -1,6 +1,15 @@
-"""schedsvc: an asyncio-native, dependency-aware, backpressured compute engine for array work."""
+"""schedsvc: an asyncio-native, dependency-aware, backpressured compute engine for array work.
 
-from ._config import Config
+``import schedsvc`` loads the engine and what every program needs (NumPy, the
+scheduler, the Tensor); the rest is imported on first use of its name:
+``Config`` (pydantic and pydantic-settings, which cost more to import than
+NumPy; an Engine built without a Config imports them then), the compiler's
+names, the ``concurrent.futures`` view and the Prometheus collector.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._engine import Engine
 from ._errors import (
     BatchError,
@@ -16,12 +25,15 @@ from ._errors import (
     SchedsvcError,
     TraceError,
 )
-from ._executor import executor
 from ._future import Future
-from ._prometheus import PrometheusCollector
 from ._telemetry import Stats
-from .compile import BatchCall, Batched, Compiled, load
 from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from ._config import Config
+    from ._executor import executor
+    from ._prometheus import PrometheusCollector
+    from .compile import BatchCall, Batched, Compiled, load
 
 __version__ = "0.1.0"
 
@@ -51,3 +63,28 @@ __all__ = [
     "executor",
     "load",
 ]
+
+#: public names imported on first use -> the module that defines each
+_LAZY = {
+    "BatchCall": ".compile",
+    "Batched": ".compile",
+    "Compiled": ".compile",
+    "Config": "._config",
+    "PrometheusCollector": "._prometheus",
+    "executor": "._executor",
+    "load": ".compile",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``_LAZY``, imported now and kept (PEP 562)."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -27,7 +27,6 @@ import anyio
 import numpy as np
 
 from ._asyncdef import async_generator_function, refused_while_tracing
-from ._config import Config
 from ._core import Scheduler
 from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
@@ -42,6 +41,7 @@ from .devices import Device, resolve, scheduler_options
 from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
+    from ._config import Config
     from ._executor import EngineExecutor
     from .compile import Batched, Compiled
 
@@ -63,6 +63,8 @@ class Engine:
 
     def __init__(self, config: Config | None = None, **overrides: Any) -> None:
         if config is None:
+            from ._config import Config  # pydantic is imported by the first engine, not by `import schedsvc`
+
             config = Config(**overrides)
         elif overrides:
             config = config.replace(**overrides)
