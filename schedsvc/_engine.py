@@ -356,6 +356,7 @@ class Engine:
         if ended - seen >= max(1, len(rt.queue_waits) >> 3):
             p50, p99 = percentiles(list(rt.queue_waits), (0.5, 0.99))
             self._waits_cache = (ended, p50, p99)
+        waits, wait_sum, runs, run_sum = rt.latency_histograms()
         return Stats(
             *counts,
             max_pending=self.config.max_pending,
@@ -369,6 +370,10 @@ class Engine:
             batches=self._port.compile_counts.batches,
             batch_rows=self._port.compile_counts.batch_rows,
             batch_sizes=MappingProxyType(dict(sorted(self._port.compile_counts.batch_sizes.items()))),
+            queue_wait_histogram=waits,
+            queue_wait_sum_s=wait_sum,
+            run_time_histogram=runs,
+            run_time_sum_s=run_sum,
         )
 
     @property
