@@ -174,17 +174,12 @@ def _shown(name: str, value: Any) -> str:
     if isinstance(value, Mapping):
         return ", ".join(f"{k} {_shown(name, v)}" for k, v in value.items()) or "none"
     if name.endswith("_bytes") and isinstance(value, int) and value >= 1024:
-        return f"{value:,} ({_binary(value)})"
+        from pydantic import ByteSize  # (imported with Config already, unless the Stats came from a dict)
+
+        return f"{value:,} ({ByteSize(value).human_readable(separator=' ')})"
     if name.endswith("_s") and isinstance(value, float):
         return _seconds(value)
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-
-
-def _binary(n: int) -> str:
-    """``6319125504`` -> ``'5.9 GiB'``."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    power = min(len(units) - 1, (n.bit_length() - 1) // 10)
-    return f"{n / 1024**power:.1f} {units[power]}"
 
 
 def _seconds(s: float) -> str:

@@ -256,15 +256,10 @@ def _value(name: str, value: Any) -> str:
     if value is None:
         return "none"
     if name.endswith("_bytes"):
-        return f"{value} ({_binary(value)})"
+        from pydantic import ByteSize
+
+        return f"{value} ({ByteSize(value).human_readable(separator=' ')})"
     return str(value)
-
-
-def _binary(n: int) -> str:
-    """``6319125504`` -> ``'5.9 GiB'``."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    power = min(len(units) - 1, max(0, (n.bit_length() - 1) // 10))
-    return f"{n / 1024**power:.1f} {units[power]}" if power else f"{n} B"
 
 
 def _extras_table(report: dict[str, Any]) -> Table:
