@@ -188,6 +188,20 @@ def test_a_deferred_name_imports_its_module_on_first_use() -> None:
     assert not loaded & CLI_ONLY
 
 
+def test_an_engine_under_trio_or_asyncio_imports_asyncio_when_it_starts() -> None:
+    """The bridge loads asyncio at the engine's start, under either library (a future may be awaited on
+    an asyncio loop in another thread): it works the same as when asyncio was imported first."""
+    code = (
+        "import schedsvc, trio\n"
+        "async def main():\n"
+        "    async with schedsvc.Engine(cpu_workers=1) as eng:\n"
+        "        assert await eng.run(abs, -3) == 3\n"
+        "trio.run(main)"
+    )
+    pytest.importorskip("trio")
+    assert "asyncio" in _modules_after(code)
+
+
 def test_every_exported_name_imports_from_a_fresh_interpreter() -> None:
     """``from schedsvc import X`` works for each name of ``__all__``, the deferred ones included."""
     names = ", ".join(name for name in ss.__all__ if name != "__version__")
