@@ -4,7 +4,8 @@
 scheduler, the Tensor); the rest is imported on first use of its name:
 ``Config`` (pydantic and pydantic-settings, which cost more to import than
 NumPy; an Engine built without a Config imports them then), the compiler's
-names, the ``concurrent.futures`` view and the Prometheus collector.
+names, the ``concurrent.futures`` view and the Prometheus collector.  asyncio
+is imported when an engine starts (``_runtime/_bridge.py``).
 """
 
 import importlib
