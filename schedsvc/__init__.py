@@ -1,8 +1,16 @@
-"""schedsvc: an asyncio-native, dependency-aware, backpressured compute engine for array work."""
+"""schedsvc: an asyncio-native, dependency-aware, backpressured compute engine for array work.
 
-from importlib import metadata as _metadata
+``import schedsvc`` loads the engine and what every program needs (NumPy, the
+scheduler, the Tensor); the rest is imported on first use of its name:
+``Config`` (pydantic and pydantic-settings, which cost more to import than
+NumPy; an Engine built without a Config imports them then), the compiler's
+names, the ``concurrent.futures`` view and the Prometheus collector.  asyncio
+is imported when an engine starts (``_runtime/_bridge.py``).
+"""
 
-from ._config import Config
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._engine import Engine
 from ._errors import (
     BatchError,
@@ -18,17 +26,17 @@ from ._errors import (
     SchedsvcError,
     TraceError,
 )
-from ._executor import executor
 from ._future import Future
-from ._prometheus import PrometheusCollector
 from ._telemetry import Stats
-from .compile import BatchCall, Batched, Compiled, load
 from .tensor import Tensor
 
-try:
-    __version__: str = _metadata.version("schedsvc")  # defined once, in pyproject.toml
-except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
+if TYPE_CHECKING:
+    from ._config import Config
+    from ._executor import executor
+    from ._prometheus import PrometheusCollector
+    from .compile import BatchCall, Batched, Compiled, load
+
+    __version__: str
 
 __all__ = [
     "BatchCall",
@@ -56,3 +64,42 @@ __all__ = [
     "executor",
     "load",
 ]
+
+#: public names imported on first use -> the module that defines each
+_LAZY = {
+    "BatchCall": ".compile",
+    "Batched": ".compile",
+    "Compiled": ".compile",
+    "Config": "._config",
+    "PrometheusCollector": "._prometheus",
+    "executor": "._executor",
+    "load": ".compile",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``_LAZY``, or ``__version__``, imported now and kept (PEP 562)."""
+    if name == "__version__":
+        value: Any = _version()
+    else:
+        where = _LAZY.get(name)
+        if where is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def _version() -> str:
+    """The installed distribution's version: defined once, in pyproject.toml (importlib.metadata, which
+    costs a few milliseconds to import, is loaded only when it is asked for)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("schedsvc")
+    except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+        return "0+unknown"
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})

@@ -6,16 +6,14 @@ import contextvars
 import difflib
 import math
 import os
-import re
 import tomllib
 import warnings
 from collections.abc import Callable
-from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic import ByteSize, Field, PrivateAttr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -28,49 +26,36 @@ from pydantic_settings import (
 from ._errors import ConfigError, ConfigWarning
 from .devices import is_device_name
 
-__all__ = ["Config", "parse_bytes"]
+__all__ = ["Config"]
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
 _WRITE_BYTES = "write a whole number of bytes such as 16777216, or a size such as '16MiB' or '2GB'"
-_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PREFIX = "SCHEDSVC_"
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("schedsvc_toml", default=None)
 # field -> where its value came from, filled by the sources of the Config being built in this context
 _found: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("schedsvc_found")
 
 
-def parse_bytes(value: int | float | str) -> int:
-    """``16777216``, ``"16MiB"``, ``"2 GB"`` -> a byte count.
+def _byte_size(value: Any) -> Any:
+    """What pydantic's ``ByteSize`` takes (``16777216``, ``"16MiB"``, ``"2 GB"``), held to whole bytes.
 
-    A number must be a whole count of bytes (``1e9`` is, ``1.7`` is not); a size with a
-    unit is rounded down to whole bytes (``"1.3MiB"``).
+    ``ByteSize`` parses the number and the unit; here a plain count of bytes must be a whole number
+    (``1e9`` is, ``1.7`` and ``"1.5B"`` are not, where ``ByteSize`` would round them down), and a string
+    must be a size and nothing more (``ByteSize`` ignores what follows one: ``"16MiB!"``).  A size with
+    a unit is rounded down to whole bytes (``"1.3MiB"``).
     """
-    if isinstance(value, str):
-        match = _BYTES_RE.match(value)
-        if match is None or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"{value!r} is not a byte size; {_WRITE_BYTES}")
-        number, unit = Decimal(match.group(1)), _UNITS[match.group(2).lower()]
-        if unit > 1:
-            return int(number * unit)
-        value = float(number) if number != number.to_integral_value() else int(number)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError(f"{_kind(value)} is not a byte size; {_WRITE_BYTES}")
-    return _whole(value, _WRITE_BYTES)
+    if isinstance(value, float):
+        return _whole(value, _WRITE_BYTES)
+    if isinstance(value, int):
+        return value
+    match = ByteSize.byte_string_re.fullmatch(value.strip())
+    if match is None:
+        raise ValueError(f"{value!r} is not a byte size; {_WRITE_BYTES}")
+    number, unit = match.groups()
+    if unit is None or unit.lower() == "b":  # a count of bytes
+        return _whole(float(number) if "." in number else int(number), _WRITE_BYTES)
+    return value.strip()
 
 
 def _whole(value: int | float, how: str) -> int:
@@ -123,9 +108,9 @@ class Config(BaseSettings):
     """Compute streams per CUDA device."""
     max_pending: int = Field(default=1024, ge=1)
     """Tasks admitted and not yet finished; ``await submit`` waits beyond this."""
-    max_pending_bytes: int = Field(default_factory=lambda: _physical_memory() // 4, ge=1)
+    max_pending_bytes: ByteSize = Field(default_factory=lambda: ByteSize(_physical_memory() // 4), ge=1)
     """Bytes that unfinished tasks hold (array arguments once each, plus declared outputs)."""
-    max_device_bytes: int | None = Field(default=None, ge=1)
+    max_device_bytes: ByteSize | None = Field(default=None, ge=1)
     """Per-CUDA-device byte budget; None: no limit beyond the device's memory.  It counts the bytes of the
     device's unfinished tasks and what its memory pool holds (results still referenced included); a
     submission that only dropping referenced results could make room for raises MemoryLimitError."""
@@ -236,12 +221,12 @@ class Config(BaseSettings):
                 "it cannot be unlimited: it is what keeps queued memory bounded; "
                 "write a large size such as '1TiB' instead"
             )
-        return parse_bytes(value)
+        return _byte_size(value)
 
     @field_validator("max_device_bytes", mode="before")
     @classmethod
     def _device_bytes(cls, value: Any) -> Any:
-        return None if value is None or _means_unlimited(value) else parse_bytes(value)
+        return None if value is None or _means_unlimited(value) else _byte_size(value)
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -333,6 +318,10 @@ def _describe(exc: ValidationError) -> str:
             continue
         env = f"SCHEDSVC_{str(err['loc'][0]).upper()}" if err["loc"] else "SCHEDSVC_*"
         message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "byte_size":  # ByteSize's own refusal (of a negative count): say it our way
+            message = f"{err.get('input')!r} is not a byte size; {_WRITE_BYTES}"
+        elif err["type"] == "byte_size_unit":  # "could not interpret byte unit: parsecs": say what to write
+            message = f"{message}; {_WRITE_BYTES}"
         lines.append(f"{field}: {message} (got {err.get('input')!r}; set it by keyword, {env} or TOML)")
     return "invalid schedsvc configuration: " + "; ".join(lines)
 

@@ -27,7 +27,6 @@ import anyio
 import numpy as np
 
 from ._asyncdef import async_generator_function, refused_while_tracing
-from ._config import Config
 from ._core import Scheduler
 from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
@@ -42,6 +41,7 @@ from .devices import Device, resolve, scheduler_options
 from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
+    from ._config import Config
     from ._executor import EngineExecutor
     from .compile import Batched, Compiled
 
@@ -63,6 +63,8 @@ class Engine:
 
     def __init__(self, config: Config | None = None, **overrides: Any) -> None:
         if config is None:
+            from ._config import Config  # pydantic is imported by the first engine, not by `import schedsvc`
+
             config = Config(**overrides)
         elif overrides:
             config = config.replace(**overrides)
@@ -357,6 +359,7 @@ class Engine:
         if ended - seen >= max(1, len(rt.queue_waits) >> 3):
             p50, p99 = percentiles(list(rt.queue_waits), (0.5, 0.99))
             self._waits_cache = (ended, p50, p99)
+        waits, wait_sum, runs, run_sum = rt.latency_histograms()
         return Stats(
             *counts[:9],
             copies=counts[9],
@@ -371,6 +374,10 @@ class Engine:
             batches=self._port.compile_counts.batches,
             batch_rows=self._port.compile_counts.batch_rows,
             batch_sizes=MappingProxyType(dict(sorted(self._port.compile_counts.batch_sizes.items()))),
+            queue_wait_histogram=waits,
+            queue_wait_sum_s=wait_sum,
+            run_time_histogram=runs,
+            run_time_sum_s=run_sum,
         )
 
     @property

@@ -29,13 +29,13 @@ from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._config import Config
 from ._core import FINAL_STATES
 from ._errors import EngineClosed, QueueFull, SchedsvcError
 from ._runtime import BLOCK, NOW
 from ._submission import build_task
 
 if TYPE_CHECKING:
+    from ._config import Config
     from ._engine import Engine
     from ._future import Future
     from ._runtime import Found

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import time
 from collections.abc import Callable, Generator
@@ -122,6 +121,8 @@ class Future(Task, Generic[T]):
     def exception(self) -> BaseException | None:
         """The task's exception, or None if it succeeded; it must be done."""
         if self.state not in FINAL_STATES:
+            import asyncio  # (here, not at import: see _runtime/_bridge.py)
+
             raise asyncio.InvalidStateError(f"{self!r} is not done; await fut.wait() first")
         if self.state == "cancelled":
             raise cancelled_error()(f"{self!r} was cancelled")

@@ -1,12 +1,16 @@
 """Prometheus exposition of ``eng.stats()``: a collector that reads the figures at scrape time.
 
-No background thread and no per-task cost: each scrape takes one ``stats()``
-snapshot per engine.  prometheus-client is imported only when a collector is
-made, so ``import schedsvc`` works without the ``prometheus`` extra.
+No background thread and no cost per task beyond what the engine counts
+anyway: each scrape takes one ``stats()`` snapshot per engine.  How long tasks
+waited from ready to started, and ran, are histograms (buckets cumulative
+since the engine started, as ``histogram_quantile`` wants them).
+prometheus-client is imported only when a collector is made, so ``import
+schedsvc`` works without the ``prometheus`` extra.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -46,9 +50,19 @@ METRICS: dict[str, tuple[str, Kind, str]] = {
     "batch_rows": ("batch_rows", "counter", "Callers' rows in those batches."),
     "copies": ("copies", "counter", "Copies of task arguments between host and device memory made."),
 }
-#: Stats fields exported with a label: queue waits by quantile, busy seconds by worker.
-QUEUE_WAIT = ("queue_wait_seconds", "Seconds from ready to started over recent tasks, by quantile.")
-QUANTILES = {"queue_wait_p50_s": "0.5", "queue_wait_p99_s": "0.99"}
+#: Stats histograms -> (metric name after the prefix, help, the Stats field of their sum).
+HISTOGRAMS = {
+    "queue_wait_histogram": (
+        "queue_wait_seconds",
+        "Seconds tasks waited from ready (inputs done, admitted) to started on a worker.",
+        "queue_wait_sum_s",
+    ),
+    "run_time_histogram": ("task_run_seconds", "Seconds tasks ran on a worker.", "run_time_sum_s"),
+}
+#: Stats fields not exported: Prometheus computes them, and any other quantile, from the histograms
+#: (``histogram_quantile(0.99, rate(schedsvc_queue_wait_seconds_bucket[5m]))``)
+FROM_HISTOGRAMS = ("queue_wait_p50_s", "queue_wait_p99_s")
+#: Stats fields exported with a label: busy seconds by worker, launches by stream, batches by rows.
 WORKER_BUSY = ("worker_busy_seconds", "Seconds each worker spent running tasks.")
 STREAM_LAUNCHES = ("stream_launches", "Tasks launched on each CUDA stream.")
 BATCH_SIZES = ("batches_by_rows", "Batches sent, by how many rows they held.")
@@ -104,16 +118,15 @@ def _snapshot(engine: Engine) -> Stats | None:
 
 def _families(labelled: bool) -> dict[str, Any]:
     """Empty metric families, keyed by Stats field (the labelled ones by their family name)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
     engine = ["engine"] if labelled else []
     kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
     families: dict[str, Any] = {
         field: kinds[kind](PREFIX + name, doc, labels=engine) for field, (name, kind, doc) in METRICS.items()
     }
-    families[QUEUE_WAIT[0]] = GaugeMetricFamily(
-        PREFIX + QUEUE_WAIT[0], QUEUE_WAIT[1], labels=[*engine, "quantile"]
-    )
+    for field, (name, doc, _) in HISTOGRAMS.items():
+        families[field] = HistogramMetricFamily(PREFIX + name, doc, labels=engine)
     families[WORKER_BUSY[0]] = CounterMetricFamily(
         PREFIX + WORKER_BUSY[0], WORKER_BUSY[1], labels=[*engine, "worker"]
     )
@@ -129,11 +142,17 @@ def _families(labelled: bool) -> dict[str, Any]:
 def _add(families: dict[str, Any], stats: Stats, engine: list[str]) -> None:
     for field in METRICS:
         families[field].add_metric(engine, getattr(stats, field))
-    for field, quantile in QUANTILES.items():
-        families[QUEUE_WAIT[0]].add_metric([*engine, quantile], getattr(stats, field))
+    for field, (_, _, sum_field) in HISTOGRAMS.items():
+        buckets = [(_bound(le), count) for le, count in getattr(stats, field).items()]
+        families[field].add_metric(engine, buckets, getattr(stats, sum_field))
     for worker, seconds in stats.worker_busy_s.items():
         families[WORKER_BUSY[0]].add_metric([*engine, worker], seconds)
     for stream, launches in stats.stream_launches.items():
         families[STREAM_LAUNCHES[0]].add_metric([*engine, stream], launches)
     for rows, batches in stats.batch_sizes.items():
         families[BATCH_SIZES[0]].add_metric([*engine, str(rows)], batches)
+
+
+def _bound(le: float) -> str:
+    """A bucket's ``le`` label as Prometheus writes it: ``0.0025``, ``1.0``, ``+Inf``."""
+    return "+Inf" if le == math.inf else repr(le)

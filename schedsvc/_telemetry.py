@@ -1,14 +1,78 @@
-"""Stats snapshots of an engine."""
+"""Stats snapshots of an engine, and the latency histograms its workers fill."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Stats", "percentile", "percentiles"]
+__all__ = ["LATENCY_BOUNDS_S", "Latencies", "Stats", "percentile", "percentiles"]
+
+#: upper bounds, in seconds, of the latency histograms' buckets: 10 µs to 10 s, then +Inf
+LATENCY_BOUNDS_S = (
+    *(m * 10.0**e for e in range(-5, 1) for m in (1.0, 2.5, 5.0)),
+    10.0,
+    math.inf,
+)
+
+
+class Latencies:
+    """How long tasks waited from ready to started, and ran, since the engine started: a count per bucket
+    of ``LATENCY_BOUNDS_S`` and the sum of each.
+
+    A worker only appends a task's two figures (``waits``, ``runs``), under the runtime's lock; they are
+    sorted into the buckets ``FOLD`` at a time, and when the histograms are read, so that a task costs
+    two list appends rather than two searches of the bounds.
+    """
+
+    FOLD = 1024
+
+    __slots__ = ("run_counts", "run_sum", "runs", "wait_counts", "wait_sum", "waits")
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.runs: list[float] = []
+        self.wait_counts = [0] * len(LATENCY_BOUNDS_S)
+        self.run_counts = [0] * len(LATENCY_BOUNDS_S)
+        self.wait_sum = self.run_sum = 0.0
+
+    def fold(self) -> None:
+        """Sort the figures appended so far into the buckets (with the runtime's lock held)."""
+        self.wait_sum += _fold(self.waits, self.wait_counts)
+        self.run_sum += _fold(self.runs, self.run_counts)
+
+    def histograms(self) -> tuple[Mapping[float, int], float, Mapping[float, int], float]:
+        """(queue wait histogram, its sum, run time histogram, its sum): each histogram cumulative, as
+        Prometheus has them, upper bound -> tasks at or under it (with the runtime's lock held)."""
+        self.fold()
+        return _cumulative(self.wait_counts), self.wait_sum, _cumulative(self.run_counts), self.run_sum
+
+
+def _fold(values: list[float], counts: list[int]) -> float:
+    """Add ``values`` to the bucket ``counts`` and empty it; their sum."""
+    if not values:
+        return 0.0
+    import numpy as np
+
+    array = np.array(values)
+    values.clear()  # in place: the workers hold its bound append
+    # side="left": a value equal to a bound is in that bound's bucket ("less than or equal")
+    found = np.bincount(np.searchsorted(LATENCY_BOUNDS_S, array, side="left"), minlength=len(counts))
+    for i, n in enumerate(found.tolist()):
+        counts[i] += n
+    return float(array.sum())
+
+
+def _cumulative(counts: list[int]) -> Mapping[float, int]:
+    total = 0
+    out = {}
+    for bound, count in zip(LATENCY_BOUNDS_S, counts, strict=True):
+        total += count
+        out[bound] = total
+    return MappingProxyType(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +121,15 @@ class Stats:
     copies: int = 0
     """Copies of task arguments between host and device memory the engine made (one per buffer version
     and device, shared by the tasks that read it)."""
+    queue_wait_histogram: Mapping[float, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Tasks run on the engine's workers since it started, by seconds from ready to started: upper bound
+    -> tasks that waited at most that long (cumulative, ``inf`` last: Prometheus's buckets)."""
+    queue_wait_sum_s: float = 0.0
+    """The seconds those tasks waited, in all."""
+    run_time_histogram: Mapping[float, int] = field(default_factory=lambda: MappingProxyType({}))
+    """The same tasks by seconds from started to finished (a batch's or fused run's time for each of its
+    tasks)."""
+    run_time_sum_s: float = 0.0
 
     def __str__(self) -> str:
         """One figure a line, aligned, sizes and durations in units (``repr`` is the one-line form)."""
@@ -70,6 +143,8 @@ class Stats:
         out["worker_busy_s"] = dict(self.worker_busy_s)
         out["stream_launches"] = dict(self.stream_launches)
         out["batch_sizes"] = dict(self.batch_sizes)  # (JSON makes its keys strings: from_dict reads them)
+        for name in ("queue_wait_histogram", "run_time_histogram"):  # bounds as JSON keys: "0.0025", "inf"
+            out[name] = {str(bound): count for bound, count in getattr(self, name).items()}
         return out
 
     def to_json(self, **dumps_options: Any) -> str:
@@ -85,25 +160,30 @@ class Stats:
         values["batch_sizes"] = MappingProxyType(
             {int(k): v for k, v in values.get("batch_sizes", {}).items()}
         )
+        for name in ("queue_wait_histogram", "run_time_histogram"):
+            values[name] = MappingProxyType({float(k): v for k, v in values.get(name, {}).items()})
         return cls(**values)
 
 
 def _shown(name: str, value: Any) -> str:
     """A figure for people: bytes with a binary unit, seconds in s/ms/µs, a mapping one pair after another."""
+    if name.endswith("_histogram") and isinstance(value, Mapping):  # buckets with tasks in them
+        below = dict(zip(value, [0, *value.values()], strict=False))
+        shown = [
+            f"<= {_seconds(b) if b < math.inf else 'inf'} {n - below[b]:,}"
+            for b, n in value.items()
+            if n > below[b]
+        ]
+        return ", ".join(shown) or "none"
     if isinstance(value, Mapping):
         return ", ".join(f"{k} {_shown(name, v)}" for k, v in value.items()) or "none"
     if name.endswith("_bytes") and isinstance(value, int) and value >= 1024:
-        return f"{value:,} ({_binary(value)})"
+        from pydantic import ByteSize  # (imported with Config already, unless the Stats came from a dict)
+
+        return f"{value:,} ({ByteSize(value).human_readable(separator=' ')})"
     if name.endswith("_s") and isinstance(value, float):
         return _seconds(value)
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-
-
-def _binary(n: int) -> str:
-    """``6319125504`` -> ``'5.9 GiB'``."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    power = min(len(units) - 1, (n.bit_length() - 1) // 10)
-    return f"{n / 1024**power:.1f} {units[power]}"
 
 
 def _seconds(s: float) -> str:

@@ -82,11 +82,16 @@ def _type(field: FieldInfo) -> str:
     annotation = field.annotation
     text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
     text = text or str(annotation).replace("typing.", "")
+    # pydantic's ByteSize: an int of bytes, or a size with a unit
+    text = text.replace("pydantic.types.ByteSize", "ByteSize")
     limits = [
         f"{symbol} {getattr(meta, key)}"
         for meta in field.metadata
         for key, symbol in _CONSTRAINTS.items()
         if getattr(meta, key, None) is not None
     ]
-    text = " or ".join(f"`{part}`" for part in text.split(" | "))
+    text = " or ".join(
+        'bytes (an `int`, or a size such as `"1GiB"`)' if part == "ByteSize" else f"`{part}`"
+        for part in text.split(" | ")
+    )
     return text + (f" ({', '.join(limits)})" if limits else "")

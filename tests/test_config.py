@@ -138,6 +138,35 @@ def test_byte_strings(text: int | str, expected: int) -> None:
     assert ss.Config(max_pending_bytes=text).max_pending_bytes == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2 PiB", 2 * 2**50), ("1k", 1000), ("8bit", 1), (" 16MiB ", 16 * 2**20), (1e9, 10**9)],
+)
+def test_byte_sizes_are_what_pydantic_bytesize_reads(text: str | float, expected: int) -> None:
+    """Units are ByteSize's (case-insensitive, IEC and SI, bits too), a size rounded down to whole bytes."""
+    assert ss.Config(max_pending_bytes=text).max_pending_bytes == expected == pydantic.ByteSize(expected)
+
+
+@pytest.mark.parametrize("text", ["16MiB!", "16 MiB of it", "1.5B", "1.7", "-1"])
+def test_a_byte_size_is_a_size_and_nothing_more(text: str) -> None:
+    """ByteSize would read "16MiB!" as 16MiB and round "1.5B" down: refused here, the field named."""
+    with pytest.raises(
+        ss.ConfigError, match=r"max_pending_bytes: .* (is not a byte size|is not a whole number)"
+    ):
+        ss.Config(max_pending_bytes=text)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [(-1, "-1 is not a byte size"), ("16 parsecs", "could not interpret byte unit: parsecs")],
+)
+def test_a_refused_byte_size_says_what_to_write(value: object, why: str) -> None:
+    with pytest.raises(
+        ss.ConfigError, match=f"max_pending_bytes: {why}; write a whole number of bytes such as"
+    ):
+        ss.Config(max_pending_bytes=value)
+
+
 def test_byte_strings_for_device_memory() -> None:
     assert ss.Config(max_device_bytes="1GiB").max_device_bytes == 2**30
 

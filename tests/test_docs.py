@@ -44,7 +44,9 @@ def test_types_limits_and_defaults_are_the_code_s() -> None:
     hooks = _hooks()
     text = hooks.config_settings()
     assert "type `int` (≥ 1) · default `1024` · environment `SCHEDSVC_MAX_PENDING`" in text
-    assert "type `int` or `None` (≥ 1) · default `None`" in text  # max_device_bytes
+    assert (
+        'type bytes (an `int`, or a size such as `"1GiB"`) or `None` (≥ 1) · default `None`' in text
+    )  # max_device_bytes
     assert "computed for this machine when a Config is built: `os.cpu_count() or 1`" in text
     assert hooks.field_descriptions(ss.Config)["sync_mode"].startswith(
         "Debugging: run each task in the caller"

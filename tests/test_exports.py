@@ -150,3 +150,64 @@ def test_optional_extras_are_not_imported_with_schedsvc() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
     assert "PrometheusCollector" in ss.__all__
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code``."""
+    import subprocess
+    import sys
+
+    script = f"import sys\n{code}\nprint('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
+    return set(out.split())
+
+
+#: what only the command, its plots and the benchmarks use (the cli, plot and prometheus extras)
+CLI_ONLY = {"rich", "threadpoolctl", "matplotlib", "prometheus_client", "schedsvc.cli"}
+#: what is imported on first use of a name: pydantic with Config, the compiler with Compiled, ...
+DEFERRED = {
+    "pydantic",
+    "pydantic_settings",
+    "schedsvc._config",
+    "schedsvc._executor",
+    "schedsvc.compile._compiled",
+}
+
+
+def test_import_schedsvc_leaves_the_command_s_and_the_deferred_modules_unimported() -> None:
+    """``import schedsvc`` costs about what ``import numpy`` does: the cli extra's packages, pydantic (for
+    Config) and the compiler are imported when first used, not with the package."""
+    loaded = _modules_after("import schedsvc")
+    assert "schedsvc._engine" in loaded and "numpy" in loaded
+    assert not loaded & (CLI_ONLY | DEFERRED)
+
+
+def test_a_deferred_name_imports_its_module_on_first_use() -> None:
+    loaded = _modules_after("import schedsvc\nschedsvc.Config()")
+    assert {"pydantic", "pydantic_settings", "schedsvc._config"} <= loaded
+    assert not loaded & CLI_ONLY
+
+
+def test_an_engine_under_trio_or_asyncio_imports_asyncio_when_it_starts() -> None:
+    """The bridge loads asyncio at the engine's start, under either library (a future may be awaited on
+    an asyncio loop in another thread): it works the same as when asyncio was imported first."""
+    code = (
+        "import schedsvc, trio\n"
+        "async def main():\n"
+        "    async with schedsvc.Engine(cpu_workers=1) as eng:\n"
+        "        assert await eng.run(abs, -3) == 3\n"
+        "trio.run(main)"
+    )
+    pytest.importorskip("trio")
+    assert "asyncio" in _modules_after(code)
+
+
+def test_every_exported_name_imports_from_a_fresh_interpreter() -> None:
+    """``from schedsvc import X`` works for each name of ``__all__``, the deferred ones included."""
+    names = ", ".join(name for name in ss.__all__ if name != "__version__")
+    loaded = _modules_after(f"from schedsvc import {names}\nfrom schedsvc import __version__")
+    assert "schedsvc._config" in loaded and "schedsvc.compile._compiled" in loaded
+
+
+def test_dir_lists_every_exported_name() -> None:
+    assert set(ss.__all__) <= set(dir(ss))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
+import time
 from types import MappingProxyType
 from typing import Any
 
@@ -76,7 +78,13 @@ async def test_as_dict_is_a_copy() -> None:
 
 
 def test_from_dict_without_worker_times() -> None:
-    mappings = ("worker_busy_s", "stream_launches", "batch_sizes")
+    mappings = (
+        "worker_busy_s",
+        "stream_launches",
+        "batch_sizes",
+        "queue_wait_histogram",
+        "run_time_histogram",
+    )
     figures = {name: 0 for name in STATS_FIELDS if name not in mappings}
     stats = ss.Stats.from_dict(figures)
     assert dict(stats.worker_busy_s) == {}
@@ -93,6 +101,8 @@ def test_str_is_one_figure_a_line_with_units() -> None:
         "worker_busy_s": {"cpu-0": 1.5, "cpu-1": 0.0},
         "stream_launches": {},
         "batch_sizes": {},
+        "queue_wait_histogram": {"1e-05": 0, "2.5e-05": 3, "0.0025": 3, "inf": 4},
+        "run_time_histogram": {},
     }
     stats = ss.Stats.from_dict(figures)
     lines = str(stats).splitlines()
@@ -103,6 +113,8 @@ def test_str_is_one_figure_a_line_with_units() -> None:
     assert shown["max_pending_bytes"] == "3,221,225,472 (3.0 GiB)"
     assert (shown["queue_wait_p50_s"], shown["queue_wait_p99_s"]) == ("25.0 µs", "4.200 ms")
     assert shown["worker_busy_s"] == "cpu-0 1.500 s, cpu-1 0 s"
+    assert shown["queue_wait_histogram"] == "<= 25.0 µs 3, <= inf 1"  # the buckets that hold tasks
+    assert shown["run_time_histogram"] == "none"
     assert repr(stats).startswith("Stats(submitted=12345, ") and "\n" not in repr(stats)
 
 
@@ -111,6 +123,8 @@ def test_from_dict_rejects_unknown_figures() -> None:
         "worker_busy_s": {},
         "stream_launches": {},
         "batch_sizes": {},
+        "queue_wait_histogram": {},
+        "run_time_histogram": {},
         "bogus": 1,
     }
     with pytest.raises(TypeError, match="bogus"):
@@ -159,9 +173,15 @@ def expected_samples(stats: ss.Stats, engine: str | None = None) -> dict[Any, fl
         key("schedsvc_batches_total"): stats.batches,
         key("schedsvc_batch_rows_total"): stats.batch_rows,
         key("schedsvc_copies_total"): stats.copies,
-        key("schedsvc_queue_wait_seconds", ("quantile", "0.5")): stats.queue_wait_p50_s,
-        key("schedsvc_queue_wait_seconds", ("quantile", "0.99")): stats.queue_wait_p99_s,
     }
+    for name, histogram, total in (
+        ("schedsvc_queue_wait_seconds", stats.queue_wait_histogram, stats.queue_wait_sum_s),
+        ("schedsvc_task_run_seconds", stats.run_time_histogram, stats.run_time_sum_s),
+    ):
+        for bound, count in histogram.items():
+            samples[key(f"{name}_bucket", ("le", "+Inf" if bound == math.inf else str(bound)))] = count
+        samples[key(f"{name}_count")] = histogram[math.inf]
+        samples[key(f"{name}_sum")] = total
     for worker, seconds in stats.worker_busy_s.items():
         samples[key("schedsvc_worker_busy_seconds_total", ("worker", worker))] = seconds
     for rows, batches in stats.batch_sizes.items():
@@ -189,7 +209,9 @@ def test_every_stats_field_is_exported() -> None:
     """A field added to Stats must be added to the exposition too."""
     exported = (
         set(_prometheus.METRICS)
-        | set(_prometheus.QUANTILES)
+        | set(_prometheus.HISTOGRAMS)
+        | {sum_field for _, _, sum_field in _prometheus.HISTOGRAMS.values()}
+        | set(_prometheus.FROM_HISTOGRAMS)
         | {
             "worker_busy_s",
             "stream_launches",
@@ -197,6 +219,36 @@ def test_every_stats_field_is_exported() -> None:
         }
     )
     assert exported == set(STATS_FIELDS)
+
+
+async def test_latencies_are_histograms_of_every_task_run() -> None:
+    """Cumulative buckets of every task that ran (the failed one too; its dependent never ran), not p50/p99
+    gauges over a window: Prometheus computes any quantile from them (histogram_quantile)."""
+    pytest.importorskip("prometheus_client")
+
+    def busy(seconds: float) -> float:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # runs at least this long: a task of known length, not a wait
+            pass
+        return seconds
+
+    eng = ss.Engine(cpu_workers=2, max_pending=64)
+    async with eng:
+        await run_workload(eng)
+        await within(eng.run(busy, 0.03))
+    stats = eng.stats()
+    samples = exposition(ss.PrometheusCollector(eng))
+    for name, histogram in (
+        ("queue_wait_seconds", stats.queue_wait_histogram),
+        ("task_run_seconds", stats.run_time_histogram),
+    ):
+        counts = list(histogram.values())
+        assert counts == sorted(counts)  # cumulative
+        assert list(histogram) == sorted(histogram) and histogram[math.inf] == counts[-1]
+        assert samples[(f"schedsvc_{name}_count", ())] == 5 + 1 + 1  # run_workload's that ran, and busy
+    runs = stats.run_time_histogram
+    assert runs[0.025] == 6 and runs[math.inf] == 7  # busy ran 30 ms, longer than any other
+    assert stats.run_time_sum_s >= 0.03
 
 
 async def test_each_scrape_reads_the_stats_then() -> None:

@@ -16,10 +16,8 @@ library running the engine's start: ``AsyncioBridge`` here, ``TrioBridge``
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -29,6 +27,8 @@ from .._core import FINAL_STATES
 from .._errors import FORKED, EngineClosed, SchedsvcError
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .._core import Task
     from ._runtime import Runtime
 
@@ -49,6 +49,26 @@ __all__ = [
 ]
 
 _LockType = type(threading.Lock())
+
+
+class _AsyncioOnFirstUse:
+    """The name ``asyncio`` here until asyncio is first used (at the latest when an engine starts): then
+    the module itself.  ``import schedsvc`` does not import asyncio, which costs a third of NumPy's import."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_load_asyncio(), name)
+
+
+def _load_asyncio() -> Any:
+    """Import asyncio, and put it (and the token types with its Future) in this module's globals."""
+    import asyncio as module
+
+    globals().update(asyncio=module, _TOKEN_TYPES=(module.Future, Token))
+    return module
+
+
+if not TYPE_CHECKING:
+    asyncio = _AsyncioOnFirstUse()
 
 
 class Token:
@@ -253,7 +273,7 @@ class AsyncioBridge(Bridge):
 
 def open_bridge(rt: Runtime) -> AsyncioBridge | Any:
     """The bridge for the async library running this call: asyncio, or trio (through anyio or not)."""
-    loop = asyncio._get_running_loop()
+    loop = _load_asyncio()._get_running_loop()
     if loop is not None:
         return AsyncioBridge(rt, loop)
     if _in_trio():
@@ -322,7 +342,9 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-_TOKEN_TYPES = (asyncio.Future, Token)  # built once: `asyncio.Future | Token` makes a new union at every call
+# built once: `asyncio.Future | Token` makes a new union at every call.  Until asyncio is loaded no asyncio
+# future exists: a token is made after asking asyncio for the running loop, which loads it
+_TOKEN_TYPES: tuple[type, ...] = (Token,)
 
 
 def fire(watcher: Any, task: Task | None) -> None:
@@ -342,6 +364,8 @@ def report(exc: BaseException, message: str) -> None:
     if loop is not None:
         loop.call_exception_handler({"message": message, "exception": exc})
     else:
+        import logging  # (only for an error nobody can be raised to)
+
         logging.getLogger("schedsvc").error(message, exc_info=exc)
 
 

@@ -15,6 +15,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core import FINAL_STATES, Task
+from .._telemetry import Latencies
 from ._scan import substitute, substitute_args
 from ._threads import acquire_contended
 from ._waiting import MAX_COST_KEYS, cost_key
@@ -67,6 +68,9 @@ class Dispatch:
         self.core = rt.core
         self.worker_threads = rt.worker_threads
         self.queue_waits = rt.queue_waits
+        self.latencies = rt.latencies
+        self.add_wait = rt.latencies.waits.append  # bound once: a task appends its wait and run time
+        self.add_run = rt.latencies.runs.append
         self.timeline = rt.timeline
         self.inline_threshold_s = inline_threshold_s  # learn costs only where a cheap task runs inline
         self._costs = costs  # (code, log2 input bytes) -> seconds, smoothed; read by Waiting
@@ -159,7 +163,8 @@ class Dispatch:
         if task.fusion is not None and chain:  # hot path: the one check a task pays for fusion
             return self._execute_fused(task)
         t0 = time.perf_counter()
-        self.queue_waits.append(t0 - task.t_ready)
+        wait = t0 - task.t_ready
+        self.queue_waits.append(wait)
         key = None
         if self.inline_threshold_s and (task.watchers is not None or not chain):
             try:
@@ -183,13 +188,14 @@ class Dispatch:
             value, error = None, exc
             if exc.__traceback__ is not None:  # without this frame, whose `task` would make a cycle
                 exc.__traceback__ = exc.__traceback__.tb_next  # (error -> frame -> task -> error)
+        t1 = time.perf_counter()
         if guest:
             self.worker_threads.discard(get_ident())
         timeline = self.timeline
         if timeline is not None:
-            timeline.span(task, t0, time.perf_counter(), error)
+            timeline.span(task, t0, t1, error)
         if key is not None:
-            elapsed = time.perf_counter() - t0
+            elapsed = t1 - t0
             old = self._costs.get(key)
             if old is None and len(self._costs) >= MAX_COST_KEYS:
                 self._costs.clear()
@@ -198,6 +204,10 @@ class Dispatch:
         if not lock.acquire(False):
             acquire_contended(lock)
         try:
+            self.add_wait(wait)
+            self.add_run(t1 - t0)
+            if len(self.latencies.waits) >= Latencies.FOLD:
+                self.latencies.fold()
             nxt = self.core.finish(task, value, error, chain)
             if nxt is None and chain:
                 nxt = self.core.take(task.device)
@@ -224,17 +234,22 @@ class Dispatch:
             outcomes, described = fusion.run(tasks, args)
         except BaseException as exc:  # (run raises nothing; were it to, no task may stay running)
             outcomes, described = [(None, exc)] * len(tasks), {}
+        t1 = time.perf_counter()
         timeline = self.timeline
         if timeline is not None:
-            timeline.fused_span(first, t0, time.perf_counter(), described)
+            timeline.fused_span(first, t0, t1, described)
         lock = self.lock
         if not lock.acquire(False):
             acquire_contended(lock)
         try:
             last = len(tasks) - 1
             for i, task in enumerate(tasks):  # the last one may hand on a dependent to run here
+                self.add_wait(t0 - task.t_ready)
+                self.add_run(t1 - t0)
                 value, error = outcomes[i]
                 nxt = core.finish(task, value, error, i == last)
+            if len(self.latencies.waits) >= Latencies.FOLD:
+                self.latencies.fold()
             if nxt is None:
                 nxt = core.take(first.device)
             after = self.rt.collect()

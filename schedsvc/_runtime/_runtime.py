@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import Scheduler, Task
 from .._errors import EngineClosed
+from .._telemetry import Latencies
 from .._timeline import Timeline
 from ._admission import Admission
 from ._bridge import Bridge, open_bridge, settle
@@ -81,6 +82,7 @@ _SHARED = (
     "worker_threads",
     "loop_thread",
     "queue_waits",
+    "latencies",
     "forked",
     "other_loops",
     "remote",
@@ -135,6 +137,7 @@ _ENTRY_POINTS = (
     "limits_text",
     "launches",
     "busy_seconds",
+    "latency_histograms",
     "attach",
     "detach",
 )
@@ -179,6 +182,7 @@ class Runtime:
         self.worker_threads: set[int] = set()  # idents of threads that run tasks
         self.loop_thread = threading.get_ident()
         self.queue_waits: deque[float] = deque(maxlen=8192)
+        self.latencies = Latencies()  # every task run here: waits and run times, by bucket (under the lock)
         self.forked = False  # this is a child process forked after the engine started: nothing runs here
         #: has a coroutine on another event loop awaited a task of this engine, or a thread (ThreadToken)
         #: waited for one?  From then on, collect looks for watchers to wake off this loop
@@ -247,6 +251,7 @@ class Runtime:
         self.limits_text = status.limits_text
         self.launches = status.launches
         self.busy_seconds = status.busy_seconds
+        self.latency_histograms = status.latency_histograms
         self.attach = status.attach
         self.detach = status.detach
 

@@ -8,6 +8,8 @@ from .._errors import SchedsvcError
 from .._timeline import Timeline
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .._core import Task
     from ._dispatch import Dispatch
     from ._runtime import Runtime
@@ -87,6 +89,11 @@ class Status:
         for device in self.rt.devices.values():
             busy.update(device.busy_seconds())
         return busy
+
+    def latency_histograms(self) -> tuple[Mapping[float, int], float, Mapping[float, int], float]:
+        """The tasks run here by queue wait and by run time, cumulative, with their sums (``Latencies``)."""
+        with self.rt.lock:
+            return self.rt.latencies.histograms()
 
     # -- a trace ---------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import bench_workers, fail, make_mlp, mlp_weights
+from ._common import NeedsExtra, bench_workers, fail, make_mlp, mlp_weights
 
 __all__ = ["bench_workers", "main", "make_mlp", "mlp_weights"]
 
@@ -33,6 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         status: int = args.run(args)
-    except ConfigError as exc:  # e.g. a bad SCHEDSVC_* variable, met when the subcommand builds an engine
+    except (ConfigError, NeedsExtra) as exc:  # e.g. a bad SCHEDSVC_* variable, met building an engine
         return fail(args.command, str(exc))
     return status

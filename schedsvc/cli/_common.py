@@ -5,6 +5,10 @@ Each subcommand module (``demo``, ``info``, ``tune``, and the ``bench`` suites) 
 library, never another subcommand, so that one command can be read or changed without the others.  Only
 the standard library is imported at module level: ``schedsvc --help`` imports every subcommand module to
 build its parser, and stays fast; NumPy and threadpoolctl are imported when a command runs.
+
+The cli extra (``pip install 'schedsvc[cli]'``) brings rich and threadpoolctl.  Without rich the commands
+print plain text tables and progress lines; without threadpoolctl the commands that measure cannot hold
+BLAS at one thread, and say which extra to install (``NeedsExtra``).
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
+    "CLI_EXTRA",
     "DIGITS_PIXELS",
     "DIGITS_ROWS",
     "Figures",
     "MiB",
+    "NeedsExtra",
     "bench_workers",
     "digits_rows",
     "digits_weights",
@@ -32,6 +38,7 @@ __all__ = [
     "fail",
     "fancy_func",
     "gpu_unavailable",
+    "has_rich",
     "make_mlp",
     "median_figures",
     "meets",
@@ -43,9 +50,11 @@ __all__ = [
     "runs_phrase",
     "target_line",
     "target_mark",
+    "text_table",
     "write_json",
 ]
 
+CLI_EXTRA = "pip install 'schedsvc[cli]'"
 MiB = 2**20
 #: the shape of scikit-learn's digits set: 1,797 images of 8 x 8 pixels, each pixel 0..16
 DIGITS_ROWS, DIGITS_PIXELS = 1797, 64
@@ -65,6 +74,34 @@ def fail(command: str, problem: str, status: int = 2) -> int:
 def progress(line: str) -> None:
     """A progress line on stderr (stdout stays the report)."""
     print(f"  ... {line}", file=sys.stderr, flush=True)
+
+
+class NeedsExtra(Exception):
+    """A command needs a package of the cli extra that is not installed; the message says which and how."""
+
+
+def has_rich() -> bool:
+    """Is rich (the cli extra) installed?  Tables and progress bars with it, plain text without it."""
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def text_table(headers: list[str], rows: list[list[str]], title: str | None = None, right: int = 0) -> str:
+    """Rows as plain text: a column per header, as wide as its widest cell, two spaces apart; the first
+    ``right`` columns (numbers) aligned right."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(width) if i < right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    lines = [*([title] if title else []), line(headers), line(["-" * w for w in widths])]
+    return "\n".join(lines + [line(row) for row in rows])
 
 
 # -- output files and reports ---------------------------------------------------------------------------
@@ -119,7 +156,12 @@ def bench_workers() -> int:
 
 def one_blas_thread() -> AbstractContextManager[Any]:
     """BLAS held at one thread while measuring, so that parallel speed-up comes from the engine."""
-    from threadpoolctl import threadpool_limits
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError as exc:
+        raise NeedsExtra(
+            f"measuring holds BLAS at one thread with threadpoolctl, which is not installed; {CLI_EXTRA}"
+        ) from exc
 
     limits: AbstractContextManager[Any] = threadpool_limits(limits=1)  # threadpoolctl has no annotations
     return limits

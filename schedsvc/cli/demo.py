@@ -1,17 +1,19 @@
-"""``schedsvc demo``: the sources' experiments, measured on this machine, with the sources' claims beside them.
+"""``schedsvc demo``: schedsvc's experiments, measured on this machine, beside the claims of the book they test.
 
-The "Computational Performance" chapter of *Dive into Deep Learning* makes a
-handful of claims about an asynchronous engine: asynchronous computation,
-automatic parallelism, memory under a flooded queue, hybridize, profiling,
-and CPU/GPU overlap; it also advises running a model a minibatch at a time,
-which dynamic batching does for concurrent one-row calls.  Each row of the
-table measures one of them with schedsvc as the engine.  This module holds all of it, in three parts:
+The "Computational Performance" chapter of *Dive into Deep Learning* (d2l.ai)
+makes a handful of claims about an asynchronous engine: asynchronous
+computation, automatic parallelism, memory under a flooded queue, hybridize,
+profiling, and CPU/GPU overlap; it also advises running a model a minibatch at
+a time, which dynamic batching does for concurrent one-row calls.  Each row of
+the table is an experiment of schedsvc's that measures one of them with
+schedsvc as the engine.  This module holds all of it, in three parts:
 
 - the experiments: each a coroutine ``fn(sizes) -> (figures, checks)``;
   ``figures`` are measured quantities (times, ratios, sizes, counts; all
   positive), and ``checks`` are facts the run established (a result equal to
   NumPy's, how many ops the compiler folded).  ``measure`` repeats them,
-  interleaved, and keeps the median of every figure.  The GPU experiments run
+  interleaved, and keeps the median of every figure (a ratio of two figures
+  is computed from their medians: ``DERIVED``).  The GPU experiments run
   only where the engine can run ``cuda`` tasks; elsewhere they are reported as
   skipped, with the reason the engine gives.  Nothing there prints.
 - the table: a ``Row`` per claim, saying how to show its experiment's figures.
@@ -24,10 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import gc
 import json
+import operator
 import os
 import tempfile
 import time
@@ -48,6 +52,7 @@ from ._common import (
     fail,
     fancy_func,
     gpu_unavailable,
+    has_rich,
     make_mlp,
     median_figures,
     mlp_weights,
@@ -83,13 +88,13 @@ Result = tuple[Figures, Checks]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sizes:
-    """Problem sizes; ``FULL`` follows the sources, ``QUICK`` takes a second or two in all."""
+    """Problem sizes; ``FULL`` follows the book, ``QUICK`` takes a second or two in all."""
 
     queued_side: int = 2000  # c = a * b + 2 on side x side arrays
     loop_ops: int = 1000  # y = x + 1, N times
     dots: int = 8  # independent np.dot (and the length of the dependent chain)
     dot_side: int = 1000
-    batches: int = 100  # the sources' data_iter: 100 batches of 1024 x 512
+    batches: int = 100  # the book's data_iter: 100 batches of 1024 x 512
     batch_rows: int = 1024
     features: int = 512
     bound_batches: int = 8  # max_pending_bytes, in batches (16 MiB at full size)
@@ -101,7 +106,7 @@ class Sizes:
     trace_chain: int = 16
     gpu_side: int = 4096
     gpu_ops: int = 16
-    gpu_randn: int = 10  # the sources' GPU experiment: (randn, matmul) pairs
+    gpu_randn: int = 10  # the book's GPU experiment: (randn, matmul) pairs
     gpu_randn_side: int = 1000
 
 
@@ -128,6 +133,53 @@ QUICK = Sizes(
 )
 
 
+# -- figures computed from other figures --------------------------------------------------
+
+#: a figure computed from others -> (the figures it needs, how).  Recomputed from the medians of those
+#: figures, so that a ratio printed beside two times is the ratio of those times.  The median of the runs'
+#: own ratios is not: runs of 485, 600 and 300 ms on 1 worker against 533, 354 and 340 ms on 2 have
+#: medians of 485 and 354 ms, a ratio of 1.37x, but their own ratios' median is 0.91x.
+DERIVED: dict[str, tuple[tuple[str, ...], Callable[..., float]]] = {
+    "result_over_submit": (("result_ms", "submit_us"), lambda ms, us: ms * 1e3 / us),
+    "awaited_over_queued": (("awaited_us", "queued_us"), operator.truediv),
+    "independent_speedup": (("independent_1worker_s", "independent_nworkers_s"), operator.truediv),
+    "chain_speedup": (("chain_1worker_s", "chain_nworkers_s"), operator.truediv),
+    "bounded_time_ratio": (("bounded_s", "unbounded_s"), operator.truediv),
+    "synced_time_ratio": (("synced_s", "unbounded_s"), operator.truediv),
+    "unbounded_over_bounded_peak": (("unbounded_peak_mib", "bounded_peak_mib"), operator.truediv),
+    "eager_over_compiled": (("eager_us", "compiled_us"), operator.truediv),
+    "compiled_over_numpy": (("compiled_us", "numpy_us"), operator.truediv),
+    "rows_per_batch": (("rows", "batches"), operator.truediv),
+    "loop_over_batched": (("loop_us", "batched_us"), operator.truediv),
+    "finish_over_queue": (("finish_s", "queue_s"), operator.truediv),
+    "sum_over_both": (("cpu_s", "gpu_s", "both_s"), lambda cpu, gpu, both: (cpu + gpu) / both),
+    "serial_over_overlapped": (("serial_s", "overlapped_s"), operator.truediv),
+    "speedup": (("one_s", "all_s"), operator.truediv),
+}
+
+
+def derived(figures: Figures) -> Figures:
+    """``figures`` and every ``DERIVED`` figure that can be computed from them."""
+    out = dict(figures)
+    for name, (needs, fn) in DERIVED.items():
+        if all(need in figures for need in needs):
+            out[name] = fn(*(figures[need] for need in needs))
+    return out
+
+
+#: says what a long experiment is doing now (``measure`` sets it; nothing is said outside a run)
+_STEP: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "demo_step", default=None
+)
+
+
+def step(what: str) -> None:
+    """Progress within an experiment: the part of it that starts now."""
+    report = _STEP.get()
+    if report is not None:
+        report(what)
+
+
 # -- asynchronous computation -------------------------------------------------------------
 
 
@@ -142,8 +194,7 @@ async def queued(s: Sizes) -> Result:
         t1 = time.perf_counter()
         value = await c
         t2 = time.perf_counter()
-    figures = {"submit_us": (t1 - t0) * 1e6, "result_ms": (t2 - t0) * 1e3}
-    figures["result_over_submit"] = figures["result_ms"] * 1e3 / figures["submit_us"]
+    figures = derived({"submit_us": (t1 - t0) * 1e6, "result_ms": (t2 - t0) * 1e3})
     return figures, {"equals_numpy": bool(np.array_equal(value, a * b + 2))}
 
 
@@ -153,9 +204,9 @@ def _add_one_stamped(x: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 async def loop(s: Sizes) -> Result:
-    """The sources' ``for _ in range(1000): y = x + 1``: awaited op by op, and queued then waited once.
+    """The book's ``for _ in range(1000): y = x + 1``: awaited op by op, and queued then waited once.
 
-    Both loops are split into the sources' three phases: t1 the frontend
+    Both loops are split into the book's three phases: t1 the frontend
     queues the op, t2 the backend takes and runs it, t3 the result reaches
     the frontend.  Tiny ops are run by an awaiting coroutine itself unless
     ``inline_threshold_us=0``; the phases use the worker path.
@@ -172,8 +223,7 @@ async def loop(s: Sizes) -> Result:
         for _ in range(n):
             await eng.run(np.add, x, 1)
         figures["awaited_inline_us"] = (time.perf_counter() - t0) / n * 1e6
-    figures["awaited_over_queued"] = figures["awaited_us"] / figures["queued_us"]
-    return figures, {"ops": n}
+    return derived(figures), {"ops": n}
 
 
 async def _awaited_phases(eng: ss.Engine, x: np.ndarray, n: int) -> Figures:
@@ -197,7 +247,7 @@ async def _awaited_phases(eng: ss.Engine, x: np.ndarray, n: int) -> Figures:
 
 
 async def _queued_loop(eng: ss.Engine, x: np.ndarray, n: int) -> Figures:
-    """Queued then waited once, split the sources' way: t1 + N*t2 + t3.
+    """Queued then waited once, split the book's way: t1 + N*t2 + t3.
 
     t1: one submission; N*t2: from the first submission's return to the last
     op's end (the backend's work, overlapping later submissions); t3: from the
@@ -247,12 +297,17 @@ async def parallel(s: Sizes) -> Result:
     n = bench_workers()
     figures: Figures = {}
     for kind, chain in (("independent", False), ("chain", True)):
-        one, many = await _dots(1, mats, chain), await _dots(n, mats, chain)
-        figures |= {f"{kind}_1worker_s": one, f"{kind}_nworkers_s": many, f"{kind}_speedup": one / many}
-    return figures, {"workers": n, "dots": s.dots}
+        step(f"{kind} dots on 1 worker")
+        figures[f"{kind}_1worker_s"] = await _dots(1, mats, chain)
+        step(f"{kind} dots on {n} workers")
+        figures[f"{kind}_nworkers_s"] = await _dots(n, mats, chain)
+    return derived(figures), {"workers": n, "dots": s.dots}
 
 
 # -- memory and backpressure --------------------------------------------------------------
+
+
+_MODES = {"unbounded": "no limit", "bounded": "max_pending_bytes", "synced": "awaited once per batch"}
 
 
 async def _flood(s: Sizes, mode: str) -> tuple[float, float]:
@@ -274,7 +329,7 @@ async def _flood(s: Sizes, mode: str) -> tuple[float, float]:
             batch = rng.random((s.batch_rows, s.features), dtype=np.float32)
             fut = await eng.submit(step, batch, reads=w, nbytes=batch_bytes)
             del batch
-            if mode == "synced":  # the sources' advice: one sync point per minibatch
+            if mode == "synced":  # the book's advice: one sync point per minibatch
                 await fut
         await eng.waitall()
         elapsed = time.perf_counter() - t0
@@ -287,13 +342,12 @@ async def memory(s: Sizes) -> Result:
     """A fast producer of batches, without a limit, with ``max_pending_bytes``, and synced per batch."""
     figures: Figures = {}
     for mode in ("unbounded", "bounded", "synced"):
+        step(f"{s.batches} batches, {_MODES[mode]}")
         peak, seconds = await _flood(s, mode)
         figures |= {f"{mode}_peak_mib": peak / MiB, f"{mode}_s": seconds}
     figures["bound_mib"] = s.bound_batches * s.batch_rows * s.features * 4 / MiB
     figures["batch_mib"] = s.batch_rows * s.features * 4 / MiB
-    figures["bounded_time_ratio"] = figures["bounded_s"] / figures["unbounded_s"]
-    figures["unbounded_over_bounded_peak"] = figures["unbounded_peak_mib"] / figures["bounded_peak_mib"]
-    return figures, {"batches": s.batches}
+    return derived(figures), {"batches": s.batches}
 
 
 # -- hybridize --------------------------------------------------------------------------------
@@ -309,7 +363,7 @@ async def _per_call_us(eng: ss.Engine, fn: Callable[..., Any], args: list[Any], 
 
 
 async def mlp(s: Sizes) -> Result:
-    """The sources' MLP (Dense 512-256-128-2, batch 1): NumPy, engine Tensors, compiled."""
+    """The book's MLP (Dense 512-256-128-2, batch 1): NumPy, engine Tensors, compiled."""
     net = make_mlp(mlp_weights())
     x = np.random.default_rng(1).standard_normal((1, 512))
     t0 = time.perf_counter()
@@ -324,9 +378,7 @@ async def mlp(s: Sizes) -> Result:
         figures["eager_us"] = await _per_call_us(eng, net, [xt], s.calls)
         figures["compiled_us"] = await _per_call_us(eng, compiled, [xt], s.calls)
         traces = compiled.stats()["traces"]
-    figures["eager_over_compiled"] = figures["eager_us"] / figures["compiled_us"]
-    figures["compiled_over_numpy"] = figures["compiled_us"] / figures["numpy_us"]
-    return figures, {"compiled_equals_eager": bool(same), "traces": traces}
+    return derived(figures), {"compiled_equals_eager": bool(same), "traces": traces}
 
 
 async def fancy(s: Sizes) -> Result:
@@ -345,7 +397,7 @@ async def fancy(s: Sizes) -> Result:
         value = await folded()
         figures["folded_us"] = await _per_call_us(eng, folded, [], s.calls)
     report = folded.graph.report
-    figures["eager_over_compiled"] = figures["eager_us"] / figures["compiled_us"]
+    figures = derived(figures)
     checks = {"folded_value": float(value), "folded_traced_ops": report["traced"]}
     checks |= {"folded_ops": report["folded"], "folded_kept_ops": report["kept"]}
     return figures, checks
@@ -397,10 +449,9 @@ async def batching(s: Sizes) -> Result:
         after = mlp.stats()
     figures["batched_us"] = seconds / len(x) * 1e6
     figures["batches"] = after["batches"] - before["batches"]
-    figures["rows_per_batch"] = len(x) / figures["batches"]
-    figures["loop_over_batched"] = figures["loop_us"] / figures["batched_us"]
+    figures["rows"] = len(x)
     equal = all(np.array_equal(o, e) for o, e in zip(out, expected, strict=True))
-    return figures, {"batched_equals_loop": equal, "rows": after["rows"] - before["rows"]}
+    return derived(figures), {"batched_equals_loop": equal, "rows": after["rows"] - before["rows"]}
 
 
 # -- profiling ----------------------------------------------------------------------------------
@@ -457,7 +508,7 @@ async def _matmuls_s(eng: ss.Engine, xs: list[Any], count: int) -> float:
 
 
 async def gpu_queued(s: Sizes, gpu: str = "cuda:0") -> Result:
-    """The sources' GPU experiment: (randn, matmul) pairs queued on the GPU, then waited for."""
+    """The book's GPU experiment: (randn, matmul) pairs queued on the GPU, then waited for."""
     from ..devices.cuda import api_for
 
     config = ss.Config()
@@ -472,8 +523,7 @@ async def gpu_queued(s: Sizes, gpu: str = "cuda:0") -> Result:
         queued = time.perf_counter() - t0
         await eng.waitall()
         finished = time.perf_counter() - t0
-    figures = {"queue_s": queued, "finish_s": finished, "finish_over_queue": finished / queued}
-    return figures, {"device": gpu}
+    return derived({"queue_s": queued, "finish_s": finished}), {"device": gpu}
 
 
 async def cpu_gpu(s: Sizes, gpu: str = "cuda:0") -> Result:
@@ -489,8 +539,7 @@ async def cpu_gpu(s: Sizes, gpu: str = "cuda:0") -> Result:
         cpu_s = await _matmuls_s(eng, [on_cpu], s.gpu_ops)
         gpu_s = await _matmuls_s(eng, [on_gpu], s.gpu_ops)
         both_s = await _matmuls_s(eng, [on_cpu, on_gpu], 2 * s.gpu_ops)
-    figures = {"cpu_s": cpu_s, "gpu_s": gpu_s, "both_s": both_s}
-    return figures | {"sum_over_both": (cpu_s + gpu_s) / both_s}, {"device": gpu}
+    return derived({"cpu_s": cpu_s, "gpu_s": gpu_s, "both_s": both_s}), {"device": gpu}
 
 
 async def copy_overlap(s: Sizes, gpu: str = "cuda:0") -> Result:
@@ -507,8 +556,7 @@ async def copy_overlap(s: Sizes, gpu: str = "cuda:0") -> Result:
             eng.submit_nowait(np.asarray, x @ x, device="cpu")
         await eng.waitall()
         t2 = time.perf_counter()
-    figures = {"serial_s": t1 - t0, "overlapped_s": t2 - t1, "serial_over_overlapped": (t1 - t0) / (t2 - t1)}
-    return figures, {"device": gpu}
+    return derived({"serial_s": t1 - t0, "overlapped_s": t2 - t1}), {"device": gpu}
 
 
 async def multi_gpu(s: Sizes, gpus: tuple[str, ...] = ("cuda:0", "cuda:1")) -> Result:
@@ -520,7 +568,7 @@ async def multi_gpu(s: Sizes, gpus: tuple[str, ...] = ("cuda:0", "cuda:1")) -> R
             await (x @ x)
         one_s = await _matmuls_s(eng, xs[:1], s.gpu_ops)
         all_s = await _matmuls_s(eng, xs, s.gpu_ops)
-    return {"one_s": one_s, "all_s": all_s, "speedup": one_s / all_s}, {"devices": list(gpus)}
+    return derived({"one_s": one_s, "all_s": all_s}), {"devices": list(gpus)}
 
 
 # -- the runs --------------------------------------------------------------------------------------
@@ -583,9 +631,7 @@ def measure(
     with one_blas_thread():  # parallel speed-up must come from the engine, not from BLAS
         for rep in range(reps):
             for key, fn in todo.items():
-                if progress is not None:
-                    progress(f"run {rep + 1}/{reps}: {key}")
-                samples[key].append(asyncio.run(fn(sizes)))
+                samples[key].append(_run(fn, sizes, f"run {rep + 1}/{reps}: {key}", progress))
                 gc.collect()
     experiments: dict[str, Any] = {key: _summary(results) for key, results in samples.items()}
     experiments |= {key: {"status": "skipped", "reason": reason} for key, reason in skips.items()}
@@ -599,13 +645,29 @@ def measure(
     }
 
 
+def _run(fn: Experiment, sizes: Sizes, what: str, progress: Callable[[str], None] | None) -> Result:
+    """One run of an experiment, saying ``what`` it is (and, for a long one, each part) to ``progress``."""
+    if progress is None:
+        return asyncio.run(fn(sizes))
+    progress(what)
+    token = _STEP.set(lambda part: progress(f"{what}: {part}"))
+    try:
+        return asyncio.run(fn(sizes))
+    finally:
+        _STEP.reset(token)
+
+
 def _summary(results: list[Result]) -> dict[str, Any]:
-    figures = median_figures([f for f, _ in results])
+    """The median of each measured figure; the ``DERIVED`` ones computed from those medians; the range of
+    each over the runs; the checks of the last run."""
+    runs = [f for f, _ in results]
+    medians = derived(median_figures([{k: v for k, v in f.items() if k not in DERIVED} for f in runs]))
+    figures = {k: medians[k] for k in runs[0]}
     spread = {k: [min(f[k] for f, _ in results), max(f[k] for f, _ in results)] for k in figures}
     return {"status": "measured", "figures": figures, "range": spread, "checks": results[-1][1]}
 
 
-# -- the table: a row per claim of the sources ---------------------------------------------------------------
+# -- the table: a row per claim of the book ---------------------------------------------------------------
 
 
 _MAX_WIDTH = 120
@@ -615,7 +677,7 @@ Fmt = Callable[[dict[str, float], dict[str, Any], Sizes], str]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Row:
-    """One line of the table: what ran, how to show its figures, and what the sources say."""
+    """One line of the table: what ran, how to show its figures, and what the book says."""
 
     experiment: str
     label: str  # formatted with s=Sizes
@@ -678,7 +740,7 @@ def _show_memory(mode: str) -> Fmt:
     def fmt(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
         text = f"peak {_n(f[f'{mode}_peak_mib'])} MiB, {_t(f[f'{mode}_s'])}"
         if mode != "unbounded":
-            text += f" ({_n(f[f'{mode}_s'] / f['unbounded_s'])}x the time without a limit)"
+            text += f" ({_n(f[f'{mode}_time_ratio'])}x the time without a limit)"
         return text
 
     return fmt
@@ -760,7 +822,7 @@ def _show_multi_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return f"1 GPU {_t(f['one_s'])}, {len(c['devices'])} GPUs {_t(f['all_s'])}: {_n(f['speedup'])}x"
 
 
-#: (section title, rows), in the order of the sources.
+#: (section title, rows), in the order of the book.
 SECTIONS: list[tuple[str, list[Row]]] = [
     (
         "Asynchronous computation",
@@ -868,7 +930,7 @@ SECTIONS: list[tuple[str, list[Row]]] = [
             Row(
                 "batching",
                 "{s.row_calls:,} concurrent one-row calls, MLP 64-128-64-10",
-                "Run the model a minibatch at a time (the sources: one graph per minibatch), not a row "
+                "Run the model a minibatch at a time (the book: one graph per minibatch), not a row "
                 "at a time.",
                 _show_batching,
             ),
@@ -922,7 +984,9 @@ SECTIONS: list[tuple[str, list[Row]]] = [
 
 def register(sub: Any) -> None:
     demo = sub.add_parser(
-        "demo", help="run the sources' experiments on this machine and print what they measured"
+        "demo",
+        help="run schedsvc's experiments on the claims of the 'Computational Performance' chapter of "
+        "Dive into Deep Learning, and print what they measured on this machine",
     )
     demo.add_argument("--reps", type=int, default=3, help="repetitions per experiment; medians shown (3)")
     demo.add_argument("--quick", action="store_true", help="small sizes: a quick look, in a few seconds")
@@ -976,8 +1040,11 @@ def _with_rows(report: dict[str, Any], sizes: Sizes, quick: bool) -> dict[str, A
 
 @contextlib.contextmanager
 def _progress() -> Iterator[Callable[[str], None]]:
-    """Progress on stderr while the experiments run: a status line on a terminal, else a line per run
-    (stdout, which may be the JSON report, stays the report)."""
+    """Progress on stderr while the experiments run: a status line on a terminal (with rich), else a line
+    per run and per part of a long one (stdout, which may be the JSON report, stays the report)."""
+    if not has_rich():
+        yield progress
+        return
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -999,33 +1066,81 @@ def _console() -> Console:
     return console
 
 
+def _heading(report: dict[str, Any]) -> str:
+    sizes = ", quick sizes" if report["quick"] else ""
+    return (
+        'schedsvc demo: schedsvc\'s experiments on the claims of the "Computational Performance" chapter of '
+        f"Dive into Deep Learning (d2l.ai), measured on this machine ({runs_phrase(report['reps'])}, "
+        f"{report['cpu_workers']} CPU workers, BLAS at 1 thread{sizes})"
+    )
+
+
+def _footer(report: dict[str, Any]) -> str:
+    return f"took {report['wall_s']:.1f} s; schedsvc demo --json PATH writes every figure"
+
+
+def _cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, str, str, bool]]]:
+    """A section's rows as cells (label, measured, claim, skipped?), and the notes said above them: a
+    reason that several rows are skipped for is said once, there."""
+    reasons = [r["reason"] for r in rows if r["status"] != "measured"]
+    shared = [reason for reason in dict.fromkeys(reasons) if reasons.count(reason) > 1]
+    cells = []
+    for row in rows:
+        if row["status"] == "measured":
+            measured = row["measured"]
+        elif row["reason"] in shared:
+            measured = "skipped: see above"
+        else:
+            measured = f"skipped: {row['reason']}"
+        cells.append((row["label"], measured, row["claim"], row["status"] != "measured"))
+    return [f"skipped on this machine: {reason}" for reason in shared], cells
+
+
+def _sections(report: dict[str, Any]) -> Iterator[tuple[str, list[str], list[tuple[str, str, str, bool]]]]:
+    """Each section's title, notes and cells."""
+    for title, _ in SECTIONS:
+        yield title, *_cells([r for r in report["rows"] if r["section"] == title])
+
+
 def _render(report: dict[str, Any]) -> None:
+    if not has_rich():
+        print(_plain(report))
+        return
     from rich.text import Text
 
     console = _console()
-    sizes = ", quick sizes" if report["quick"] else ""
-    runs = runs_phrase(report["reps"])
-    console.print(
-        Text(
-            f'schedsvc demo: the experiments of the sources\' "Computational Performance" chapter on this '
-            f"machine ({runs}, {report['cpu_workers']} CPU workers, BLAS at "
-            f"1 thread{sizes})"
-        )
-    )
-    for i, (title, _) in enumerate(SECTIONS):
+    console.print(Text(_heading(report)))
+    for i, (title, notes, cells) in enumerate(_sections(report)):
         console.print()
-        console.print(_table(title, [r for r in report["rows"] if r["section"] == title], header=i == 0))
-    console.print(Text(f"took {report['wall_s']:.1f} s; schedsvc demo --json PATH writes every figure"))
+        console.print(Text(title.upper(), style="bold cyan"))
+        for note in notes:
+            console.print(Text(note, style="yellow"))
+        console.print(_table(cells, header=i == 0))
+    console.print(Text(_footer(report)))
 
 
-def _table(title: str, rows: list[dict[str, Any]], header: bool) -> Any:
+def _plain(report: dict[str, Any]) -> str:
+    """The report as plain text (without rich): each row's label, then what was measured and what the
+    book says, indented, wrapped at 100 columns."""
+    import textwrap
+
+    def para(head: str, text: str) -> str:
+        return textwrap.fill(text, 100, initial_indent=head, subsequent_indent=" " * len(head))
+
+    lines = [textwrap.fill(_heading(report), 100)]
+    for title, notes, cells in _sections(report):
+        lines += ["", title.upper(), *(textwrap.fill(note, 100) for note in notes)]
+        for label, measured, claim, _ in cells:
+            lines += [label, para("    measured here: ", measured), para("    the book says: ", claim)]
+    return "\n".join([*lines, "", _footer(report)])
+
+
+def _table(cells: list[tuple[str, str, str, bool]], header: bool) -> Any:
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     table = Table(
-        title=Text(title.upper(), style="bold cyan"),
-        title_justify="left",
         box=box.SIMPLE_HEAD,
         expand=True,
         show_edge=False,
@@ -1035,11 +1150,7 @@ def _table(title: str, rows: list[dict[str, Any]], header: bool) -> Any:
     )
     table.add_column("experiment", ratio=22, style="bold")
     table.add_column("measured here", ratio=45)
-    table.add_column("the sources say", ratio=33, style="dim")
-    for row in rows:
-        if row["status"] == "measured":
-            measured = Text(row["measured"])
-        else:
-            measured = Text(f"skipped: {row['reason']}", style="yellow")
-        table.add_row(Text(row["label"]), measured, Text(row["claim"]))
+    table.add_column("the book says", ratio=33, style="dim")
+    for label, measured, claim, skipped in cells:
+        table.add_row(Text(label), Text(measured, style="yellow" if skipped else ""), Text(claim))
     return table

@@ -8,10 +8,10 @@ import platform
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from ._common import emit, fail, output_problem
+from ._common import emit, fail, has_rich, output_problem, text_table
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from rich.table import Table as RichTable
 
     from .._config import Config
 
@@ -23,6 +23,8 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "prometheus-client": (("prometheus-client",), "prometheus"),
     "cupy": (("cupy-cuda12x",), "cuda12"),
     "dask": (("dask", "distributed"), "dask"),
+    "rich": (("rich",), "cli"),
+    "threadpoolctl": (("threadpoolctl",), "cli"),
 }
 _CUPY_DISTRIBUTIONS = ("cupy-cuda12x", "cupy-cuda13x", "cupy")
 _MAX_CUDA_DEVICES = 256  # probing stops at the first index CUDA says does not exist
@@ -191,46 +193,61 @@ def _version(distribution: str) -> str | None:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The report as rich tables (plain text when stdout is not a terminal)."""
+    """The report as tables: rich's when rich is installed (the cli extra), plain text otherwise."""
+    head = f"schedsvc {report['schedsvc']}, {report['python']}, {report['platform']}, {report['cpu_cores']} CPU cores"
+    tables = [_devices_table(report), _settings_table(report), _extras_table(report)]
+    if not has_rich():
+        return "\n\n".join([head, *(text_table(headers, rows, title) for title, headers, rows in tables)])
     from rich.console import Console
 
     console = Console(highlight=False)
     if not console.is_terminal:  # a pipe or a file has no width: never wrap a path
         console.width = max(console.width, 240)
-    head = f"schedsvc {report['schedsvc']}, {report['python']}, {report['platform']}, {report['cpu_cores']} CPU cores"
     with console.capture() as captured:
         console.print(head)
-        for table in (_devices_table(report), _settings_table(report), _extras_table(report)):
-            console.print(table)
+        for table in tables:
+            console.print(_rich_table(*table))
     return "\n".join(line.rstrip() for line in captured.get().splitlines())
 
 
-def _devices_table(report: dict[str, Any]) -> Table:
+#: a table of the report: title, column headers, rows of cells
+Table = tuple[str, list[str], list[list[str]]]
+#: how rich shows a cell that says one of these (the other cells: as they are)
+_STYLES = {"available": "green", "unavailable": "red", "default": "dim", "no": "dim"}
+
+
+def _rich_table(title: str, headers: list[str], rows: list[list[str]]) -> RichTable:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="devices", title_justify="left")
-    for column in ("device", "status", "in config", "detail"):
+    table = Table(title=Text(title), title_justify="left")
+    for column in headers:
         table.add_column(column)
-    for d in report["devices"]:
-        status = Text("available", "green") if d["available"] else Text("unavailable", "red")
-        table.add_row(Text(d["name"]), status, "yes" if d["in_config"] else "no", Text(d["detail"]))
+    for row in rows:  # Text, not markup: "pip install 'schedsvc[cuda12]'" keeps its brackets
+        table.add_row(*(Text(cell, _STYLES.get(cell, "")) for cell in row))
     return table
+
+
+def _devices_table(report: dict[str, Any]) -> Table:
+    rows = [
+        [
+            d["name"],
+            "available" if d["available"] else "unavailable",
+            "yes" if d["in_config"] else "no",
+            d["detail"],
+        ]
+        for d in report["devices"]
+    ]
+    return "devices", ["device", "status", "in config", "detail"], rows
 
 
 def _settings_table(report: dict[str, Any]) -> Table:
-    from rich.table import Table
-    from rich.text import Text
-
     origin = f"from {report['config_file']}" if report["config_file"] else "no config file"
-    table = Table(title=Text(f"settings in force ({origin})"), title_justify="left")
-    for column in ("setting", "value", "source"):
-        table.add_column(column)
-    for name, setting in report["settings"].items():
-        source = setting["source"]
-        shown = Text(source, "dim" if source == "default" else "")
-        table.add_row(name, Text(_value(name, setting["value"])), shown)
-    return table
+    rows = [
+        [name, _value(name, setting["value"]), setting["source"]]
+        for name, setting in report["settings"].items()
+    ]
+    return f"settings in force ({origin})", ["setting", "value", "source"], rows
 
 
 def _value(name: str, value: Any) -> str:
@@ -239,25 +256,19 @@ def _value(name: str, value: Any) -> str:
     if value is None:
         return "none"
     if name.endswith("_bytes"):
-        return f"{value} ({_binary(value)})"
+        from pydantic import ByteSize
+
+        return f"{value} ({ByteSize(value).human_readable(separator=' ')})"
     return str(value)
 
 
-def _binary(n: int) -> str:
-    """``6319125504`` -> ``'5.9 GiB'``."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    power = min(len(units) - 1, max(0, (n.bit_length() - 1) // 10))
-    return f"{n / 1024**power:.1f} {units[power]}" if power else f"{n} B"
-
-
 def _extras_table(report: dict[str, Any]) -> Table:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title="optional extras", title_justify="left")
-    for column in ("package", "installed", "install with"):
-        table.add_column(column)
-    for name, extra in report["extras"].items():
-        installed = Text(extra["version"]) if extra["installed"] else Text("no", "dim")
-        table.add_row(name, installed, Text("" if extra["installed"] else extra["install"]))
-    return table
+    rows = [
+        [
+            name,
+            extra["version"] if extra["installed"] else "no",
+            "" if extra["installed"] else extra["install"],
+        ]
+        for name, extra in report["extras"].items()
+    ]
+    return "optional extras", ["package", "installed", "install with"], rows

@@ -53,12 +53,15 @@ from typing import TYPE_CHECKING, Any
 from ._common import (
     MiB,
     fail,
+    has_rich,
     make_mlp,
     mlp_weights,
     one_blas_thread,
     output_problem,
     print_json,
+    progress,
     runs_phrase,
+    text_table,
     write_json,
 )
 
@@ -543,14 +546,32 @@ def table(report: dict[str, Any]) -> Any:
     from rich import box
     from rich.table import Table
 
+    title, caption, headers, rows, chosen = _table_cells(report)
+    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
+    for col in headers:
+        t.add_column(col, justify="left" if col == "" else "right", no_wrap=True)
+    for i, cells in enumerate(rows):
+        t.add_row(*cells, style="bold" if i in chosen else None)
+    return t
+
+
+def plain_table(report: dict[str, Any]) -> str:
+    """The report as plain text (without rich), the recommended row marked ``<- knee, recommended``."""
+    title, caption, headers, rows, chosen = _table_cells(report)
+    rows = [
+        [*cells[:-1], cells[-1] + (", recommended" if i in chosen else "")] for i, cells in enumerate(rows)
+    ]
+    headers = [h.replace("\n", " ") for h in headers]
+    return "\n".join([text_table(headers, rows, title, right=len(headers) - 1), "", caption])
+
+
+def _table_cells(report: dict[str, Any]) -> tuple[str, str, list[str], list[list[str]], set[int]]:
+    """Title, caption, column headers, rows of cells, and which rows are the recommended setting."""
     rec, rows = report["recommended"], report["rows"]
-    t = Table(
-        title=f"schedsvc tune {report['workload']}: {report['items']} items, {runs_phrase(report['reps'])}",
-        caption=(
-            f"knee: the smallest max_pending within {report['knee_tolerance']:.0%} of the best items/s; "
-            f"recommended: cpu_workers={rec['cpu_workers']}, max_pending={rec['max_pending']}"
-        ),
-        box=box.SIMPLE_HEAD,
+    title = f"schedsvc tune {report['workload']}: {report['items']} items, {runs_phrase(report['reps'])}"
+    caption = (
+        f"knee: the smallest max_pending within {report['knee_tolerance']:.0%} of the best items/s; "
+        f"recommended: cpu_workers={rec['cpu_workers']}, max_pending={rec['max_pending']}"
     )
     tasks = any(r["tasks_per_s"] != r["items_per_s"] for r in rows)  # else one column says it all
     headers = [
@@ -560,12 +581,12 @@ def table(report: dict[str, Any]) -> Any:
         *(["tasks/s"] if tasks else []),
         "p50\nms",
         "p99\nms",
+        "peak\nMiB",
+        "pending\nMiB",
+        "",
     ]
-    for col in [*headers, "peak\nMiB", "pending\nMiB", ""]:
-        t.add_column(col, justify="left" if col == "" else "right", no_wrap=True)
-    for r in rows:
-        chosen = r["knee"] and r["workers"] == rec["cpu_workers"]
-        t.add_row(
+    cells = [
+        [
             str(r["workers"]),
             str(r["max_pending"]),
             f"{r['items_per_s']:,.0f}",
@@ -575,9 +596,11 @@ def table(report: dict[str, Any]) -> Any:
             f"{r['peak_mib']:.2f}",
             f"{r['peak_pending_mib']:.2f}",
             "<- knee" if r["knee"] else "",
-            style="bold" if chosen else None,
-        )
-    return t
+        ]
+        for r in rows
+    ]
+    chosen = {i for i, r in enumerate(rows) if r["knee"] and r["workers"] == rec["cpu_workers"]}
+    return title, caption, headers, cells, chosen
 
 
 def _loads(machine: dict[str, Any]) -> str:
@@ -782,9 +805,6 @@ def _has_matplotlib() -> bool:
 
 
 def _sweep_with_progress(plan: _Plan, reps: int, quiet: bool) -> dict[str, Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     def go(step: Callable[[str], None] | None) -> dict[str, Any]:
         return sweep(
             plan.workload,
@@ -799,6 +819,12 @@ def _sweep_with_progress(plan: _Plan, reps: int, quiet: bool) -> dict[str, Any]:
     if quiet:
         return go(None)
     total = len(plan.depths) * len(plan.workers) * (reps + 1)
+    if not has_rich():  # a line per step on stderr
+        done = iter(range(1, total + 1))
+        return go(lambda line: progress(f"tune {plan.name} {line} ({next(done, total)}/{total})"))
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"tune {plan.name}", total=total)
@@ -806,20 +832,21 @@ def _sweep_with_progress(plan: _Plan, reps: int, quiet: bool) -> dict[str, Any]:
 
 
 def _write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
-    from rich.console import Console
-
     quiet = args.json == "-"
-    notes = Console(stderr=quiet, highlight=False)
     if args.out:
         Path(args.out).write_text(toml_text(report, args.out))
     if report["plot"]:
         plot(report, report["plot"])
     if quiet:
         print_json(report)
-    else:
+    elif has_rich():
+        from rich.console import Console
+
         Console(width=None if sys.stdout.isatty() else 120).print(table(report))
+    else:
+        print(plain_table(report))
     if args.json and not quiet:
         write_json(report, args.json)
     for path in (args.out, report["plot"], None if quiet else args.json):
         if path:
-            notes.print(f"wrote {path}")
+            print(f"wrote {path}", file=sys.stderr if quiet else sys.stdout)

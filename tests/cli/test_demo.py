@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +59,9 @@ def test_demo_prints_every_section_and_row(capsys: pytest.CaptureFixture[str]) -
     ):
         assert figures in out
     reason = demo.gpu_unavailable("cuda:0")
-    if reason is not None:
-        assert out.count(f"skipped: {reason}") == 4
+    if reason is not None:  # said once, above the rows it skips
+        assert out.count(reason) == 1
+        assert out.count("skipped: see above") == 4
 
 
 def test_demo_json_to_stdout_has_every_experiment(capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,3 +209,252 @@ async def test_gpu_experiments_run_on_a_cpu_stand_in() -> None:
     ):
         figures, _ = result
         assert _positive(figures)
+
+
+# -- the printed ratios agree with the printed figures --------------------------------------------------------
+
+_NUMBER = r"[\d,]+(?:\.\d+)?"
+_TIME = rf"{_NUMBER} (?:µs|ms|s)"
+_UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}
+
+#: experiment -> patterns of its rows' "measured here" text: each names a printed ratio ``r`` and the
+#: printed figures it is made of (``a`` over ``b``; ``c`` is added to ``a`` where the ratio is a sum's)
+RATIO_PATTERNS: dict[str, list[str]] = {
+    "loop": [
+        rf"awaited op by op: (?P<a>{_TIME}) .*queued, then one wait: (?P<b>{_TIME}), (?P<r>{_NUMBER})x faster"
+    ],
+    "parallel": [rf"1 worker (?P<a>{_TIME}), \d+ workers (?P<b>{_TIME}): (?P<r>{_NUMBER})x"],
+    "mlp": [
+        rf"eager (?P<a>{_NUMBER}) µs; compiled (?P<b>{_NUMBER}) µs: (?P<r>{_NUMBER})x faster than eager",
+        rf"NumPy (?P<b>{_NUMBER}) µs/call; .* compiled (?P<a>{_NUMBER}) µs: .*, (?P<r>{_NUMBER})x NumPy's time",
+    ],
+    "fancy": [
+        rf"eager: 3 tasks, (?P<a>{_NUMBER}) µs per call; compiled: 1 task, (?P<b>{_NUMBER}) µs \((?P<r>{_NUMBER})x\)"
+    ],
+    "batching": [
+        rf"a row at a time: (?P<a>{_NUMBER}) µs/row; batched by the engine: (?P<b>{_NUMBER}) µs/row, "
+        rf"(?P<r>{_NUMBER})x the loop's throughput",
+        rf"in (?P<b>{_NUMBER}) batches \((?P<r>{_NUMBER}) rows each on average\)",  # a: the rows, from checks
+    ],
+    "gpu_queued": [
+        rf"queued in (?P<b>{_TIME}), finished after (?P<a>{_TIME}) \((?P<r>{_NUMBER})x the time to queue\)"
+    ],
+    "cpu_gpu": [
+        rf"CPU alone (?P<a>{_TIME}), GPU alone (?P<c>{_TIME}), both queued together (?P<b>{_TIME}) "
+        rf"\((?P<r>{_NUMBER})x less than one after the other\)"
+    ],
+    "copy_overlap": [rf"in turn (?P<a>{_TIME}); all queued (?P<b>{_TIME}) \((?P<r>{_NUMBER})x\)"],
+    "multi_gpu": [rf"1 GPU (?P<a>{_TIME}), \d+ GPUs (?P<b>{_TIME}): (?P<r>{_NUMBER})x"],
+}
+
+
+def _printed(text: str) -> tuple[float, float]:
+    """The interval of values a printed figure stands for ("1.37" is 1.365..1.375), in seconds for a time."""
+    number, _, unit = text.partition(" ")
+    digits = number.replace(",", "")
+    half = 0.5 * 10.0 ** -len(digits.partition(".")[2])
+    scale = _UNITS[unit]
+    return (float(digits) - half) * scale, (float(digits) + half) * scale
+
+
+def _agrees(ratio: str, a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Could the printed ratio be a over b, for values that print as a and b?"""
+    lo, hi = _printed(ratio)
+    return lo <= a[1] / b[0] and a[0] / b[1] <= hi
+
+
+def _check_ratios(row: dict[str, Any], checks: dict[str, Any]) -> int:
+    """Assert each ratio a row prints agrees with the figures printed beside it; how many it printed."""
+    found = 0
+    for pattern in RATIO_PATTERNS.get(row["experiment"], []):
+        match = re.search(pattern, row["measured"])
+        if match is None:
+            continue
+        parts = match.groupdict()
+        a = _printed(parts["a"]) if parts.get("a") else (checks["rows"], checks["rows"])
+        if parts.get("c"):
+            c = _printed(parts["c"])
+            a = (a[0] + c[0], a[1] + c[1])
+        assert _agrees(parts["r"], a, _printed(parts["b"])), (row["label"], row["measured"], parts)
+        found += 1
+    return found
+
+
+def _check_memory_ratios(rows: list[dict[str, Any]]) -> int:
+    """The memory rows: "(Nx the time without a limit)" against the time of the row without a limit."""
+    memory = [r for r in rows if r["experiment"] == "memory"]
+    unbounded = re.search(rf"peak {_NUMBER} MiB, (?P<t>{_TIME})$", memory[0]["measured"])
+    assert unbounded is not None, memory[0]["measured"]
+    found = 0
+    for row in memory[1:]:
+        match = re.search(
+            rf", (?P<t>{_TIME}) \((?P<r>{_NUMBER})x the time without a limit\)", row["measured"]
+        )
+        assert match is not None, row["measured"]
+        assert _agrees(match["r"], _printed(match["t"]), _printed(unbounded["t"])), row["measured"]
+        found += 1
+    return found
+
+
+def test_every_printed_ratio_agrees_with_the_times_printed_beside_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A row used to say "485 ms -> 354 ms: 0.91x": the ratio was the median of the runs' own ratios, the
+    times the medians of the times.  Three runs, so that medians are taken."""
+    assert main(["demo", "--quick", "--reps", "3", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    measured = [r for r in report["rows"] if r["status"] == "measured"]
+    found = sum(_check_ratios(r, report["experiments"][r["experiment"]]["checks"]) for r in measured)
+    found += _check_memory_ratios(measured)
+    gpu_rows = sum(1 for r in measured if r["experiment"] in demo.GPU_EXPERIMENTS)
+    assert found == 10 + gpu_rows  # loop 1, parallel 2, memory 2, mlp 2, fancy 1, batching 2; a GPU row's 1
+
+
+#: raw figures of the GPU experiments (not run here), for the formatting test below
+_GPU_RESULTS: dict[str, demo.Result] = {
+    "gpu_queued": ({"queue_s": 0.002, "finish_s": 0.05}, {"device": "cuda:0"}),
+    "cpu_gpu": ({"cpu_s": 0.4, "gpu_s": 0.1, "both_s": 0.42}, {"device": "cuda:0"}),
+    "copy_overlap": ({"serial_s": 0.3, "overlapped_s": 0.12}, {"device": "cuda:0"}),
+    "multi_gpu": ({"one_s": 0.2, "all_s": 0.11}, {"devices": ["cuda:0", "cuda:1"]}),
+}
+
+
+def _scrambled_runs(figures: dict[str, float], checks: dict[str, Any]) -> list[demo.Result]:
+    """Three runs of an experiment whose figures vary each in its own order around the given values (their
+    medians), so that the median of the runs' own ratios of two figures is not the ratio of their medians."""
+    factors = [(1.0, 1.237, 0.619), (1.506, 1.0, 0.96), (1.3, 0.62, 1.0)]  # one median 1.0 each
+    raw = [(k, v) for k, v in figures.items() if k not in demo.DERIVED]
+    runs: list[demo.Result] = []
+    for run in range(3):
+        scaled = {k: v if k == "rows" else v * factors[i % 3][run] for i, (k, v) in enumerate(raw)}
+        runs.append((demo.derived(scaled), checks))
+    return runs
+
+
+def test_ratios_are_computed_from_the_medians_of_their_figures() -> None:
+    """Runs of 485, 600 and 300 ms against 533, 354 and 340 ms: 485 ms against 354 ms is 1.37x (the runs'
+    own ratios have a median of 0.91x)."""
+    runs: list[demo.Result] = [
+        (demo.derived({"one_s": one, "all_s": all_}), {})
+        for one, all_ in ((0.485, 0.533), (0.6, 0.354), (0.3, 0.34))
+    ]
+    summary = demo._summary(runs)
+    assert summary["figures"] == {"one_s": 0.485, "all_s": 0.354, "speedup": pytest.approx(0.485 / 0.354)}
+    assert summary["range"]["speedup"] == [pytest.approx(0.3 / 0.34), pytest.approx(0.6 / 0.354)]
+
+
+def test_every_row_prints_ratios_that_agree_with_its_figures_over_scrambled_runs() -> None:
+    """Every row's formatter, GPU rows included, fed the medians of runs that disagree with each other."""
+    results = dict(_GPU_RESULTS)
+    results["parallel"] = (
+        demo.derived(
+            {
+                "independent_1worker_s": 0.4,
+                "independent_nworkers_s": 0.25,
+                "chain_1worker_s": 0.3,
+                "chain_nworkers_s": 0.31,
+            }
+        ),
+        {"workers": 2, "dots": 8},
+    )
+    results["mlp"] = (demo.derived({"numpy_us": 40.0, "eager_us": 300.0, "compiled_us": 60.0}), {})
+    results["fancy"] = (
+        demo.derived(
+            {
+                "eager_us": 120.0,
+                "eager_tasks_per_call": 3.0,
+                "compiled_us": 15.0,
+                "compiled_tasks_per_call": 1.0,
+                "folded_us": 9.0,
+            }
+        ),
+        {"folded_value": 10.0, "folded_traced_ops": 7, "folded_ops": 7, "folded_kept_ops": 0},
+    )
+    results["batching"] = (
+        demo.derived({"loop_us": 26.0, "batched_us": 19.0, "batches": 7.0, "rows": 300.0}),
+        {"batched_equals_loop": True, "rows": 300},
+    )
+    results["loop"] = (
+        demo.derived(
+            {
+                "awaited_us": 300.0,
+                "awaited_ms": 30.0,
+                "queued_us": 30.0,
+                "queued_ms": 3.0,
+                "awaited_inline_us": 50.0,
+                "t1_us": 10.0,
+                "t2_us": 20.0,
+                "t3_us": 270.0,
+                "queued_t1_us": 5.0,
+                "queued_t2_us": 25.0,
+                "queued_t3_us": 400.0,
+                "queued_frontend_ms": 0.5,
+            }
+        ),
+        {"ops": 100},
+    )
+    found = 0
+    for experiment, (figures, checks) in results.items():
+        runs = _scrambled_runs(figures, checks)
+        summary = demo._summary(runs)
+        # the runs' own ratios disagree (but for rows per batch: the rows are the same in every run)
+        for name in demo.DERIVED.keys() & summary["figures"].keys() - {"rows_per_batch"}:
+            assert statistics.median(f[name] for f, _ in runs) != pytest.approx(
+                summary["figures"][name], rel=0.05
+            )
+        for _, row in ALL_ROWS:
+            if row.experiment != experiment:
+                continue
+            text = row.measured(summary["figures"], summary["checks"], demo.QUICK)
+            found += _check_ratios({"experiment": experiment, "label": row.label, "measured": text}, checks)
+    assert found == 12  # loop 1, parallel 2, mlp 2, fancy 1, batching 2, and one in each of the 4 GPU rows
+
+
+# -- without the cli extra ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def without_rich(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich not installed (the cli extra left out): ``import rich`` fails."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+
+
+@pytest.mark.usefixtures("without_rich")
+def test_without_rich_the_demo_prints_plain_text_and_progress_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--quick", "--reps", "1"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert out.startswith(
+        'schedsvc demo: schedsvc\'s experiments on the claims of the "Computational Performance"'
+    )
+    assert "Dive into Deep Learning" in out
+    assert not any(box in out for box in "─━│┃")
+    assert max(len(line) for line in out.splitlines()) <= 100
+    for title, rows in demo.SECTIONS:
+        assert title.upper() in out.splitlines()
+        for row in rows:
+            assert row.label.format(s=demo.QUICK) in out.splitlines()
+    flat = " ".join(out.split())  # the text is wrapped at 100 columns
+    for _, row in ALL_ROWS:
+        assert " ".join(row.claim.split()) in flat
+    # the long experiments say which part runs now
+    for part in ("parallel: independent dots on 1 worker", "memory: 12 batches, max_pending_bytes"):
+        assert f"  ... run 1/1: {part}" in captured.err.splitlines()
+    reason = demo.gpu_unavailable("cuda:0")
+    if reason is not None:
+        assert flat.count(" ".join(reason.split())) == 1
+
+
+def test_without_threadpoolctl_the_demo_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    assert main(["demo", "--quick", "--reps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "schedsvc demo: measuring holds BLAS at one thread with threadpoolctl, which is not installed; "
+        in err
+    )
+    assert err.rstrip().endswith("pip install 'schedsvc[cli]'")

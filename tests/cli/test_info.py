@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import types
 from importlib import metadata
@@ -91,6 +92,23 @@ def test_plain_output_shows_file_environment_and_keyword_sources(
     assert f"settings in force (from {path})" in out
 
 
+def test_without_rich_the_tables_are_plain_text(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rich is the cli extra's: without it the same tables are printed as plain columns."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    assert main(["info", "--set", "max_pending=7"]) == 0
+    out = capsys.readouterr().out
+    assert not any(box in out for box in "─━│┃")
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip()) for line in out.splitlines())}
+    assert rows["setting"] == ["value", "source"]
+    assert rows["max_pending"] == ["7", "keyword"]
+    assert rows["backend"] == ["threads", "default"]
+    assert rows["cpu"][:2] == ["available", "yes"]
+    assert rows["rich"][0] == metadata.version("rich")  # installed, only hidden from this process
+    assert "settings in force (no config file)" in out
+
+
 # -- JSON ---------------------------------------------------------------------------------------------------
 
 
@@ -137,12 +155,13 @@ def test_json_to_a_file_also_prints_the_tables(tmp_path: Path, capsys: pytest.Ca
 
 def test_extras_say_whether_installed_and_how_to_install(capsys: pytest.CaptureFixture[str]) -> None:
     extras = info_json(capsys)["extras"]
-    assert list(extras) == ["matplotlib", "prometheus-client", "cupy", "dask"]
+    assert list(extras) == ["matplotlib", "prometheus-client", "cupy", "dask", "rich", "threadpoolctl"]
     pytest.importorskip("prometheus_client")
     assert extras["prometheus-client"]["installed"] is True
     assert extras["prometheus-client"]["version"] == metadata.version("prometheus-client")
     assert extras["matplotlib"]["install"] == "pip install 'schedsvc[plot]'"
     assert extras["dask"]["install"] == "pip install 'schedsvc[dask]'"
+    assert extras["rich"]["install"] == extras["threadpoolctl"]["install"] == "pip install 'schedsvc[cli]'"
     for extra in extras.values():
         assert (extra["version"] is not None) == extra["installed"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -142,6 +143,24 @@ def test_the_toml_round_trips_through_config_from_file(
     config = ss.Config.from_file(tmp_path / "tune.toml")
     assert config.cpu_workers == report["recommended"]["cpu_workers"] == 1
     assert config.max_pending == report["recommended"]["max_pending"]
+
+
+def test_without_rich_the_report_is_a_plain_table_and_progress_is_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)
+    out = tmp_path / "rec.toml"
+    assert main(["tune", "chain", "--depths", "1,2", "--items", "5", "--reps", "1", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0] == "schedsvc tune chain: 5 items, 1 run"
+    headers = ["cpu workers", "max pending", "items/s", "p50 ms", "p99 ms", "peak MiB", "pending MiB"]
+    assert re.split(r"\s{2,}", lines[1].strip()) == headers
+    assert sum("<- knee, recommended" in line for line in lines) == 1
+    assert not any(box in captured.out for box in "─━│┃")
+    assert f"wrote {out}" in lines
+    steps = [line for line in captured.err.splitlines() if line.startswith("  ... tune chain ")]
+    assert len(steps) == 4 and steps[-1].endswith("(4/4)")  # 2 depths x (1 rep + the memory run)
 
 
 def test_the_human_report_is_a_table_with_the_knee_marked(
