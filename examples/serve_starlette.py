@@ -125,7 +125,10 @@ def server_config(argv: Sequence[str] | None = None, **uvicorn_options: Any) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    uvicorn.Server(server_config(argv)).run()  # Ctrl-C or SIGTERM: a graceful shutdown
+    try:
+        uvicorn.Server(server_config(argv)).run()  # Ctrl-C or SIGTERM: a graceful shutdown
+    except KeyboardInterrupt:  # Ctrl-C, raised again by uvicorn once it has shut down
+        pass
 
 
 if __name__ == "__main__":
