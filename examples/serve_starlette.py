@@ -21,6 +21,7 @@ Run: ``python examples/serve_starlette.py [--port 8000] [--max-pending 64] [--re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -125,10 +126,9 @@ def server_config(argv: Sequence[str] | None = None, **uvicorn_options: Any) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        uvicorn.Server(server_config(argv)).run()  # Ctrl-C or SIGTERM: a graceful shutdown
-    except KeyboardInterrupt:  # Ctrl-C, raised again by uvicorn once it has shut down
-        pass
+    # Ctrl-C or SIGTERM: a graceful shutdown; uvicorn raises Ctrl-C's KeyboardInterrupt again once it is done
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(server_config(argv)).run()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the task runs), ``POST /test/release`` lets it finish, ``GET /test/pending/{n}``
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -63,10 +64,8 @@ def main(argv: list[str]) -> None:
     config = load_example(name).server_config(args)
     add_test_routes(config.app)
     report_the_close(config.app)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # raised again by uvicorn once it has shut down
         uvicorn.Server(config).run()
-    except KeyboardInterrupt:  # Ctrl-C, raised again by uvicorn once it has shut down
-        pass
 
 
 if __name__ == "__main__":
