@@ -31,9 +31,9 @@ Four pieces, each usable alone::
   shutting down) to ``503 Service Unavailable`` with a ``Retry-After`` header, and a request whose client
   left (``ClientDisconnect``) to a 499 that nobody receives, instead of a 500 in the server's log; pass it as
   ``exception_handlers=``, or call ``add_exception_handlers(app)``.
-- ``while_connected(request, call)`` awaits an engine future while it watches the request's connection: when
-  the client goes away first, the call is cancelled -- one that has not started never runs, and a batched
-  call leaves its batch -- and ``ClientDisconnect`` is raised.
+- ``while_connected(request, call)`` awaits an engine future (or any awaitable) while it watches the
+  request's connection: when the client goes away first, the call is cancelled -- one that has not started
+  never runs, and a batched call leaves its batch -- and ``ClientDisconnect`` is raised.
 - Calls from ``def`` endpoints (which Starlette and FastAPI run in worker threads) are made as from
   coroutines, ``model(x)``, and waited for with ``call.result(timeout)``.
 
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 
@@ -155,31 +155,39 @@ def add_exception_handlers(app: Starlette, *, retry_after: int = RETRY_AFTER_S) 
         app.add_exception_handler(exc_class, handler)
 
 
-async def while_connected(request: Request, call: Future[T]) -> T:
-    """``await call``, unless the client goes away first: then cancel the call and raise ``ClientDisconnect``.
+async def while_connected(request: Request, work: Awaitable[T]) -> T:
+    """``await work``, unless the client goes away first: then cancel it and raise ``ClientDisconnect``.
 
-    A call that has not started is cancelled and never runs (a batched call
-    leaves its batch); one that runs already finishes, and its result is
-    dropped.  Use it once the request's body has been read: it listens on
-    the request's ``receive`` channel for the disconnect, as Starlette's
+    ``work`` is an engine future (a call of a compiled function, a Tensor,
+    a submitted task's future) or any awaitable, such as a coroutine that
+    waits for room and then for its call: ``await (await model.submit(x))``.
+    Cancelling it cancels a call that has not started, as cancelling ``await
+    call`` does: it never runs, and a batched call leaves its batch; one that
+    runs already finishes, and its result is dropped.  A call still waiting
+    for admission is not admitted.  The work's own error is raised as it is.
+
+    Use it once the request's body has been read: it listens on the
+    request's ``receive`` channel for the disconnect, as Starlette's
     ``StreamingResponse`` does, and drops body messages it finds there.
-    Cancelling the awaiting coroutine cancels the call too, as ``await call``
-    does.
     """
-    if not call.done():
-        finished = False
-        async with anyio.create_task_group() as watching:
-            watching.start_soon(_cancel_when_gone, request, watching.cancel_scope)
-            try:
-                await call.wait()
-            except BaseException:  # cancelled: the client left, or the request's own task was cancelled
-                call.cancel()
-                raise
-            finished = True
-            watching.cancel_scope.cancel()
-        if not finished:
-            raise ClientDisconnect(f"the client left before {call!r} finished; it was cancelled")
-    return await call
+    if isinstance(work, Future) and work.done():  # nothing to watch
+        return cast(T, await work)
+    finished = False
+    value: T | None = None
+    error: Exception | None = None
+    async with anyio.create_task_group() as watching:
+        watching.start_soon(_cancel_when_gone, request, watching.cancel_scope)
+        try:
+            value = await work
+        except Exception as exc:  # raised below, outside the task group, which would wrap it in a group
+            error = exc
+        finished = True
+        watching.cancel_scope.cancel()
+    if not finished:
+        raise ClientDisconnect("the client left before its response was ready; its work was cancelled")
+    if error is not None:
+        raise error
+    return cast(T, value)
 
 
 async def _cancel_when_gone(request: Request, scope: anyio.CancelScope) -> None:

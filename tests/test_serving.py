@@ -328,3 +328,33 @@ async def test_cancelling_the_request_cancels_its_call(anyio_backend: str) -> No
             await state(eng, lambda: eng.pending == 1)
         assert eng.stats().cancelled == 1
         assert not connection.sent
+
+
+async def test_a_request_waiting_for_room_is_not_admitted_once_its_client_left(anyio_backend: str) -> None:
+    """``while_connected`` takes any awaitable: here one that waits for room (``await model.submit``)."""
+
+    async def queued(request: Request) -> JSONResponse:
+        x = np.array([await request.json()])
+        model = request.app.state.model
+
+        async def call() -> np.ndarray:
+            return await (await model.submit(x))  # type: ignore[no-any-return]
+
+        return JSONResponse((await serving.while_connected(request, call()))[0].tolist())
+
+    app = Starlette(
+        routes=[Route("/queued", queued, methods=["POST"])],
+        lifespan=serving.lifespan(**HELD, max_pending=1, setup=load),
+    )
+    serving.add_exception_handlers(app)
+    async with app.router.lifespan_context(app):
+        eng, model = app.state.engine, app.state.model
+        connection = Connection(b"[1, 2, 3, 4]")
+        async with anyio.create_task_group() as tg, occupied(eng, 1):  # the one slot
+            tg.start_soon(connection.request, app, "/queued")
+            await state(eng, lambda: eng.stats().waiting_admission == 1)
+            connection.leave()
+            await state(eng, lambda: eng.stats().waiting_admission == 0)
+        assert connection.status == serving.CLIENT_CLOSED_REQUEST
+        assert eng.stats().completed == 2  # the startup call and the held task: the request's call never ran
+        assert model.stats()["rows"] == 1
