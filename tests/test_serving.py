@@ -17,7 +17,7 @@ import pytest
 
 import schedsvc as ss
 from tests.compile.helpers import both_backends, occupied
-from tests.helpers import Gate, state, within
+from tests.helpers import Gate, state, until, within
 
 pytest.importorskip("starlette")
 from starlette.applications import Starlette
@@ -86,11 +86,18 @@ async def test_the_lifespan_opens_the_engine_runs_setup_and_closes_it(anyio_back
 async def test_shutdown_finishes_the_work_already_accepted(anyio_backend: str) -> None:
     app = Starlette(lifespan=serving.lifespan(**HELD))
     gate = Gate()
-    async with app.router.lifespan_context(app):
-        eng = app.state.engine
-        held = eng.submit_nowait(gate.hold(lambda: "finished"))
-        queued = eng.submit_nowait(len, "four")
-        await gate.wait_started(1)
+    lifespan = app.router.lifespan_context(app)
+    await within(lifespan.__aenter__())
+    eng = app.state.engine
+    held = eng.submit_nowait(gate.hold(lambda: "finished"))
+    queued = eng.submit_nowait(len, "four")
+    await gate.wait_started(1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lifespan.__aexit__, None, None, None)
+        await until(lambda: eng.closed)  # the close has begun: it waits for both
+        assert not queued.done()
+        with pytest.raises(ss.EngineClosed):
+            eng.submit_nowait(len, "late")
         gate.open()
     assert (held.result(), queued.result()) == ("finished", 4)
 
