@@ -1,8 +1,9 @@
 """Serving an engine from Starlette and FastAPI apps (``pip install 'schedsvc[serve]'``).
 
-Four pieces, each usable alone::
+Its pieces, each usable alone::
 
-    from fastapi import Depends, FastAPI
+    import numpy as np
+    from fastapi import FastAPI, Request
     import schedsvc as ss
     from schedsvc import serving
 
