@@ -357,11 +357,12 @@ async def test_a_request_waiting_for_room_is_not_admitted_once_its_client_left(a
     async with app.router.lifespan_context(app):
         eng, model = app.state.engine, app.state.model
         connection = Connection(b"[1, 2, 3, 4]")
-        async with anyio.create_task_group() as tg, occupied(eng, 1):  # the one slot
+        async with anyio.create_task_group() as tg, occupied(eng, 1) as (_, held):  # the one slot
             tg.start_soon(connection.request, app, "/queued")
             await state(eng, lambda: eng.stats().waiting_admission == 1)
             connection.leave()
             await state(eng, lambda: eng.stats().waiting_admission == 0)
+        await within(held[0])
         assert connection.status == serving.CLIENT_CLOSED_REQUEST
         assert eng.stats().completed == 2  # the startup call and the held task: the request's call never ran
         assert model.stats()["rows"] == 1
