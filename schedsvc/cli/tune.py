@@ -565,7 +565,7 @@ def table(report: dict[str, Any]) -> Any:
         t.add_column(col, justify="left" if col == "" else "right", no_wrap=True)
     for r in rows:
         chosen = r["knee"] and r["workers"] == rec["cpu_workers"]
-        t.add_row(
+        cells = [
             str(r["workers"]),
             str(r["max_pending"]),
             f"{r['items_per_s']:,.0f}",
@@ -575,8 +575,8 @@ def table(report: dict[str, Any]) -> Any:
             f"{r['peak_mib']:.2f}",
             f"{r['peak_pending_mib']:.2f}",
             "<- knee" if r["knee"] else "",
-            style="bold" if chosen else None,
-        )
+        ]
+        t.add_row(*cells, style="bold" if chosen else None)
     return t
 
 
