@@ -205,7 +205,7 @@ class Engine:
         tid = get_ident()
         task: Future[T]
         task, written = build_task(
-            port, self._vet, fn, args, kwargs, device, priority, tid, name, reads, writes, nbytes
+            port, self._vet, fn, args, kwargs, tid, (device, priority, name, reads, writes, nbytes)
         )
         token = rt.door.admit(task, tid, QUEUE, written)
         if token is not True:  # queued: wait for room (cancelled meanwhile: the task is cancelled)
@@ -241,7 +241,7 @@ class Engine:
             raise port.refusal()
         task: Future[T]
         task, written = build_task(
-            port, self._vet, fn, args, kwargs, device, priority, tid, name, reads, writes, nbytes
+            port, self._vet, fn, args, kwargs, tid, (device, priority, name, reads, writes, nbytes)
         )
         if not rt.door.admit(task, tid, NOW, written):
             raise QueueFull(port.full_message(task))

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._core import FINAL_STATES
 from ._errors import EngineClosed, QueueFull, SchedsvcError
 from ._runtime import BLOCK, NOW
-from ._submission import build_task
+from ._submission import build_task, plain_options
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -192,7 +192,7 @@ class EngineExecutor(concurrent.futures.Executor):
         self._engine = engine
         self._port = port
         self._device = port.default_device if device is None else port.device(device)
-        self._priority = priority
+        self._options = plain_options(self._device, priority)  # what each of its submissions takes
         self._lock = threading.Lock()
         self._shutdown = False
         self._live: set[ExecutorFuture[Any]] | None = set()  # returned and not final (shutdown waits)
@@ -222,9 +222,7 @@ class EngineExecutor(concurrent.futures.Executor):
                 raise RuntimeError(_AFTER_SHUTDOWN)
             raise port.refusal()
         task: Future[T]
-        task, written = build_task(
-            port, self._engine._vet, fn, args, kwargs, self._device, self._priority, tid
-        )
+        task, written = build_task(port, self._engine._vet, fn, args, kwargs, tid, self._options)
         fut = ExecutorFuture(task, self)
         rt.watch_off_loop(task, fut._task_final)
         if self._live is not None and not self._track(fut):

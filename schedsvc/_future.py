@@ -41,15 +41,12 @@ class Future(Task, Generic[T]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
         device: str,
-        priority: int,
-        nbytes: int,
         buffers: tuple[Any, ...] = (),
         deps: tuple[Task, ...] = (),
-        name: str | None = None,
-        nested: bool = False,
     ) -> None:
-        # positional all the way: this runs once per submission
-        Task.__init__(self, fn, args, kwargs, device, priority, nbytes, buffers, deps, name, nested)
+        # positional all the way: this runs once per submission.  The fields few tasks have (priority,
+        # out_bytes, name, nested, after) keep Task's defaults unless the builder stores them.
+        Task.__init__(self, fn, args, kwargs, device, buffers, deps)
         self._port = port  # the engine it belongs to, as the frontend sees it
         self._rt: Runtime = port.rt  # type: ignore[assignment]
 

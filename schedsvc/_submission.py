@@ -25,7 +25,16 @@ if TYPE_CHECKING:
     from ._port import Port
     from .devices import Device
 
-__all__ = ["build_task"]
+__all__ = ["Options", "build_task", "plain_options"]
+
+#: a submission's options, as ``eng.submit`` takes them: ``(device, priority, name, reads, writes,
+#: nbytes)`` -- one tuple, made at the call (cheaper than six arguments, or keywords, on every call)
+Options = tuple[str | None, int, str | None, Any, Any, int | None]
+
+
+def plain_options(device: str | None, priority: int) -> Options:
+    """The options of a submission that names no reads, writes, nbytes or name (the executor view's)."""
+    return (device, priority, None, (), (), None)
 
 
 def build_task(
@@ -34,17 +43,12 @@ def build_task(
     fn: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    device: str | None,
-    priority: int,
     tid: int,
-    name: str | None = None,
-    reads: Any = (),
-    writes: Any = (),
-    nbytes: int | None = None,
+    options: Options,
 ) -> tuple[Future[Any], list[Tensor]]:
     """Check a submission and build its task (not admitted yet); and the Tensors it writes (claimed by
-    the door when it is admitted).  ``tid``: the submitting thread; ``name``, ``reads``, ``writes``,
-    ``nbytes``: ``eng.submit``'s options, which the executor view does not take."""
+    the door when it is admitted).  ``tid``: the submitting thread; ``options``: ``eng.submit``'s."""
+    device, priority, name, reads, writes, nbytes = options
     if ACTIVE[0] and tracing.depth:
         raise submit_while_tracing(fn)
     kind = type(fn)
@@ -56,9 +60,7 @@ def build_task(
     device = port.default_device if device is None else port.device(device)  # hot path: no call
     if type(priority) is not int:
         raise InvalidTask(f"priority must be an int, got {priority!r}")
-    if nbytes is None:
-        nbytes = 0
-    elif type(nbytes) is not int or nbytes < 0:
+    if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
         raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
     if vet:  # (no iterator made per submission when no executor checks tasks)
         for executor in vet:
@@ -71,10 +73,16 @@ def build_task(
         if deps or kwargs or type(writes) is not tuple or writes
         else ((), [])
     )
-    nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
-    task: Future[Any] = Future(
-        port, fn, args, kwargs or None, device, priority, nbytes, buffers, deps, name, nested
-    )
+    task: Future[Any] = Future(port, fn, args, kwargs or None, device, buffers, deps)
+    # the fields few submissions have are stored only when present (Task's defaults otherwise)
+    if priority:
+        task.priority = priority
+    if nbytes:
+        task.out_bytes = nbytes
+    if name is not None:
+        task.name = name
+    if tid in port.rt.worker_threads:  # type: ignore[union-attr]
+        task.nested = True
     if after:
         task.after = after
     return task, written

@@ -109,21 +109,24 @@ class Task:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         device: str = "cpu",
-        priority: int = 0,
-        nbytes: int = 0,
         buffers: tuple[Buffer, ...] = (),
         deps: tuple[Task, ...] = (),
+        priority: int = 0,
+        nbytes: int = 0,
         name: str | None = None,
         nested: bool = False,
     ) -> None:
+        # what every task has comes first; a builder on the hot path passes only that, positionally
+        # (no keywords: they cost a call on Python 3.11 far more), and stores the rare fields itself
+        # when it has them (a slot store is cheap)
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
         self.device = device
-        self.priority = priority
-        self.out_bytes = nbytes  # bytes its result will hold (counted while it is pending)
         self.buffers = buffers
         self.deps = deps
+        self.priority = priority
+        self.out_bytes = nbytes  # bytes its result will hold (counted while it is pending)
         #: parents it is ordered after but whose value it does not take (a Tensor's pending write): their
         #: failure does not fail it
         self.after: tuple[Task, ...] = ()

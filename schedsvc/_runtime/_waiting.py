@@ -34,6 +34,8 @@ __all__ = ["MAX_COST_KEYS", "Waiting", "cost_key"]
 #: the most kinds of task whose cost is remembered (past it, the table starts again)
 MAX_COST_KEYS = 4096
 _LONG_LIVED = (types.BuiltinFunctionType, np.ufunc, type)
+#: exact types keyed at once (a getattr that fails builds an AttributeError: thousands of instructions)
+_OWN_KEY = frozenset((types.BuiltinFunctionType, np.ufunc))
 
 
 class Waiting:
@@ -225,12 +227,24 @@ def cost_key(task: Task) -> tuple[Any, int]:
     module-level) by themselves, other callables by their class.
     """
     fn = task.fn
+    kind = type(fn)
+    if kind is types.FunctionType:  # hot path: no failing getattr for the common kinds
+        code = fn.__code__
+    elif kind in _OWN_KEY:  # (neither has __code__ or __func__)
+        code = fn
+    else:
+        code = _code_of(fn)
+    size = 0
+    for buffer in task.buffers:
+        size += buffer[1]
+    return code, size.bit_length()
+
+
+def _code_of(fn: Any) -> Any:
+    """``cost_key``'s key for a callable other than a plain function, builtin or ufunc."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None)
     if code is None:
         code = fn if isinstance(fn, _LONG_LIVED) else type(fn)
-    size = 0
-    for buffer in task.buffers:
-        size += buffer[1]
-    return code, size.bit_length()
+    return code

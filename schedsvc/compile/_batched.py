@@ -288,10 +288,10 @@ class Batched:
         tid: int,
     ) -> BatchCall:
         port = self._port
-        nested = tid in port.rt.worker_threads  # type: ignore[union-attr]
-        call = BatchCall(
-            port, fn, args, kwargs, "cpu", 0, nbytes, buffers, deps, f"batch:{self.name}", nested
-        )
+        call = BatchCall(port, fn, args, kwargs, "cpu", buffers, deps)
+        call.out_bytes, call.name = nbytes, f"batch:{self.name}"
+        if tid in port.rt.worker_threads:  # type: ignore[union-attr]
+            call.nested = True
         call.number = next(self._numbers)
         self.calls = call.number
         return call

@@ -540,9 +540,9 @@ class CudaDevice(Device):
         else:
             key, nbytes = self.api.buffer_key(value)
             buffers, deps = ((key, nbytes, False),), ()
-        return CopyTask(
-            self.to_host, (value,), None, task.device, task.priority, 0, buffers, deps, "d2h", task.nested
-        )
+        copy = CopyTask(self.to_host, (value,), None, task.device, buffers, deps)
+        copy.priority, copy.name, copy.nested = task.priority, "d2h", task.nested
+        return copy
 
     def holds(self, obj: Any) -> bool:
         return isinstance(obj, self.api.ndarray) and self.api.device_of(obj) == self.index
@@ -550,18 +550,9 @@ class CudaDevice(Device):
     def copy_task(self, array: np.ndarray[Any, Any], task: Task) -> CopyTask:
         """A new H2D copy task of ``array`` for ``task``."""
         nbytes = array.nbytes
-        return CopyTask(
-            to_device,
-            (array,),
-            None,
-            self.name,
-            task.priority,
-            nbytes,
-            ((id(array), nbytes, False),),
-            (),
-            "h2d",
-            task.nested,
-        )
+        copy = CopyTask(to_device, (array,), None, self.name, ((id(array), nbytes, False),), ())
+        copy.priority, copy.out_bytes, copy.name, copy.nested = task.priority, nbytes, "h2d", task.nested
+        return copy
 
     def check_task(self, fn: Any, kwargs: dict[str, Any], writes: Any) -> None:
         out = kwargs.get("out")

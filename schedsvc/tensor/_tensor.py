@@ -496,9 +496,9 @@ def _operand(obj: Any, op: Op) -> tuple[Any, Any, Port | None]:
 def concrete(port: Port, array: Any, device: str, memory: tuple[int, int] | None = None) -> Tensor:
     """A Tensor that is already computed: ``array`` itself (no copy); ``memory``: its (key, nbytes)
     when it is not a NumPy array."""
-    t = Tensor(port, None, (), None, device, 0, array.nbytes, name="asarray")
-    t.state = "done"
-    t.value = array
+    t = Tensor(port, None, (), None, device)
+    t.out_bytes, t.name = array.nbytes, "asarray"
+    t.state, t.value = "done", array
     t.shape, t.dtype = array.shape, array.dtype
     key, nbytes = buffer_of(array) if memory is None else memory
     t.memory = (key, nbytes, False)

@@ -345,13 +345,12 @@ def queue_op(
         args,
         kwargs or None,
         device or port.default_device,
-        0,
-        out_bytes,
         tuple(buffers),
         args if plain else tuple(deps),
-        op.name,
-        tid in rt.worker_threads,
     )
+    task.out_bytes, task.name = out_bytes, op.name
+    if tid in rt.worker_threads:
+        task.nested = True
     task.shape, task.dtype, task._last_write, task._unseen = shape, dtype, None, None
     if after:
         task.after = tuple(after)

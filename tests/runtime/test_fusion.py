@@ -52,8 +52,8 @@ class Tens:
 
 def tagged(eng: ss.Engine, fusion: Tens, x: Any) -> Tagged:
     port = port_of(eng)
-    task = Tagged(port, fusion, (x,), None, "cpu", 0, 0, (), (), "tens", False)
-    task.fusion = fusion
+    task = Tagged(port, fusion, (x,), None, "cpu")
+    task.name, task.fusion = "tens", fusion
     rt = eng._rt
     assert rt is not None and rt.door.admit(task, get_ident(), NOW)
     return task
