@@ -95,7 +95,13 @@ class Engine:
             clock=time.perf_counter,
             **scheduler_options(kinds, self.config),
         )
-        rt = Runtime(core, self.config.inline_threshold_us / 1e6, _refusal(port), self.config.sync_mode)
+        rt = Runtime(
+            core,
+            self.config.inline_threshold_us / 1e6,
+            _refusal(port),
+            self.config.sync_mode,
+            latency_histograms=self.config.latency_histograms,
+        )
         rt.claim_writes = port.tensors.claim
         for name, kind in kinds.items():
             rt.add_device(name, await kind.open(rt, name, self.config))

@@ -3,7 +3,8 @@
 No background thread and no cost per task beyond what the engine counts
 anyway: each scrape takes one ``stats()`` snapshot per engine.  How long tasks
 waited from ready to started, and ran, are histograms (buckets cumulative
-since the engine started, as ``histogram_quantile`` wants them).
+since the engine started, as ``histogram_quantile`` wants them), recorded when
+the engine's ``Config.latency_histograms`` is on (they are empty otherwise).
 prometheus-client is imported only when a collector is made, so ``import
 schedsvc`` works without the ``prometheus`` extra.
 """

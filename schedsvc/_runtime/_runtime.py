@@ -83,6 +83,7 @@ _SHARED = (
     "loop_thread",
     "queue_waits",
     "latencies",
+    "record_latencies",
     "forked",
     "other_loops",
     "remote",
@@ -161,8 +162,10 @@ class Runtime:
         inline_threshold_s: float = 0.0,
         refusal: Callable[[], BaseException] | None = None,
         sync_mode: bool = False,
+        latency_histograms: bool = False,
     ) -> None:
         self.core = core
+        self.record_latencies = latency_histograms  # record each task's wait and run time (Dispatch)
         self.sync_mode = sync_mode  # debugging: every task runs at its submission, in the caller
         self.lock = threading.Lock()
         #: the bridge for the async library that runs the engine's start (asyncio, trio)
