@@ -16,6 +16,7 @@ from ._errors import (
     MemoryLimitError,
     QueueFull,
     SchedsvcError,
+    TaskCancelled,
     TraceError,
 )
 from ._executor import executor
@@ -50,6 +51,7 @@ __all__ = [
     "QueueFull",
     "SchedsvcError",
     "Stats",
+    "TaskCancelled",
     "Tensor",
     "TraceError",
     "__version__",
