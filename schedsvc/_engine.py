@@ -32,6 +32,7 @@ from ._core import Scheduler
 from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
 from ._lifecycle import STARTED, finish, watch_loop_end
+from ._options import given, refuse_taken
 from ._port import LOOP_CLOSED, Port
 from ._runtime import NOW, QUEUE, Runtime, is_cancellation
 from ._submission import build_task
@@ -194,12 +195,27 @@ class Engine:
         """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits.
 
         Options: ``device``, ``priority``, ``name``, ``reads``, ``writes``,
-        ``nbytes``; other keywords are passed to ``fn``.  ``await`` it.
+        ``nbytes``; other keywords are passed to ``fn``.  ``await`` it.  A call
+        giving an option that ``fn`` itself declares as a parameter is refused
+        (``ss.InvalidTask``): bind the keyword for ``fn`` with
+        ``functools.partial(fn, name=...)`` instead.
         """
         port = self._port
         rt = port.rt  # Port.running(), inlined: this runs at every submission
         if rt is None or port.state != "running" or rt.bridge.closed():
             raise port.refusal()
+        if (  # an option given: does fn declare it too?  (inlined: this runs at every submission)
+            name is not None
+            or device is not None
+            or nbytes is not None
+            or type(priority) is not int
+            or priority
+            or type(reads) is not tuple
+            or reads
+            or type(writes) is not tuple
+            or writes
+        ):
+            refuse_taken(fn, "eng.submit", given(device, priority, name, reads, writes, nbytes))
         tid = get_ident()
         task: Future[T]
         task, written = build_task(
@@ -230,13 +246,26 @@ class Engine:
         """Admit a task now, or raise QueueFull at the limits.  Callable from any thread.
 
         Inside a running task, submissions are admitted over the limits (and
-        while the engine closes), so nested work can never deadlock it.
+        while the engine closes), so nested work can never deadlock it.  Options
+        and keywords as ``submit``: an option ``fn`` declares too is refused.
         """
         tid = get_ident()
         port = self._port
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
+        if (  # an option given: does fn declare it too?  (inlined: this runs at every submission)
+            name is not None
+            or device is not None
+            or nbytes is not None
+            or type(priority) is not int
+            or priority
+            or type(reads) is not tuple
+            or reads
+            or type(writes) is not tuple
+            or writes
+        ):
+            refuse_taken(fn, "eng.submit_nowait", given(device, priority, name, reads, writes, nbytes))
         task: Future[T]
         task, written = build_task(
             port, self._vet, fn, args, kwargs, device, priority, tid, name, reads, writes, nbytes
@@ -263,7 +292,10 @@ class Engine:
         return EngineExecutor(self, device, priority)
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
-        """Submit a task and return its result."""
+        """Submit a task and return its result (options and keywords as ``submit``: an option ``fn`` declares
+        too is refused; ``functools.partial`` gives it to ``fn``)."""
+        if options:
+            refuse_taken(fn, "eng.run", options)
         fut: Future[T] = await self.submit(fn, *args, **options)
         return await fut
 
@@ -312,13 +344,17 @@ class Engine:
         source's, is raised at its place in that order.  When the generator
         ends early (an error, ``aclose()``, a cancelled consumer), unstarted
         tasks are cancelled and a generator source is closed.  ``options``
-        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``.  Iterate it
+        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``; one that
+        ``fn`` declares too (``device`` as well) is refused at the call, as
+        there: ``functools.partial`` gives it to ``fn``.  Iterate it
         on the engine's event loop (another loop gets SchedsvcError); other
         threads use ``eng.executor().map``.
         """
         from ._pipeline import pipeline
 
         check_fn(fn)  # now, not at the first item: an async generator starts only when iterated
+        if options or device is not None:
+            refuse_taken(fn, "eng.map", {"device": device, **options} if device is not None else options)
         return pipeline(self, self._port, fn, source, max_inflight, ordered, device, options)
 
     @contextlib.contextmanager
