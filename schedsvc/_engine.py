@@ -21,7 +21,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import anyio
 import numpy as np
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "check_fn"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _JOIN_TIMEOUT_S = 30.0
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, how long a close waits for running tasks before saying so
@@ -475,12 +477,12 @@ class Engine:
     @overload
     def compile(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[P, R],
         *,
         batch_axis: None = None,
         max_signatures: int = 64,
         name: str | None = None,
-    ) -> Compiled: ...
+    ) -> Compiled[P, R]: ...
 
     @overload
     def compile(
@@ -507,7 +509,7 @@ class Engine:
         exact: bool = True,
         max_signatures: int = 64,
         name: str | None = None,
-    ) -> Compiled | Batched:
+    ) -> Compiled[..., Any] | Batched:
         """Compile ``fn`` (array code on Tensors) the way ``hybridize`` does: trace once, replay fused.
 
         The first call with a signature (the shapes, dtypes and devices of the
