@@ -52,6 +52,9 @@ T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 
+#: submit's defaults, tested by identity (any int 0 is this object, and any empty tuple this one)
+_NO_PRIORITY = 0
+_NOTHING = ()
 _JOIN_TIMEOUT_S = 30.0
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, how long a close waits for running tasks before saying so
 
@@ -206,16 +209,13 @@ class Engine:
         rt = port.rt  # Port.running(), inlined: this runs at every submission
         if rt is None or port.state != "running" or rt.bridge.closed():
             raise port.refusal()
-        if (  # an option given: does fn declare it too?  (inlined: this runs at every submission)
+        if (  # an option given: does fn declare it too?  (identity tests only: this runs at every submission)
             name is not None
             or device is not None
             or nbytes is not None
-            or type(priority) is not int
-            or priority
-            or type(reads) is not tuple
-            or reads
-            or type(writes) is not tuple
-            or writes
+            or priority is not _NO_PRIORITY
+            or reads is not _NOTHING
+            or writes is not _NOTHING
         ):
             refuse_taken(fn, "eng.submit", given(device, priority, name, reads, writes, nbytes))
         tid = get_ident()
@@ -256,16 +256,13 @@ class Engine:
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
-        if (  # an option given: does fn declare it too?  (inlined: this runs at every submission)
+        if (  # an option given: does fn declare it too?  (identity tests only: this runs at every submission)
             name is not None
             or device is not None
             or nbytes is not None
-            or type(priority) is not int
-            or priority
-            or type(reads) is not tuple
-            or reads
-            or type(writes) is not tuple
-            or writes
+            or priority is not _NO_PRIORITY
+            or reads is not _NOTHING
+            or writes is not _NOTHING
         ):
             refuse_taken(fn, "eng.submit_nowait", given(device, priority, name, reads, writes, nbytes))
         task: Future[T]
