@@ -17,7 +17,6 @@ library running the engine's start: ``AsyncioBridge`` here, ``TrioBridge``
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import sys
@@ -37,7 +36,6 @@ __all__ = [
     "Bridge",
     "Job",
     "Token",
-    "cancelled_error",
     "fire",
     "is_cancellation",
     "new_token",
@@ -290,14 +288,6 @@ def is_cancellation(exc: BaseException) -> bool:
         return True
     trio = sys.modules.get("trio")
     return trio is not None and isinstance(exc, trio.Cancelled)
-
-
-def cancelled_error() -> type[BaseException]:
-    """What awaiting a cancelled task raises here: asyncio's CancelledError in asyncio; elsewhere
-    (trio, whose Cancelled belongs to its cancel scopes) concurrent.futures' CancelledError."""
-    if asyncio._get_running_loop() is not None:
-        return asyncio.CancelledError
-    return concurrent.futures.CancelledError
 
 
 def watch(task: Task, watcher: Any) -> None:
