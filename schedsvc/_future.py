@@ -38,8 +38,10 @@ class Future(Task, Generic[T]):
     It is an asyncio future as well (``asyncio.isfuture(fut)``; on a Dask engine, whose values
     are fetched from the cluster by ``await``, an awaitable): ``asyncio.wait``,
     ``as_completed``, ``wait_for``, ``shield`` and ``gather`` take it as it is.
-    ``get_loop()`` is the engine's loop, and callbacks added through
-    ``add_done_callback`` run on that loop's thread, never on a worker.  A
+    ``get_loop()`` is the engine's loop (from a coroutine on another loop:
+    that one), and callbacks added through ``add_done_callback`` run on that
+    loop's thread, never on a worker.  (A Tensor is awaitable, not an asyncio
+    future: its await also waits for the writes queued to its memory.)  A
     task that has started cannot be cancelled (``cancel()`` is False), and
     asyncio waits for such a future: Python 3.11's ``asyncio.wait_for(fut, t)``
     returns only once the task has ended (nothing is left running), and a

@@ -14,6 +14,7 @@ from collections.abc import Generator
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 import schedsvc as ss
@@ -137,6 +138,29 @@ async def test_gather_takes_futures_as_they_are() -> None:
     async with _engine() as eng:
         futures = [eng.submit_nowait(operator.add, i, 1) for i in range(4)]
         assert await within(asyncio.gather(*futures)) == [1, 2, 3, 4]
+
+
+async def test_a_tensor_is_awaited_by_asyncio_so_its_queued_writes_are_seen() -> None:
+    async with _engine() as eng:
+        y = eng.asarray(np.zeros(3)) + 1
+        await within(y.wait())  # the task that computes y is done...
+        writing = threading.Event()
+        gate = threading.Event()
+
+        def held_write(a: Any) -> None:
+            writing.set()
+            assert gate.wait(TIMEOUT)
+            a += 1
+
+        eng.submit_nowait(held_write, y, writes=[y])  # ...and a write of its memory is queued after it
+        assert not asyncio.isfuture(y)
+        gathered = asyncio.gather(y)
+        assert await anyio.to_thread.run_sync(writing.wait, TIMEOUT)
+        done, _ = await asyncio.wait([gathered], timeout=0.05)
+        assert not done  # asyncio awaits the Tensor: that waits for the write, as `await y` does
+        gate.set()
+        (value,) = await within(gathered)
+        assert value.tolist() == [2.0, 2.0, 2.0]
 
 
 async def test_done_callbacks_run_on_the_loops_thread_in_their_context() -> None:

@@ -83,6 +83,16 @@ class Tensor(ArrayOps, Future[Array]):
     _unseen: list[Task] | None
 
     @property
+    def _asyncio_future_blocking(self) -> bool | None:
+        """None: not an asyncio future (``asyncio.isfuture`` says), for ``await t`` also waits for the writes
+        to its memory queued after it, which ``result()`` does not; asyncio's functions await it in a task."""
+        return None
+
+    @_asyncio_future_blocking.setter
+    def _asyncio_future_blocking(self, value: bool | None) -> None:
+        pass  # (asyncio sets it only on a future whose value is not None)
+
+    @property
     def owner(self) -> Tensor:
         """The Tensor whose memory this one lives in: itself, or the base of a view."""
         root = self._root
