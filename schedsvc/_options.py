@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import reprlib
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -84,7 +85,7 @@ def _message(fn: Any, call: str, taken: dict[str, Any]) -> str:
     label = _name(fn)
     names = ", ".join(f"'{name}'" for name in taken)
     meanings = "; ".join(f"{name}=: {OPTIONS[name]}" for name in taken)
-    bound = ", ".join(f"{name}={value!r}" for name, value in taken.items())
+    bound = ", ".join(f"{name}={reprlib.repr(value)}" for name, value in taken.items())
     return (
         f"{call}({label}, ..., {bound}): {label} declares the keyword{'s' if len(taken) > 1 else ''} {names}, "
         f"which {call} keeps for the engine ({meanings}), so {label} would run with its own default. "
