@@ -7,6 +7,9 @@ ambiguous: ``fn`` would silently run with its default.  Such a call is
 refused with ``ss.InvalidTask``, whose message shows how to give the keyword
 to ``fn`` (bind it with ``functools.partial``: a keyword a partial binds is
 ``fn``'s, and the engine's option of that name stays free for the task).
+NumPy's and CuPy's own ``device=`` (``np.zeros(3, device=...)``) says where
+the array is made, which is what the engine's ``device=`` says: it is not
+refused (``eng.submit(np.zeros, 3, device="cuda:0")`` runs on ``cuda:0``).
 
 Signatures are read only when a call gives an option, and cached per function.
 """
@@ -37,6 +40,9 @@ OPTIONS: Mapping[str, str] = types.MappingProxyType(
 )
 _KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _MAX_CACHED = 1024
+#: libraries whose functions' own ``device=`` (NumPy 2's ``np.zeros(..., device=)``, the array API's) is where
+#: the array is made: that is the engine's ``device=``, so it is not the function's keyword to refuse
+_ARRAY_LIBRARIES = frozenset({"numpy", "cupy"})
 #: callable (a bound method's: its function) -> the options its signature declares; cleared when full
 _declared: dict[Any, frozenset[str]] = {}
 
@@ -70,7 +76,10 @@ def _read(fn: Any) -> frozenset[str]:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or ufunc without a signature: declares none
         return frozenset()
-    return frozenset(p.name for p in parameters if p.kind in _KINDS and p.name in OPTIONS)
+    names = frozenset(p.name for p in parameters if p.kind in _KINDS and p.name in OPTIONS)
+    if "device" in names and str(getattr(fn, "__module__", None)).partition(".")[0] in _ARRAY_LIBRARIES:
+        names -= {"device"}  # NumPy's (the array API's) device=: where the array goes, which the engine says
+    return names
 
 
 def refuse_taken(fn: Any, call: str, given: Mapping[str, Any]) -> None:

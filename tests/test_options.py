@@ -87,6 +87,8 @@ async def test_calls_that_are_not_ambiguous_are_taken(engine: ss.Engine) -> None
         "scale": 2
     }  # **kwargs declares none
     assert await within(engine.run(np.add, 1, 2, priority=1, name="add")) == 3  # no signature: declares none
+    # NumPy's own device= is where the array is made: the engine's device=, never refused
+    assert (await within(engine.run(np.zeros, 2, device="cpu"))).tolist() == [0.0, 0.0]
     fut = await engine.submit(labelled, 1, priority=0, name=None)  # options at their defaults: nothing given
     assert await within(fut) == (1, "default", 0)
 
@@ -112,6 +114,7 @@ def test_declared_options_are_read_once_per_function() -> None:
     assert declared_options(functools.partial(labelled, name="x")) == {"priority"}
     assert declared_options(anything) == frozenset()
     assert declared_options(np.add) == frozenset()
+    assert declared_options(np.arange) == frozenset()  # (NumPy 2 declares device=: the engine's)
 
 
 async def test_refused_calls_time_out_nothing(engine: ss.Engine) -> None:

@@ -1,5 +1,5 @@
 """What a user's program sees of schedsvc under ``mypy --strict``: each ``reveal_type`` line ends with the
-type it must reveal (module paths left out).  Checked by ``tests/typing/test_typing.py``, never run."""
+type it must reveal (module paths left out).  Checked by ``tests/typecheck/test_typing.py``, never run."""
 
 from __future__ import annotations
 

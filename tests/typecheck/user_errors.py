@@ -1,5 +1,5 @@
 """Mistakes ``mypy --strict`` must find in a user's program: each line marked ``# error: CODE`` must give that
-error code.  Checked by ``tests/typing/test_typing.py``, never run."""
+error code.  Checked by ``tests/typecheck/test_typing.py``, never run."""
 
 from __future__ import annotations
 
