@@ -52,9 +52,6 @@ T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: submit's defaults, tested by identity (any int 0 is this object, and any empty tuple this one)
-_NO_PRIORITY = 0
-_NOTHING = ()
 _JOIN_TIMEOUT_S = 30.0
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, how long a close waits for running tasks before saying so
 
@@ -209,14 +206,9 @@ class Engine:
         rt = port.rt  # Port.running(), inlined: this runs at every submission
         if rt is None or port.state != "running" or rt.bridge.closed():
             raise port.refusal()
-        if (  # an option given: does fn declare it too?  (identity tests only: this runs at every submission)
-            name is not None
-            or device is not None
-            or nbytes is not None
-            or priority is not _NO_PRIORITY
-            or reads is not _NOTHING
-            or writes is not _NOTHING
-        ):
+        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission;
+        # reads= and writes= default to the same empty tuple, so one test sees either given)
+        if name is not None or device is not None or nbytes is not None or priority or reads is not writes:
             refuse_taken(fn, "eng.submit", given(device, priority, name, reads, writes, nbytes))
         tid = get_ident()
         task: Future[T]
@@ -256,14 +248,9 @@ class Engine:
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
-        if (  # an option given: does fn declare it too?  (identity tests only: this runs at every submission)
-            name is not None
-            or device is not None
-            or nbytes is not None
-            or priority is not _NO_PRIORITY
-            or reads is not _NOTHING
-            or writes is not _NOTHING
-        ):
+        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission;
+        # reads= and writes= default to the same empty tuple, so one test sees either given)
+        if name is not None or device is not None or nbytes is not None or priority or reads is not writes:
             refuse_taken(fn, "eng.submit_nowait", given(device, priority, name, reads, writes, nbytes))
         task: Future[T]
         task, written = build_task(

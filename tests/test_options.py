@@ -24,6 +24,10 @@ def sized(x: Any, *, nbytes: int = 0, device: str = "none") -> tuple[int, str]:
     return nbytes, device
 
 
+def memory(x: Any, reads: Any = (), writes: Any = ()) -> Any:
+    return reads, writes
+
+
 def positional_only(name: str, /) -> str:
     return name
 
@@ -56,6 +60,11 @@ async def test_submit_and_submit_nowait_refuse_it_too(engine: ss.Engine) -> None
         engine.submit_nowait(sized, 1, device="cpu")
     with pytest.raises(ss.InvalidTask, match="'priority'"):
         engine.submit_nowait(Model().predict, 1, priority=2)  # a method's own parameters count
+    buffer = np.zeros(2)
+    with pytest.raises(ss.InvalidTask, match=r"keyword 'reads'"):
+        engine.submit_nowait(memory, 1, reads=[buffer])
+    with pytest.raises(ss.InvalidTask, match=r"keyword 'writes'"):
+        await engine.submit(memory, 1, writes=[buffer])
     assert engine.stats().submitted == 0
 
 
