@@ -4,8 +4,7 @@
 scheduler, the Tensor); the rest is imported on first use of its name:
 ``Config`` (pydantic and pydantic-settings, which cost more to import than
 NumPy; an Engine built without a Config imports them then), the compiler's
-names, the ``concurrent.futures`` view and the Prometheus collector.  asyncio
-is imported when an engine starts (``_runtime/_bridge.py``).
+names, the ``concurrent.futures`` view and the Prometheus collector.
 """
 
 import importlib
@@ -24,6 +23,7 @@ from ._errors import (
     MemoryLimitError,
     QueueFull,
     SchedsvcError,
+    TaskCancelled,
     TraceError,
 )
 from ._future import Future
@@ -58,6 +58,7 @@ __all__ = [
     "QueueFull",
     "SchedsvcError",
     "Stats",
+    "TaskCancelled",
     "Tensor",
     "TraceError",
     "__version__",

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import anyio
 import numpy as np
@@ -31,6 +31,7 @@ from ._core import Scheduler
 from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future, stop_through_await
 from ._lifecycle import STARTED, finish, watch_loop_end
+from ._options import given, refuse_taken
 from ._port import LOOP_CLOSED, Port
 from ._runtime import NOW, QUEUE, Runtime, is_cancellation
 from ._submission import build_task
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "check_fn"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _JOIN_TIMEOUT_S = 30.0
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, how long a close waits for running tasks before saying so
@@ -202,12 +205,19 @@ class Engine:
         """Admit ``fn(*args, **kwargs)`` as a task, waiting while the engine is at its limits.
 
         Options: ``device``, ``priority``, ``name``, ``reads``, ``writes``,
-        ``nbytes``; other keywords are passed to ``fn``.  ``await`` it.
+        ``nbytes``; other keywords are passed to ``fn``.  ``await`` it.  A call
+        giving an option that ``fn`` itself declares as a parameter is refused
+        (``ss.InvalidTask``): bind the keyword for ``fn`` with
+        ``functools.partial(fn, name=...)`` instead.
         """
         port = self._port
         rt = port.rt  # Port.running(), inlined: this runs at every submission
         if rt is None or port.state != "running" or rt.bridge.closed():
             raise port.refusal()
+        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission;
+        # reads= and writes= default to the same empty tuple, so one test sees either given)
+        if name is not None or device is not None or nbytes is not None or priority or reads is not writes:
+            refuse_taken(fn, "eng.submit", given(device, priority, name, reads, writes, nbytes))
         tid = get_ident()
         task: Future[T]
         task, written = build_task(
@@ -238,13 +248,18 @@ class Engine:
         """Admit a task now, or raise QueueFull at the limits.  Callable from any thread.
 
         Inside a running task, submissions are admitted over the limits (and
-        while the engine closes), so nested work can never deadlock it.
+        while the engine closes), so nested work can never deadlock it.  Options
+        and keywords as ``submit``: an option ``fn`` declares too is refused.
         """
         tid = get_ident()
         port = self._port
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
+        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission;
+        # reads= and writes= default to the same empty tuple, so one test sees either given)
+        if name is not None or device is not None or nbytes is not None or priority or reads is not writes:
+            refuse_taken(fn, "eng.submit_nowait", given(device, priority, name, reads, writes, nbytes))
         task: Future[T]
         task, written = build_task(
             port, self._vet, fn, args, kwargs, tid, (device, priority, name, reads, writes, nbytes)
@@ -271,7 +286,10 @@ class Engine:
         return EngineExecutor(self, device, priority)
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
-        """Submit a task and return its result."""
+        """Submit a task and return its result (options and keywords as ``submit``: an option ``fn`` declares
+        too is refused; ``functools.partial`` gives it to ``fn``)."""
+        if options:
+            refuse_taken(fn, "eng.run", options)
         fut: Future[T] = await self.submit(fn, *args, **options)
         return await fut
 
@@ -320,13 +338,17 @@ class Engine:
         source's, is raised at its place in that order.  When the generator
         ends early (an error, ``aclose()``, a cancelled consumer), unstarted
         tasks are cancelled and a generator source is closed.  ``options``
-        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``.  Iterate it
+        (``priority``, ``name``, ``nbytes``, ...) go to ``submit``; one that
+        ``fn`` declares too (``device`` as well) is refused at the call, as
+        there: ``functools.partial`` gives it to ``fn``.  Iterate it
         on the engine's event loop (another loop gets SchedsvcError); other
         threads use ``eng.executor().map``.
         """
         from ._pipeline import pipeline
 
         check_fn(fn)  # now, not at the first item: an async generator starts only when iterated
+        if options or device is not None:
+            refuse_taken(fn, "eng.map", {"device": device, **options} if device is not None else options)
         return pipeline(self, self._port, fn, source, max_inflight, ordered, device, options)
 
     @contextlib.contextmanager
@@ -452,12 +474,12 @@ class Engine:
     @overload
     def compile(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[P, R],
         *,
         batch_axis: None = None,
         max_signatures: int = 64,
         name: str | None = None,
-    ) -> Compiled: ...
+    ) -> Compiled[P, R]: ...
 
     @overload
     def compile(
@@ -484,7 +506,7 @@ class Engine:
         exact: bool = True,
         max_signatures: int = 64,
         name: str | None = None,
-    ) -> Compiled | Batched:
+    ) -> Compiled[..., Any] | Batched:
         """Compile ``fn`` (array code on Tensors) the way ``hybridize`` does: trace once, replay fused.
 
         The first call with a signature (the shapes, dtypes and devices of the

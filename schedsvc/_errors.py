@@ -7,6 +7,8 @@ them all::
     ├── QueueFull           submit_nowait() or a compiled call at max_pending / max_pending_bytes
     ├── MemoryLimitError    a task can never fit max_pending_bytes
     ├── DependencyError     a task's input failed or was cancelled; __cause__ is why
+    ├── TaskCancelled       the task awaited (or read with result()) was cancelled
+    │                       (also asyncio's and concurrent.futures' CancelledError)
     ├── EngineClosed        the engine is closed, closing, or was never started
     ├── DeviceError         unknown or unavailable device
     ├── InvalidTask         not callable, bad priority/nbytes, a future of another engine (TypeError)
@@ -22,6 +24,9 @@ variable names no setting and is ignored.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+
 __all__ = [
     "BatchError",
     "ConfigError",
@@ -34,6 +39,7 @@ __all__ = [
     "MemoryLimitError",
     "QueueFull",
     "SchedsvcError",
+    "TaskCancelled",
     "TraceError",
 ]
 
@@ -52,6 +58,18 @@ class MemoryLimitError(SchedsvcError):
 
 class DependencyError(SchedsvcError):
     """A task did not run because a task it depends on failed or was cancelled."""
+
+
+class TaskCancelled(SchedsvcError, asyncio.CancelledError, concurrent.futures.CancelledError):
+    """The task was cancelled: what ``await fut``, ``fut.result()`` and ``fut.exception()`` raise for it.
+
+    One error for every way of reading a cancelled task, under asyncio and trio
+    alike.  It is an ``asyncio.CancelledError`` (an asyncio task that lets it
+    through ends cancelled, as when it awaits a cancelled ``asyncio.Future``)
+    and a ``concurrent.futures.CancelledError`` (what threads and executors
+    expect).  The cancellation of the awaiting coroutine itself is the async
+    library's own (``asyncio.CancelledError``, ``trio.Cancelled``), never this.
+    """
 
 
 class EngineClosed(SchedsvcError):

@@ -201,6 +201,9 @@ class EngineExecutor(concurrent.futures.Executor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> ExecutorFuture[T]:
         """Run ``fn(*args, **kwargs)`` as a task; a concurrent.futures.Future of its result.
 
+        Every keyword goes to ``fn``, ``name=`` and ``priority=`` included: the
+        engine's options here are the executor's (``eng.executor(device=, priority=)``).
+
         At the engine's limits it blocks this thread until there is room (a
         task submitting is admitted over them; on the event loop's thread it
         raises QueueFull).  RuntimeError after ``shutdown()``.

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
+import contextvars
 import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import FINAL_STATES, Task
-from ._errors import SchedsvcError
-from ._runtime import Remote, cancelled_error, is_cancellation
+from ._errors import SchedsvcError, TaskCancelled
+from ._runtime import Remote, is_cancellation
 
 if TYPE_CHECKING:
     from ._port import Port
@@ -23,16 +24,33 @@ T = TypeVar("T")
 class Future(Task, Generic[T]):
     """The result of a submitted task; pass it to another task to depend on it.
 
-    ``await fut`` returns the value or raises the task's exception (for a
-    cancelled task, ``asyncio.CancelledError`` under asyncio and
-    ``concurrent.futures.CancelledError`` under trio, whose ``Cancelled``
-    belongs to its cancel scopes).  Cancelling a coroutine that awaits a
+    ``await fut`` returns the value or raises the task's exception.  A
+    cancelled task raises ``ss.TaskCancelled`` -- from ``await fut``,
+    ``fut.result()`` and ``fut.exception()`` alike, under asyncio and trio --
+    which is both an ``asyncio.CancelledError`` and a
+    ``concurrent.futures.CancelledError``, so either ``except`` catches it
+    (an asyncio task that lets it through ends cancelled, as when it awaits a
+    cancelled ``asyncio.Future``).  Cancelling a coroutine that awaits a
     future cancels the task if it has not started, as with ``asyncio.Future``
     (under trio: a cancel scope around the ``await``); wrap it in
     ``asyncio.shield`` (a shielded trio ``CancelScope``) to keep it running.
+
+    It is an asyncio future as well (``asyncio.isfuture(fut)``; on a Dask engine, whose values
+    are fetched from the cluster by ``await``, an awaitable): ``asyncio.wait``,
+    ``as_completed``, ``wait_for``, ``shield`` and ``gather`` take it as it is.
+    ``get_loop()`` is the engine's loop (from a coroutine on another loop:
+    that one), and callbacks added through ``add_done_callback`` run on that
+    loop's thread, never on a worker.  (A Tensor is awaitable, not an asyncio
+    future: its await also waits for the writes queued to its memory.)  A
+    task that has started cannot be cancelled (``cancel()`` is False), and
+    asyncio waits for such a future: Python 3.11's ``asyncio.wait_for(fut, t)``
+    returns only once the task has ended (nothing is left running), and a
+    cancelled ``gather`` ends with its started tasks.  To give up at a deadline
+    and leave the task running, ``async with asyncio.timeout(t): await fut``
+    (under trio, ``anyio.fail_after(t)``).
     """
 
-    __slots__ = ("_port", "_rt")
+    __slots__ = ("_blocking", "_port", "_rt")
 
     def __init__(
         self,
@@ -71,7 +89,7 @@ class Future(Task, Generic[T]):
         if self._rt.remote and self.state == "done" and isinstance(self.value, Remote):
             return (yield from self.value.get().__await__())  # type: ignore[no-any-return]
         try:
-            return self._outcome(None)  # (which CancelledError: asked only of a cancelled task)
+            return self._outcome()
         except StopIteration as exc:  # PEP 479 would turn it into a bare RuntimeError here
             raise stop_through_await(self, exc) from exc
 
@@ -97,14 +115,14 @@ class Future(Task, Generic[T]):
                 raise blocks_the_loop(self, "result()")
             if not rt.wait_blocking(self, timeout):
                 raise TimeoutError(f"{self!r} did not finish within {timeout} s")
-        return self._outcome(concurrent.futures.CancelledError)
+        return self._outcome()
 
     def _remote_result(self, timeout: float | None) -> T:
         """``result()`` on a Dask engine: wait, then fetch the value from the cluster (not on the loop)."""
         rt = self._rt
         if rt.on_loop_thread():
             if self.state in FINAL_STATES and not isinstance(self.value, Remote):
-                return self._outcome(concurrent.futures.CancelledError)
+                return self._outcome()
             raise blocks_the_loop(self, "result()")  # the value is still on the cluster
         deadline = None if timeout is None else time.monotonic() + timeout
         if self.state not in FINAL_STATES and not rt.wait_blocking(self, timeout):
@@ -113,7 +131,7 @@ class Future(Task, Generic[T]):
         if self.state == "done" and isinstance(value, Remote):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             return value.get_blocking(left)  # type: ignore[no-any-return]
-        return self._outcome(concurrent.futures.CancelledError)
+        return self._outcome()
 
     def exception(self) -> BaseException | None:
         """The task's exception, or None if it succeeded; it must be done."""
@@ -122,27 +140,65 @@ class Future(Task, Generic[T]):
 
             raise asyncio.InvalidStateError(f"{self!r} is not done; await fut.wait() first")
         if self.state == "cancelled":
-            raise cancelled_error()(f"{self!r} was cancelled")
+            raise TaskCancelled(f"{self!r} was cancelled")
         return self.error
 
-    def cancel(self) -> bool:
-        """Cancel the task and the tasks that take its value, if it has not started."""
+    def cancel(self, msg: Any = None) -> bool:
+        """Cancel the task and the tasks that take its value, if it has not started.
+
+        ``msg`` is accepted for asyncio's sake (``Task.cancel`` passes it on) and not used.
+        """
         return self._rt is not None and self._rt.cancel(self)
 
-    def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
-        """Call ``fn(future)`` on the engine's event loop once the task is final."""
+    def add_done_callback(
+        self, fn: Callable[[Future[T]], Any], *, context: contextvars.Context | None = None
+    ) -> None:
+        """Call ``fn(future)`` on the engine's event loop once the task is final (in ``context``, if given).
+
+        Added by a coroutine on another asyncio loop, ``fn`` is called on that loop instead, as ``get_loop()``
+        there says; either way never on a worker thread.
+        """
         rt = self._rt
         if rt.bridge.closed():  # it could never be called
             raise self._port.refusal()
-        rt.add_done_callback(self, fn)
+        rt.add_done_callback(self, fn, context)
 
-    def _outcome(self, cancelled: type[BaseException] | None) -> T:
-        """The value, or raise the error; a cancelled task raises ``cancelled`` (None: the awaiting library's)."""
+    def remove_done_callback(self, fn: Callable[[Future[T]], Any]) -> int:
+        """Take every ``fn`` added by ``add_done_callback`` off the task's, unless already called; how many."""
+        return self._rt.remove_done_callback(self, fn)
+
+    # -- the asyncio future protocol ---------------------------------------------------------
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        """The asyncio loop its done-callbacks run on: the engine's, or the calling coroutine's own loop if
+        that is another (a future is awaitable from any loop); RuntimeError under trio, outside asyncio."""
+        loop = asyncio._get_running_loop() or self._rt.loop
+        if loop is None:
+            raise RuntimeError(f"{self!r} belongs to an engine running under trio, which has no asyncio loop")
+        return loop
+
+    @property
+    def _asyncio_future_blocking(self) -> bool | None:
+        """asyncio's protocol: True only while a coroutine yields this future to its Task to wait on.
+
+        None (not an asyncio future, ``asyncio.isfuture`` says) on a Dask engine: its value is on the
+        cluster, fetched by ``await``, which asyncio then uses (``gather`` and ``wait_for`` wrap it in a task).
+        """
+        if self._rt.remote:
+            return None
+        return getattr(self, "_blocking", False)  # (unset until asyncio sets it: no cost per task)
+
+    @_asyncio_future_blocking.setter
+    def _asyncio_future_blocking(self, value: bool | None) -> None:
+        self._blocking = value
+
+    def _outcome(self) -> T:
+        """The value, or raise the error (a cancelled task: ``TaskCancelled``)."""
         state = self.state
         if state == "done":
             return self.value  # type: ignore[no-any-return]
         if state == "cancelled":
-            raise (cancelled or cancelled_error())(f"{self!r} was cancelled")
+            raise TaskCancelled(f"{self!r} was cancelled")
         error = self.error
         assert error is not None
         raise error

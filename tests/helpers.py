@@ -30,9 +30,15 @@ def on_asyncio() -> bool:
 async def within(awaitable: Coroutine[Any, Any, T] | asyncio.Future[T] | Any, timeout: float = TIMEOUT) -> T:
     """Await with a deadline, so a deadlock fails the test quickly (on asyncio or trio)."""
     if on_asyncio():  # in a task of its own, as the asyncio tests were written against
-        return await asyncio.wait_for(awaitable, timeout)
+        # (a future handed to wait_for as it is would be waited for past the deadline while its task runs,
+        # which cannot be cancelled: Python 3.11's wait_for returns only once the future is done)
+        return await asyncio.wait_for(_awaited(awaitable), timeout)
     with anyio.fail_after(timeout):
         return await awaitable  # type: ignore[no-any-return]
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:

@@ -189,8 +189,8 @@ def test_a_deferred_name_imports_its_module_on_first_use() -> None:
 
 
 def test_an_engine_under_trio_or_asyncio_imports_asyncio_when_it_starts() -> None:
-    """The bridge loads asyncio at the engine's start, under either library (a future may be awaited on
-    an asyncio loop in another thread): it works the same as when asyncio was imported first."""
+    """An engine under trio works with asyncio loaded (a future may be awaited on an asyncio loop in
+    another thread)."""
     code = (
         "import schedsvc, trio\n"
         "async def main():\n"

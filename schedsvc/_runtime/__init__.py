@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 from .._core import Task
 from ._admission import BLOCK, NOW, OVER, QUEUE
-from ._bridge import Job, cancelled_error, is_cancellation, on_loop
+from ._bridge import Job, is_cancellation, on_loop
 from ._copies import Copies, CopyTask
 from ._device import Device, Keyer
 from ._dispatch import Fusion
@@ -42,7 +42,6 @@ __all__ = [
     "Runtime",
     "Task",
     "buffer_of",
-    "cancelled_error",
     "current_worker",
     "exports_memory",
     "is_cancellation",

@@ -16,7 +16,7 @@ library running the engine's start: ``AsyncioBridge`` here, ``TrioBridge``
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import contextlib
 import sys
 import threading
@@ -27,8 +27,6 @@ from .._core import FINAL_STATES
 from .._errors import FORKED, EngineClosed, SchedsvcError
 
 if TYPE_CHECKING:
-    import asyncio
-
     from .._core import Task
     from ._runtime import Runtime
 
@@ -37,7 +35,6 @@ __all__ = [
     "Bridge",
     "Job",
     "Token",
-    "cancelled_error",
     "fire",
     "is_cancellation",
     "new_token",
@@ -49,26 +46,6 @@ __all__ = [
 ]
 
 _LockType = type(threading.Lock())
-
-
-class _AsyncioOnFirstUse:
-    """The name ``asyncio`` here until asyncio is first used (at the latest when an engine starts): then
-    the module itself.  ``import schedsvc`` does not import asyncio, which costs a third of NumPy's import."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_load_asyncio(), name)
-
-
-def _load_asyncio() -> Any:
-    """Import asyncio, and put it (and the token types with its Future) in this module's globals."""
-    import asyncio as module
-
-    globals().update(asyncio=module, _TOKEN_TYPES=(module.Future, Token))
-    return module
-
-
-if not TYPE_CHECKING:
-    asyncio = _AsyncioOnFirstUse()
 
 
 class Token:
@@ -273,7 +250,7 @@ class AsyncioBridge(Bridge):
 
 def open_bridge(rt: Runtime) -> AsyncioBridge | Any:
     """The bridge for the async library running this call: asyncio, or trio (through anyio or not)."""
-    loop = _load_asyncio()._get_running_loop()
+    loop = asyncio._get_running_loop()
     if loop is not None:
         return AsyncioBridge(rt, loop)
     if _in_trio():
@@ -312,14 +289,6 @@ def is_cancellation(exc: BaseException) -> bool:
     return trio is not None and isinstance(exc, trio.Cancelled)
 
 
-def cancelled_error() -> type[BaseException]:
-    """What awaiting a cancelled task raises here: asyncio's CancelledError in asyncio; elsewhere
-    (trio, whose Cancelled belongs to its cancel scopes) concurrent.futures' CancelledError."""
-    if asyncio._get_running_loop() is not None:
-        return asyncio.CancelledError
-    return concurrent.futures.CancelledError
-
-
 def watch(task: Task, watcher: Any) -> None:
     """Add ``watcher`` (a token, a callback, a thread's gate) to those woken when ``task`` is final."""
     if task.watchers is None:
@@ -342,9 +311,7 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-# built once: `asyncio.Future | Token` makes a new union at every call.  Until asyncio is loaded no asyncio
-# future exists: a token is made after asking asyncio for the running loop, which loads it
-_TOKEN_TYPES: tuple[type, ...] = (Token,)
+_TOKEN_TYPES = (asyncio.Future, Token)  # built once: `asyncio.Future | Token` makes a new union at every call
 
 
 def fire(watcher: Any, task: Task | None) -> None:

@@ -118,6 +118,7 @@ _ENTRY_POINTS = (
     "wait_blocking",
     "watch_off_loop",
     "add_done_callback",
+    "remove_done_callback",
     "on_loop_thread",
     "barrier",
     "until",
@@ -232,6 +233,7 @@ class Runtime:
         self.wait_blocking = waiting.wait_blocking
         self.watch_off_loop = waiting.watch_off_loop
         self.add_done_callback = waiting.add_done_callback
+        self.remove_done_callback = waiting.remove_done_callback
         self.on_loop_thread = waiting.on_loop_thread
         self.barrier = waiting.barrier
         self.until = waiting.until

@@ -9,7 +9,9 @@ again after every scheduling event (``Runtime.collect``), never by polling.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import functools
 import threading
 import types
@@ -22,7 +24,7 @@ import numpy as np
 
 from .._core import FINAL_STATES, Task
 from .._errors import FORKED, EngineClosed
-from ._bridge import fire, settle, unwatch, watch
+from ._bridge import Token, fire, settle, unwatch, watch
 from ._threads import ThreadToken, current_worker
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ MAX_COST_KEYS = 4096
 _LONG_LIVED = (types.BuiltinFunctionType, np.ufunc, type)
 #: exact types keyed at once (a getattr that fails builds an AttributeError: thousands of instructions)
 _OWN_KEY = frozenset((types.BuiltinFunctionType, np.ufunc))
+_LockType = type(threading.Lock())
 
 
 class Waiting:
@@ -115,13 +118,38 @@ class Waiting:
         self.rt.other_loops = True  # (collect looks for watchers woken elsewhere from now on)
         watch(task, ThreadToken(then))
 
-    def add_done_callback(self, task: Task, fn: Callable[[Any], Any]) -> None:
-        """Call ``fn(task)`` on the loop once ``task`` is final."""
+    def add_done_callback(
+        self, task: Task, fn: Callable[[Any], Any], context: contextvars.Context | None = None
+    ) -> None:
+        """Call ``fn(task)`` on the loop once ``task`` is final (in ``context``, if given); added by a
+        coroutine on another asyncio loop, on that loop, woken directly (not through the engine's)."""
+        loop = asyncio._get_running_loop()
+        watcher: Any = fn
+        if loop is not None and loop is not self.rt.loop:
+            watcher = LoopCallback(fn, context, loop, task)
+        elif context is not None:
+            watcher = Callback(fn, context)
         with self.rt.lock:
             if task.state not in FINAL_STATES:
-                watch(task, fn)
+                if type(watcher) is LoopCallback:
+                    self.rt.other_loops = True  # (collect looks for watchers woken elsewhere from now on)
+                watch(task, watcher)
                 return
-        self.bridge.call_soon_threadsafe(fire, fn, task)
+        if type(watcher) is LoopCallback:
+            watcher.settle()
+        else:
+            self.bridge.call_soon_threadsafe(fire, watcher, task)
+
+    def remove_done_callback(self, task: Task, fn: Callable[[Any], Any]) -> int:
+        """Take every ``fn`` added by ``add_done_callback`` off ``task``'s watchers, unless already handed
+        on to be called; how many.  (A new list: a drain on the loop may be reading the old one.)"""
+        with self.rt.lock:
+            watchers = task.watchers
+            if not watchers:
+                return 0
+            kept = [w for w in watchers if type(w) is _LockType or not _is_callback(w, fn)]
+            task.watchers = kept or None
+        return len(watchers) - len(kept)
 
     def on_loop_thread(self) -> bool:
         """Is this the running event loop's thread, outside a task?  (A task run inline there may block: it is
@@ -217,6 +245,54 @@ class Waiting:
                 continue
             if held:
                 settle(token)
+
+
+class Callback:
+    """A done-callback added with asyncio's ``context=``: called in that context, on the engine's loop."""
+
+    __slots__ = ("context", "fn")
+
+    def __init__(self, fn: Callable[[Any], Any], context: contextvars.Context) -> None:
+        self.fn = fn
+        self.context = context
+
+    def __call__(self, task: Any) -> Any:
+        return self.context.run(self.fn, task)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
+
+
+class LoopCallback(Token):
+    """A done-callback added by a coroutine on another asyncio loop (``home``): handed to that loop, from
+    wherever the task became final, as a token of that loop is."""
+
+    __slots__ = ("context", "fn", "home", "task")
+
+    def __init__(
+        self, fn: Callable[[Any], Any], context: contextvars.Context | None, home: Any, task: Task
+    ) -> None:
+        self.fn = fn
+        self.context = context
+        self.home = home
+        self.task = task
+
+    def done(self) -> bool:
+        return False
+
+    def settle(self, error: BaseException | None = None) -> None:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody there waits any more
+            self.home.call_soon_threadsafe(self.fn, self.task, context=self.context)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
+
+
+def _is_callback(watcher: Any, fn: Callable[[Any], Any]) -> bool:
+    """Is ``watcher`` (one of a task's) the done-callback ``fn``, however it was added?"""
+    if type(watcher) is Callback or type(watcher) is LoopCallback:
+        watcher = watcher.fn
+    return bool(watcher == fn)
 
 
 def cost_key(task: Task) -> tuple[Any, int]:

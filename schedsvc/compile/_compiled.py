@@ -19,7 +19,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -98,11 +98,11 @@ class _Entry:
         )
         self.tensors = tuple(p[2:] for p in parts) if positional and parts else None
 
-    def launch(self, engine: Port, arrays: Sequence[Any], compiled: Compiled) -> Any:
+    def launch(self, engine: Port, arrays: Sequence[Any], compiled: Compiled[..., Any]) -> Any:
         """Queue one replay of ``compiled`` on ``arrays`` now, or raise QueueFull; its Tensor (or tuple/list)."""
         return self._outputs(engine, arrays, self._replay(engine, arrays, compiled, None))
 
-    async def launch_waiting(self, engine: Port, arrays: Sequence[Any], compiled: Compiled) -> Any:
+    async def launch_waiting(self, engine: Port, arrays: Sequence[Any], compiled: Compiled[..., Any]) -> Any:
         """Queue one replay, waiting for room (FIFO) while the engine is at its limits."""
         waiting: list[Any] = []
         whole = self._replay(engine, arrays, compiled, waiting)
@@ -114,7 +114,7 @@ class _Entry:
         self,
         engine: Port,
         arrays: Sequence[Any],
-        compiled: Compiled,
+        compiled: Compiled[..., Any],
         waiting: list[Any] | None,
     ) -> Tensor:
         """The replay task, admitted within the engine's limits (or queued for admission, given ``waiting``)."""
@@ -209,24 +209,32 @@ def _alias(arrays: Sequence[Any], source: int | None) -> tuple[Tensor | None, tu
     return None, buffer_of(arg)
 
 
-def _refuse_submit_while_tracing(compiled: Compiled, *args: Any, **kwargs: Any) -> NoReturn:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _refuse_submit_while_tracing(compiled: Compiled[..., Any], *args: Any, **kwargs: Any) -> NoReturn:
     raise TraceError(
         f"{compiled!r}.submit() inside a compiled function: call it ({compiled.name}(...)) to trace it in"
     )
 
 
-class Compiled:
+class Compiled(Generic[P, R]):
     """A function compiled by ``eng.compile``: call it like the function; it returns Tensors.
 
     ``graph`` is the optimised graph of the latest signature; ``save(path)``
     writes every traced signature to JSON; ``ss.load(path, eng)`` gives a
     runnable Compiled back without the Python source.
+
+    For type checkers, ``Compiled[P, R]`` takes the function's parameters ``P``
+    and gives what it returns, ``R`` (a ``Tensor``: ``await mlp(x)`` is then an
+    ``np.ndarray``); a loaded one is ``Compiled[..., Any]``.
     """
 
     def __init__(
         self,
         port: Port,
-        fn: Callable[..., Any] | None,
+        fn: Callable[P, R] | None,
         *,
         max_signatures: int = MAX_SIGNATURES,
         name: str | None = None,
@@ -256,7 +264,7 @@ class Compiled:
         self._warned = False
         self._graph_counts = GraphCounts()  # replays on cuda devices (CUDA graphs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Queue one call now; its Tensor (or tuple/list of them, as ``fn`` returns).
 
         Admitted like ``eng.submit_nowait``: at the engine's limits it raises
@@ -269,17 +277,17 @@ class Compiled:
                 raise TraceError(f"{self!r} was loaded without its source and cannot be traced into another")
             return self._fn(*args, **kwargs)
         entry, arrays = self._lookup(args, kwargs)
-        return entry.launch(self._port, arrays, self)  # counts the replay
+        return entry.launch(self._port, arrays, self)  # type: ignore[no-any-return]  # (counts the replay)
 
     @refused_while_tracing(_refuse_submit_while_tracing)
-    async def submit(self, *args: Any, **kwargs: Any) -> Any:
+    async def submit(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Queue one call, waiting (first come first served) while the engine is at its limits.
 
         ``out = await compiled.submit(x)``: the call's Tensor (or tuple/list of
         them), admitted.  Cancelling the wait cancels the call.
         """
         entry, arrays = self._lookup(args, kwargs)
-        return await entry.launch_waiting(self._port, arrays, self)
+        return await entry.launch_waiting(self._port, arrays, self)  # type: ignore[no-any-return]
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
         """The entry for this call's signature (traced now if new) and its array arguments."""
@@ -409,7 +417,7 @@ class Compiled:
         return f"<Compiled {self.name}{source} signatures={len(self._cache)} traces={self.traces} replays={self.replays}>"
 
 
-def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
+def load(path: str | os.PathLike[str], engine: Engine) -> Compiled[..., Any]:
     """A compiled function saved with ``Compiled.save``, runnable on ``engine`` without its source.
 
     Every shape and dtype in the file is inferred again from the ops, as
@@ -419,7 +427,7 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled:
     where = os.fspath(path)
     doc = read(path, where)
     try:
-        compiled = Compiled(
+        compiled: Compiled[..., Any] = Compiled(
             port_of(engine), None, name=str(doc["name"]), max_signatures=max(1, len(doc["entries"]))
         )
         for item in doc["entries"]:

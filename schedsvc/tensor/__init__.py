@@ -1,13 +1,16 @@
 """The lazy Tensor facade: array operations queued as engine tasks, shapes known at once."""
 
+from ._arrayops import ArrayOps, Operand, apply
 from ._ops import OPS, Op
-from ._tensor import ArrayOps, Tensor, apply, check_out, concrete
+from ._tensor import Array, Tensor, check_out, concrete
 from ._tracking import TensorMemory, asarray, create, order_after, queue_op, shape_arg
 
 __all__ = [
     "OPS",
+    "Array",
     "ArrayOps",
     "Op",
+    "Operand",
     "Tensor",
     "TensorMemory",
     "apply",
