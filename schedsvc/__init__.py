@@ -4,7 +4,9 @@
 scheduler, the Tensor); the rest is imported on first use of its name:
 ``Config`` (pydantic and pydantic-settings, which cost more to import than
 NumPy; an Engine built without a Config imports them then), the compiler's
-names, the ``concurrent.futures`` view and the Prometheus collector.
+names, the ``concurrent.futures`` view, the Prometheus collector, and
+``TaskCancelled`` (an ``asyncio.CancelledError``: asyncio is imported when an
+engine starts, or a future is cancelled).
 """
 
 import importlib
@@ -23,7 +25,6 @@ from ._errors import (
     MemoryLimitError,
     QueueFull,
     SchedsvcError,
-    TaskCancelled,
     TraceError,
 )
 from ._future import Future
@@ -31,6 +32,7 @@ from ._telemetry import Stats
 from .tensor import Tensor
 
 if TYPE_CHECKING:
+    from ._cancelled import TaskCancelled
     from ._config import Config
     from ._executor import executor
     from ._prometheus import PrometheusCollector
@@ -73,6 +75,7 @@ _LAZY = {
     "Compiled": ".compile",
     "Config": "._config",
     "PrometheusCollector": "._prometheus",
+    "TaskCancelled": "._cancelled",
     "executor": "._executor",
     "load": ".compile",
 }

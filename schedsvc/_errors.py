@@ -24,8 +24,7 @@ variable names no setting and is ignored.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "BatchError",
@@ -60,16 +59,19 @@ class DependencyError(SchedsvcError):
     """A task did not run because a task it depends on failed or was cancelled."""
 
 
-class TaskCancelled(SchedsvcError, asyncio.CancelledError, concurrent.futures.CancelledError):
-    """The task was cancelled: what ``await fut``, ``fut.result()`` and ``fut.exception()`` raise for it.
+if TYPE_CHECKING:
+    from ._cancelled import TaskCancelled
+else:
 
-    One error for every way of reading a cancelled task, under asyncio and trio
-    alike.  It is an ``asyncio.CancelledError`` (an asyncio task that lets it
-    through ends cancelled, as when it awaits a cancelled ``asyncio.Future``)
-    and a ``concurrent.futures.CancelledError`` (what threads and executors
-    expect).  The cancellation of the awaiting coroutine itself is the async
-    library's own (``asyncio.CancelledError``, ``trio.Cancelled``), never this.
-    """
+    def __getattr__(name: str) -> Any:
+        """``TaskCancelled`` on first use (``_cancelled.py``): its bases are asyncio's and concurrent.futures'
+        errors, and ``import schedsvc`` does not import asyncio (a third of NumPy's import time)."""
+        if name != "TaskCancelled":
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from ._cancelled import TaskCancelled
+
+        globals()["TaskCancelled"] = TaskCancelled
+        return TaskCancelled
 
 
 class EngineClosed(SchedsvcError):

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import FINAL_STATES, Task
-from ._errors import SchedsvcError, TaskCancelled
+from ._errors import SchedsvcError
 from ._runtime import Remote, is_cancellation
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ._port import Port
     from ._runtime import Runtime
 
@@ -140,7 +141,7 @@ class Future(Task, Generic[T]):
 
             raise asyncio.InvalidStateError(f"{self!r} is not done; await fut.wait() first")
         if self.state == "cancelled":
-            raise TaskCancelled(f"{self!r} was cancelled")
+            raise _cancelled(self)
         return self.error
 
     def cancel(self, msg: Any = None) -> bool:
@@ -172,6 +173,8 @@ class Future(Task, Generic[T]):
     def get_loop(self) -> asyncio.AbstractEventLoop:
         """The asyncio loop its done-callbacks run on: the engine's, or the calling coroutine's own loop if
         that is another (a future is awaitable from any loop); RuntimeError under trio, outside asyncio."""
+        import asyncio  # (here, not at import: see _runtime/_bridge.py)
+
         loop = asyncio._get_running_loop() or self._rt.loop
         if loop is None:
             raise RuntimeError(f"{self!r} belongs to an engine running under trio, which has no asyncio loop")
@@ -198,7 +201,7 @@ class Future(Task, Generic[T]):
         if state == "done":
             return self.value  # type: ignore[no-any-return]
         if state == "cancelled":
-            raise TaskCancelled(f"{self!r} was cancelled")
+            raise _cancelled(self)
         error = self.error
         assert error is not None
         raise error
@@ -232,3 +235,10 @@ def stop_through_await(fut: object, exc: BaseException) -> RuntimeError:
         "async generator (PEP 479); "
         "it is this error's __cause__, and fut.exception() returns it (fut.result() raises it unchanged)"
     )
+
+
+def _cancelled(task: Future[Any]) -> BaseException:
+    """The error a cancelled task gives however it is read (``TaskCancelled``, made on first use)."""
+    from ._cancelled import TaskCancelled
+
+    return TaskCancelled(f"{task!r} was cancelled")

@@ -171,6 +171,8 @@ DEFERRED = {
     "schedsvc._config",
     "schedsvc._executor",
     "schedsvc.compile._compiled",
+    "asyncio",  # with TaskCancelled (an asyncio.CancelledError), or when an engine starts
+    "schedsvc._cancelled",
 }
 
 
@@ -186,11 +188,15 @@ def test_a_deferred_name_imports_its_module_on_first_use() -> None:
     loaded = _modules_after("import schedsvc\nschedsvc.Config()")
     assert {"pydantic", "pydantic_settings", "schedsvc._config"} <= loaded
     assert not loaded & CLI_ONLY
+    loaded = _modules_after(
+        "import schedsvc, asyncio\nassert issubclass(schedsvc.TaskCancelled, asyncio.CancelledError)"
+    )
+    assert "schedsvc._cancelled" in loaded
 
 
 def test_an_engine_under_trio_or_asyncio_imports_asyncio_when_it_starts() -> None:
-    """An engine under trio works with asyncio loaded (a future may be awaited on an asyncio loop in
-    another thread)."""
+    """The bridge loads asyncio at the engine's start, under either library (a future may be awaited on
+    an asyncio loop in another thread): it works the same as when asyncio was imported first."""
     code = (
         "import schedsvc, trio\n"
         "async def main():\n"

@@ -16,7 +16,6 @@ library running the engine's start: ``AsyncioBridge`` here, ``TrioBridge``
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
 import threading
@@ -27,6 +26,8 @@ from .._core import FINAL_STATES
 from .._errors import FORKED, EngineClosed, SchedsvcError
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .._core import Task
     from ._runtime import Runtime
 
@@ -46,6 +47,26 @@ __all__ = [
 ]
 
 _LockType = type(threading.Lock())
+
+
+class _AsyncioOnFirstUse:
+    """The name ``asyncio`` here until asyncio is first used (at the latest when an engine starts): then
+    the module itself.  ``import schedsvc`` does not import asyncio, which costs a third of NumPy's import."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_load_asyncio(), name)
+
+
+def _load_asyncio() -> Any:
+    """Import asyncio, and put it (and the token types with its Future) in this module's globals."""
+    import asyncio as module
+
+    globals().update(asyncio=module, _TOKEN_TYPES=(module.Future, Token))
+    return module
+
+
+if not TYPE_CHECKING:
+    asyncio = _AsyncioOnFirstUse()
 
 
 class Token:
@@ -250,7 +271,7 @@ class AsyncioBridge(Bridge):
 
 def open_bridge(rt: Runtime) -> AsyncioBridge | Any:
     """The bridge for the async library running this call: asyncio, or trio (through anyio or not)."""
-    loop = asyncio._get_running_loop()
+    loop = _load_asyncio()._get_running_loop()
     if loop is not None:
         return AsyncioBridge(rt, loop)
     if _in_trio():
@@ -311,7 +332,9 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-_TOKEN_TYPES = (asyncio.Future, Token)  # built once: `asyncio.Future | Token` makes a new union at every call
+# built once: `asyncio.Future | Token` makes a new union at every call.  Until asyncio is loaded no asyncio
+# future exists: a token is made after asking asyncio for the running loop, which loads it
+_TOKEN_TYPES: tuple[type, ...] = (Token,)
 
 
 def fire(watcher: Any, task: Task | None) -> None:
