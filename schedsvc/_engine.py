@@ -484,7 +484,7 @@ class Engine:
     @overload
     def compile(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[P, Any],
         *,
         batch_axis: int,
         max_batch: int = 256,
@@ -493,7 +493,7 @@ class Engine:
         exact: bool = True,
         max_signatures: int = 64,
         name: str | None = None,
-    ) -> Batched: ...
+    ) -> Batched[P]: ...
 
     def compile(
         self,
@@ -506,7 +506,7 @@ class Engine:
         exact: bool = True,
         max_signatures: int = 64,
         name: str | None = None,
-    ) -> Compiled[..., Any] | Batched:
+    ) -> Compiled[..., Any] | Batched[...]:
         """Compile ``fn`` (array code on Tensors) the way ``hybridize`` does: trace once, replay fused.
 
         The first call with a signature (the shapes, dtypes and devices of the

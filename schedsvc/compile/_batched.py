@@ -40,7 +40,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from threading import get_ident
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec
 
 import numpy as np
 
@@ -97,7 +97,7 @@ class _Deferred:
 
     __slots__ = ("batched",)
 
-    def __init__(self, batched: Batched) -> None:
+    def __init__(self, batched: Batched[...]) -> None:
         self.batched = batched
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -131,7 +131,10 @@ class _Plan:
         self.replay = emit(graph, rows) if rows else entry.replay
 
 
-class Batched:
+P = ParamSpec("P")
+
+
+class Batched(Generic[P]):
     """A compiled function whose calls that are ready together run as one: ``await fn(x)`` gives the
     caller's rows.
 
@@ -143,7 +146,7 @@ class Batched:
     def __init__(
         self,
         port: Port,
-        fn: Callable[..., Any],
+        fn: Callable[P, Any],
         *,
         batch_axis: int,
         max_batch: int = MAX_BATCH,
@@ -186,7 +189,7 @@ class Batched:
 
     # -- calls -------------------------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> BatchCall:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> BatchCall:
         """Admit the call now as a task of its own; the ``BatchCall`` to await.
 
         At the engine's limits it raises ``QueueFull`` (``await fn.submit(...)``
@@ -210,7 +213,7 @@ class Batched:
             raise call.error
         return call
 
-    async def submit(self, *args: Any, **kwargs: Any) -> BatchCall:
+    async def submit(self, *args: P.args, **kwargs: P.kwargs) -> BatchCall:
         """Admit the call, waiting (first come first served) while the engine is at its limits."""
         tid = get_ident()
         port = self._port

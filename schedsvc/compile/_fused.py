@@ -58,7 +58,9 @@ class Group:
         "statics",
     )
 
-    def __init__(self, batched: Batched, key: Any, statics: dict[Any, Any] | None, proved: Proved) -> None:
+    def __init__(
+        self, batched: Batched[...], key: Any, statics: dict[Any, Any] | None, proved: Proved
+    ) -> None:
         self.batched = batched
         self.key = key
         self.sigkey = signature_key(key)

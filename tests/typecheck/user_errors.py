@@ -18,6 +18,8 @@ async def main(eng: ss.Engine) -> None:
     mlp(x)  # error: call-arg
     mlp(x, "w")  # error: arg-type
     x + "a"  # error: operator
+    rows = eng.compile(layer, batch_axis=0)
+    rows(x, "w")  # error: arg-type
     out: ss.Tensor = await mlp(x, x)  # error: assignment
     fut = await eng.submit(len, [1, 2])
     n: str = await fut  # error: assignment
