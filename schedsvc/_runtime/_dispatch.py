@@ -246,14 +246,15 @@ class Dispatch:
             acquire_contended(lock)
         try:
             last = len(tasks) - 1
-            for i, task in enumerate(tasks):  # the last one may hand on a dependent to run here
-                if self.record:
+            if self.record:
+                for task in tasks:
                     self.add_wait(t0 - task.t_ready)
                     self.add_run(t1 - t0)
+                if len(self.latencies.waits) >= Latencies.FOLD:
+                    self.latencies.fold()
+            for i, task in enumerate(tasks):  # the last one may hand on a dependent to run here
                 value, error = outcomes[i]
                 nxt = core.finish(task, value, error, i == last)
-            if len(self.latencies.waits) >= Latencies.FOLD:
-                self.latencies.fold()
             if nxt is None:
                 nxt = core.take(first.device)
             after = self.rt.collect()
