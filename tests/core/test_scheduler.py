@@ -689,6 +689,15 @@ def test_copies_ride_on_their_submission_s_slot() -> None:
     s.validate()
 
 
+def test_a_group_larger_than_max_pending_gets_in_once_nothing_is_pending() -> None:
+    s = make(max_pending=1)
+    copy, t = copy_task("copy"), task("t")
+    t.deps = (copy,)
+    assert s.submit(t, along=[copy])
+    assert s.pending == 2 and s.riding == 1  # one slot: the copy rides on t's
+    s.validate()
+
+
 # -- admission ------------------------------------------------------------------------------
 
 
