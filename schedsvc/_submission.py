@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Options", "build_task", "plain_options"]
 
+#: ``writes=``'s default: the empty tuple (one object in CPython), so ``writes is NO_WRITES`` says none given
+NO_WRITES: tuple[()] = ()
+
 #: a submission's options, as ``eng.submit`` takes them: ``(device, priority, name, reads, writes,
 #: nbytes)`` -- one tuple, made at the call (cheaper than six arguments, or keywords, on every call)
 Options = tuple[str | None, int, str | None, Any, Any, int | None]
@@ -67,12 +70,15 @@ def build_task(
             if executor.name == device:
                 executor.check_task(fn, kwargs, writes)
     deps, buffers = scan(args, kwargs, reads, writes)
-    # (a write is an out= keyword or writes=: without those and dependencies, nothing to order after)
-    after, written = (
-        order_after(port, deps, buffers, kwargs, writes)
-        if deps or kwargs or type(writes) is not tuple or writes
-        else ((), [])
-    )
+    # nothing to order after without Tensors and writes (an out= keyword, or writes=): the common case,
+    # dependencies that are all this engine's Futures, is told here without a call
+    unordered = not kwargs and writes is NO_WRITES
+    if unordered:
+        for dep in deps:
+            if type(dep) is not Future or dep._port is not port:
+                unordered = False
+                break
+    after, written = ((), []) if unordered else order_after(port, deps, buffers, kwargs, writes)
     task: Future[Any] = Future(port, fn, args, kwargs or None, device, buffers, deps)
     # the fields few submissions have are stored only when present (Task's defaults otherwise)
     if priority:

@@ -56,6 +56,9 @@ class Admission:
         self.preparers = rt.preparers  # (the dict, filled as devices are added)
         self.forwarding = rt.forwarding
         self.metered = rt.metered  # (the list, filled as budgeted devices are added)
+        self.collect = rt.collect
+        #: none of the above applies (the runtime says so as devices are added): admit skips their checks
+        self.plain = not self.sync_mode
         self.copies = copies
         #: why a closed engine takes no work (the frontend's message), raised by ``admit`` with the lock
         #: held: it must have no side effect (never take the lock)
@@ -70,7 +73,6 @@ class Admission:
         #: is a flush of staged tasks scheduled on the loop, and since when (``Dispatch.next_task``
         #: takes staged tasks itself once the loop has not come round to it for a while)
         self.flush_scheduled = False
-        self.staged_count = 0  # submissions staged so far: a worker sees whether the loop still stages
         self.eager_left = 0  # submissions of this loop iteration still handed to the workers at once
 
     # -- the door: every submission enters here ------------------------------------
@@ -105,12 +107,22 @@ class Admission:
         with self.lock:
             if self.closed and not task.nested:
                 raise self.refusal()
-            along = self.copies.prepare(task) if self.preparers else None
-            stage = tid == self.loop_thread and self.stage_next(task.priority)
+            if self.plain:  # no device copies, budgets, forwarding or sync_mode: none of their checks
+                along = None
+                force = how == OVER or task.nested
+            else:
+                along = self.copies.prepare(task) if self.preparers else None
+                if self.metered:  # a budgeted device's memory, as its allocator sees it now
+                    self.rt.meter()
+                force = how == OVER or task.nested or self.sync_mode
+            if tid != self.loop_thread:
+                stage = False
+            elif task.priority or self.eager_left:  # (stage_next's common answer, without a call)
+                stage = self.stage_next(task.priority)
+            else:
+                stage = True
             core = self.core
-            if self.metered:  # a budgeted device's memory, as its allocator sees it now
-                self.rt.meter()
-            if how == OVER or task.nested or self.sync_mode:
+            if force:
                 admitted = core.submit(task, True, stage, along)
             else:  # (MemoryLimitError raised here, for a task that could never fit, leaves nothing behind)
                 admitted = core.submit(task, False, stage, along) or self._use_reserved(
@@ -126,10 +138,12 @@ class Admission:
                     self.claim_writes(task, claims)
                 if counted is not None:
                     counted()
-            after = self.rt.collect()
+            after = self.collect()
         if after is not None:
             after()
         if admitted:
+            if self.plain:
+                return True
             if self.sync_mode:
                 self._run_here(task)
             elif self.forwarding:
@@ -271,7 +285,6 @@ class Admission:
                 self.flush_scheduled = True  # the flush re-arms the budget
                 self.bridge.call_soon(self._flush)
             return False
-        self.staged_count += 1
         return True
 
     def flush(self) -> None:

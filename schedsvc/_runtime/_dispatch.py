@@ -74,11 +74,12 @@ class Dispatch:
         self.add_wait = rt.latencies.waits.append  # bound once: a task appends its wait and run time
         self.add_run = rt.latencies.runs.append
         self.timeline = rt.timeline
+        self.collect = rt.collect
         self.inline_threshold_s = inline_threshold_s  # learn costs only where a cheap task runs inline
         self._costs = costs  # (code, log2 input bytes) -> seconds, smoothed; read by Waiting
         self.staging = staging  # (a busy loop's staged tasks are taken here: next_task)
-        #: (the loop's staged count, when a worker last saw it change): unchanged for _STALE_S with
-        #: the flush still pending, the loop is blocked, not staging a burst
+        #: (the core's count of admitted tasks, when a worker last saw it change): unchanged for _STALE_S
+        #: with the flush still pending, the loop is blocked, not staging a burst
         self.staged_seen = (0, 0.0)
 
     # -- taking work -----------------------------------------------------------------
@@ -92,7 +93,7 @@ class Dispatch:
         its wake-up), False (it leaves: ``device.leaving`` said so), or a number of seconds: it is
         parked, but tasks staged on the loop's thread wait to be handed over -- if no wake-up comes
         within that time, it says so (``unpark``) and asks again.  Staged tasks are taken here once the
-        loop has staged nothing new for ``_STALE_S`` and has not come round to its flush: a loop kept
+        engine has admitted nothing new for ``_STALE_S`` and the loop has not come round to its flush: a loop kept
         busy (a long synchronous handler, a notebook cell that does not await) does not hold back the
         work queued before, and a loop staging a burst is not raced for the GIL."""
         after = None
@@ -103,9 +104,9 @@ class Dispatch:
                 self.worker_threads.discard(get_ident())
                 return False
             task = core.take(device.name)
-            if task is None and device.parks_timed and (staging := self.staging).flush_scheduled:
-                count, now = staging.staged_count, time.perf_counter()
-                if count != self.staged_seen[0]:  # the loop is staging (a burst): look again later
+            if task is None and device.parks_timed and self.staging.flush_scheduled:
+                count, now = core.submitted, time.perf_counter()
+                if count != self.staged_seen[0]:  # the loop is submitting (a burst): look again later
                     self.staged_seen = (count, now)
                     park = _STALE_S
                 elif (waited := now - self.staged_seen[1]) < _STALE_S:
@@ -113,7 +114,7 @@ class Dispatch:
                 elif core.staged:  # nothing staged for _STALE_S, and no flush: the loop is blocked
                     core.publish()
                     task = core.take(device.name)
-                    after = self.rt.collect()  # (the other devices' workers, for what was theirs)
+                    after = self.collect()  # (the other devices' workers, for what was theirs)
                 else:
                     park = _STALE_S * 5  # (until the loop stages, or its flush comes)
             if task is None:  # parked: notify() wakes it
@@ -190,23 +191,25 @@ class Dispatch:
             value, error = None, exc
             if exc.__traceback__ is not None:  # without this frame, whose `task` would make a cycle
                 exc.__traceback__ = exc.__traceback__.tb_next  # (error -> frame -> task -> error)
-        t1 = time.perf_counter()
         if guest:
             self.worker_threads.discard(get_ident())
         timeline = self.timeline
-        if timeline is not None:
-            timeline.span(task, t0, t1, error)
-        if key is not None:
-            elapsed = t1 - t0
-            old = self._costs.get(key)
-            if old is None and len(self._costs) >= MAX_COST_KEYS:
-                self._costs.clear()
-            self._costs[key] = elapsed if old is None else 0.7 * old + 0.3 * elapsed
+        record = self.record  # (off by default: two appends a task are 4% of the hot path)
+        if key is not None or timeline is not None or record:  # (no clock read otherwise)
+            t1 = time.perf_counter()
+            if timeline is not None:
+                timeline.span(task, t0, t1, error)
+            if key is not None:
+                elapsed = t1 - t0
+                old = self._costs.get(key)
+                if old is None and len(self._costs) >= MAX_COST_KEYS:
+                    self._costs.clear()
+                self._costs[key] = elapsed if old is None else 0.7 * old + 0.3 * elapsed
         lock = self.lock
         if not lock.acquire(False):
             acquire_contended(lock)
         try:
-            if self.record:  # (off by default: two appends a task are 4% of the hot path)
+            if record:
                 self.add_wait(wait)
                 self.add_run(t1 - t0)
                 if len(self.latencies.waits) >= Latencies.FOLD:
@@ -214,7 +217,7 @@ class Dispatch:
             nxt = self.core.finish(task, value, error, chain)
             if nxt is None and chain:
                 nxt = self.core.take(task.device)
-            after = self.rt.collect()
+            after = self.collect()
         finally:
             lock.release()
         if after is not None:
@@ -257,7 +260,7 @@ class Dispatch:
                 nxt = core.finish(task, value, error, i == last)
             if nxt is None:
                 nxt = core.take(first.device)
-            after = self.rt.collect()
+            after = self.collect()
         finally:
             lock.release()
         if after is not None:
@@ -291,7 +294,7 @@ class Dispatch:
                 self.core.finish_cancelled(task)
             else:
                 self.core.finish(task, value, error, False)
-            after = self.rt.collect()
+            after = self.collect()
         if after is not None:
             after()
         return state
@@ -303,7 +306,7 @@ class Dispatch:
         with self.lock:
             task.value = value  # what a dependent launched behind it receives; final at complete
             self.core.launch(task)
-            after = self.rt.collect()
+            after = self.collect()
         if after is not None:
             after()
 
@@ -313,7 +316,7 @@ class Dispatch:
             if self.rt.metered:
                 self.rt.meter()
             self.core.complete(task, value, error)
-            after = self.rt.collect()
+            after = self.collect()
         if after is not None:
             after()
 

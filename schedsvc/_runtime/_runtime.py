@@ -273,6 +273,8 @@ class Runtime:
             self.forwarding[name] = device
         if device.prepares:
             self.preparers[name] = device
+        door = self.door
+        door.plain = not (door.sync_mode or self.preparers or self.metered or self.forwarding)
         if not device.local:
             self.remote = True
             # no task runs in this process: none runs inline

@@ -25,6 +25,8 @@ from ._memory import exports_memory, memory_of
 __all__ = ["buffer_of", "register_buffer_types", "replace_leaves", "scan", "substitute", "substitute_args"]
 
 _ndarray = np.ndarray
+#: the default of reads= and writes=: none declared
+_NONE: tuple[()] = ()
 # values with no dependency and no memory a task could write: NumPy scalars are immutable too (but
 # np.void can be a view into a structured array, so it is walked like other objects)
 _SCALARS = {kind for kind in np.sctypeDict.values() if kind not in (np.void, np.object_)}
@@ -114,10 +116,9 @@ def scan(
     args: tuple[Any, ...], kwargs: dict[str, Any], reads: Any, writes: Any
 ) -> tuple[tuple[Task, ...], tuple[Buffer, ...]]:
     """Return (data dependencies, buffers) of a task's arguments."""
-    # reads=/writes= take one array or a container of them: "none given" is the empty-tuple
-    # default, tested by type (an array's truth value is ambiguous)
-    none_declared = type(reads) is tuple and not reads and type(writes) is tuple and not writes
-    if not kwargs and none_declared and len(args) <= 2:
+    # reads=/writes= take one array or a container of them: "none given" is the empty-tuple default,
+    # told by identity (CPython has one empty tuple; an array's truth value is ambiguous)
+    if not kwargs and reads is _NONE and writes is _NONE and len(args) <= 2:
         fast = _scan_small(args)
         if fast is not None:
             return fast
