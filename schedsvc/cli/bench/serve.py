@@ -57,10 +57,18 @@ __all__ = [
     "DEFAULT_VARIANTS",
     "MODELS",
     "OVERLOAD",
+    "OVERLOAD_CONNECTIONS",
+    "Load",
+    "Server",
     "ServeError",
+    "asyncio_load",
     "format_report",
     "parse_wrk",
+    "plan",
     "run",
+    "running",
+    "variant_problems",
+    "wrk_load",
     "wrk_script",
 ]
 
@@ -280,7 +288,7 @@ def variant_problems() -> dict[str, str]:
     return problems
 
 
-def _rows(
+def plan(
     models: tuple[str, ...], variants: tuple[str, ...], connections: int, overload: bool, max_pending: int
 ) -> tuple[list[_Row], dict[str, str]]:
     """The report's rows in the order of a round (``none`` first for each model), and the skipped variants."""
@@ -308,7 +316,7 @@ def run(
     """``reps`` interleaved rounds over every variant and model; the report (medians, counts, failures)."""
     _require_server_stack()
     client_label, load = _pick_load(client)
-    rows, skipped = _rows(models, variants, connections, overload, max_pending)
+    rows, skipped = plan(models, variants, connections, overload, max_pending)
     with running([row.server for row in rows]):
         for row in rows:
             row.failure = check_answer(row.server)
