@@ -42,6 +42,8 @@ HEALTH_INTERVAL_S = 0.02
 HEALTH_TIMEOUT_S = 5.0
 #: seconds one request may take before it counts as a timeout
 REQUEST_TIMEOUT_S = 10.0
+#: seconds the asyncio client waits after a socket error before it connects again
+RECONNECT_PAUSE_S = 0.01
 
 
 class ServeError(Exception):
@@ -275,26 +277,32 @@ def _parse_head(head: bytes) -> tuple[int, int, bool]:
 
 
 async def _connection(port: int, request: bytes, deadline: float, tally: _Tally) -> None:
-    """One connection sending ``request`` again as soon as each answer is in, until ``deadline``."""
+    """One connection sending ``request`` again as soon as each answer is in, until ``deadline``; a socket
+    error is counted, and the connection made again after a short pause."""
     writer: asyncio.StreamWriter | None = None
-    while time.perf_counter() < deadline:
-        try:
-            if writer is None:
-                reader, writer = await asyncio.open_connection(HOST, port)
-            t0 = time.perf_counter()
-            writer.write(request)
-            status, length, close = _parse_head(await reader.readuntil(b"\r\n\r\n"))
-            body = await reader.readexactly(length)
-            tally.latencies.append(time.perf_counter() - t0)
-            tally.answer(status, body)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError):
-            tally.socket_errors += 1
-            close = True
-        if close and writer is not None:
+    try:
+        while time.perf_counter() < deadline:
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection(HOST, port)
+                t0 = time.perf_counter()
+                writer.write(request)
+                status, length, close = _parse_head(await reader.readuntil(b"\r\n\r\n"))
+                body = await reader.readexactly(length)
+                tally.latencies.append(time.perf_counter() - t0)
+                tally.answer(status, body)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError):
+                tally.socket_errors += 1
+                close = True
+                await asyncio.sleep(
+                    RECONNECT_PAUSE_S
+                )  # a server that is gone: no busy loop until the deadline
+            if close and writer is not None:
+                writer.close()
+                writer = None
+    finally:  # the deadline, or cancelled by the load's own timeout
+        if writer is not None:
             writer.close()
-            writer = None
-    if writer is not None:
-        writer.close()
 
 
 async def _asyncio_load(port: int, body: bytes, n_out: int, duration: float, connections: int) -> Load:
