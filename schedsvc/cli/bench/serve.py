@@ -372,7 +372,8 @@ def _report(
         "client": client,
         "server": f"uvicorn {uvicorn.__version__}, Starlette, 127.0.0.1, a process per variant and model",
         "models": {
-            m: "-".join(map(str, app.MODELS[m])) + ", ReLU, float32" for m in {r.server.model for r in rows}
+            m: "-".join(map(str, app.MODELS[m])) + ", ReLU, float32"
+            for m in dict.fromkeys(r.server.model for r in rows)
         },
         "variants": {
             v: app.VARIANTS.get(v, f"batched, max_pending={max_pending}")
