@@ -102,6 +102,8 @@ def _serve(args: argparse.Namespace) -> int:
     from . import serve
 
     options: dict[str, Any] = {}
+    if args.max_pending is not None and not args.overload:
+        return fail("bench serve", "--max-pending applies to the overload server: add --overload")
     if args.cases:
         variants = tuple(args.cases.split(","))
         if unknown := set(variants) - set(serve.DEFAULT_VARIANTS):

@@ -114,6 +114,8 @@ def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> 
     assert "unknown variants ['nope']" in capsys.readouterr().err
     assert main(["bench", "serve", "--duration", "0"]) == 2
     assert "--duration must be more than 0" in capsys.readouterr().err
+    assert main(["bench", "serve", "--max-pending", "8"]) == 2
+    assert "--max-pending applies to the overload server" in capsys.readouterr().err
     assert main(["bench", "core", "--connections", "4"]) == 2
     assert "--connections applies to the serve suite only" in capsys.readouterr().err
 
