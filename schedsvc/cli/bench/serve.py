@@ -330,6 +330,13 @@ def run(
     return _report(rows, skipped, peak_rss, reps, duration, client_label, max_pending)
 
 
+def _http_parser() -> str:
+    """The HTTP parser uvicorn picks (``http="auto"``): httptools where it is installed, else h11."""
+    import importlib.util
+
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
 def _ratios(rows: list[_Row], rep: int) -> None:
     """Each row's req/s over that of ``none`` serving its model, in round ``rep``."""
     ceiling = {row.server.model: row.samples[rep]["rps"] for row in rows if row.variant == "none"}
@@ -370,7 +377,8 @@ def _report(
         "rounds": reps,
         "duration_s": duration,
         "client": client,
-        "server": f"uvicorn {uvicorn.__version__}, Starlette, 127.0.0.1, a process per variant and model",
+        "server": f"uvicorn {uvicorn.__version__} ({_http_parser()}, asyncio's own event loop), Starlette, "
+        "127.0.0.1, a process per variant and model",
         "models": {
             m: "-".join(map(str, app.MODELS[m])) + ", ReLU, float32"
             for m in dict.fromkeys(r.server.model for r in rows)
