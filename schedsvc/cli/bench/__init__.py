@@ -1,9 +1,10 @@
 """``schedsvc bench``: benchmark suites, each against baselines measured in the same run.
 
-One module per suite (``core``, ``tensor``, ``batch``, ``dask``, ``gpu``), each with
+One module per suite (``core``, ``tensor``, ``batch``, ``dask``, ``gpu``, ``serve``), each with
 ``run(reps=..., progress=...) -> report`` and ``format_report(report)``; this
 command imports the suite it runs (the ``dask`` suite needs the extra; the ``gpu``
-suite needs a GPU, and without one says so and measures nothing).
+suite needs a GPU, and without one says so and measures nothing; the ``serve``
+suite needs uvicorn and Starlette, and takes options of its own).
 """
 
 from __future__ import annotations
@@ -19,18 +20,45 @@ from .._common import emit, fail, output_problem, progress
 
 __all__ = ["SUITES", "register", "run"]
 
-SUITES = ("core", "tensor", "batch", "dask", "gpu")
+SUITES = ("core", "tensor", "batch", "dask", "gpu", "serve")
 
 
 def register(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks against baselines measured in the same run")
     bench.add_argument("suite", choices=list(SUITES), help="which benchmark suite")
-    bench.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median reported)")
-    bench.add_argument("--cases", help="comma-separated subset of cases (ratios need all)")
+    bench.add_argument(
+        "--reps", "--rounds", type=int, default=5, help="interleaved repetitions (median reported)"
+    )
+    bench.add_argument(
+        "--cases",
+        "--variants",
+        help="comma-separated subset of cases (core: ratios need all; serve: variants)",
+    )
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
     # tests only: the gpu suite's code on the CUDA simulator at tiny sizes, its figures labelled as not real
     bench.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
+    _serve_options(bench.add_argument_group("serve suite"))
     bench.set_defaults(run=run)
+
+
+#: the serve suite's options and their defaults (None: the option was not given)
+SERVE_OPTIONS = ("duration", "connections", "model", "client", "overload", "max_pending")
+
+
+def _serve_options(group: Any) -> None:
+    group.add_argument("--duration", type=float, help="seconds of load per variant and round (default 3)")
+    group.add_argument("--connections", type=int, help="connections kept busy (default 64)")
+    group.add_argument("--model", choices=["digits", "wide", "both"], help="the model served (default both)")
+    group.add_argument(
+        "--client", choices=["auto", "wrk", "asyncio"], help="load generator (default auto: wrk if on PATH)"
+    )
+    group.add_argument(
+        "--overload",
+        action="store_true",
+        default=None,
+        help="also batched with a small max_pending under 256 connections: 503s, health, peak RSS",
+    )
+    group.add_argument("--max-pending", type=int, help="the overload server's max_pending (default 64)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
         return fail("bench", problem)
     if args.simulate and args.suite != "gpu":
         return fail("bench", "--simulate applies to the gpu suite only")
+    if args.suite == "serve":
+        return _serve(args)
+    if given := [o for o in SERVE_OPTIONS if getattr(args, o) is not None]:
+        return fail("bench", f"--{given[0].replace('_', '-')} applies to the serve suite only")
     if args.suite != "core":
         return _other_suite(args)
     from . import core
@@ -55,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 def _other_suite(args: argparse.Namespace) -> int:
     """``tensor``, ``batch``, ``dask`` or ``gpu``: suites without --cases."""
     if args.cases:
-        return fail(f"bench {args.suite}", "--cases applies to the core suite only")
+        return fail(f"bench {args.suite}", "--cases applies to the core suite only (--variants: serve)")
     try:
         suite = importlib.import_module(f".{args.suite}", __package__)
     except ImportError:  # only the dask suite needs an extra
@@ -63,6 +95,36 @@ def _other_suite(args: argparse.Namespace) -> int:
         return 2
     run = functools.partial(suite.run, simulate=True) if args.simulate else suite.run
     return _report(args, run, suite.format_report)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """The ``serve`` suite: its options checked, then run; exit status 1 when a variant failed."""
+    from . import serve
+
+    options: dict[str, Any] = {}
+    if args.max_pending is not None and not args.overload:
+        return fail("bench serve", "--max-pending applies to the overload server: add --overload")
+    if args.cases:
+        variants = tuple(args.cases.split(","))
+        if unknown := set(variants) - set(serve.DEFAULT_VARIANTS):
+            known = ", ".join(serve.DEFAULT_VARIANTS)
+            return fail("bench serve", f"unknown variants {sorted(unknown)}; known: {known}")
+        options["variants"] = variants
+    if args.model is not None:
+        options["models"] = serve.MODELS if args.model == "both" else (args.model,)
+    for name in ("duration", "connections", "max_pending"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            return fail("bench serve", f"--{name.replace('_', '-')} must be more than 0")
+        if value is not None:
+            options[name] = value
+    options |= {k: getattr(args, k) for k in ("client", "overload") if getattr(args, k) is not None}
+    try:
+        report = serve.run(reps=args.reps, progress=None if args.json == "-" else progress, **options)
+    except serve.ServeError as exc:
+        return fail("bench serve", str(exc), status=1)
+    emit(report, args.json, serve.format_report)
+    return 1 if report["failed"] else 0
 
 
 def _report(

@@ -1,0 +1,320 @@
+"""The web service ``schedsvc bench serve`` measures: Starlette on uvicorn, one variant of ``POST /predict``.
+
+Run by the bench in a process of its own, one per variant and model::
+
+    python -m schedsvc.cli.bench._serve_app VARIANT MODEL [--max-pending N]
+
+It binds a free port on 127.0.0.1 only, and once its startup is done (the engine open, the model traced)
+writes ``ready PORT`` on stdout.  It stops at SIGTERM or Ctrl-C, and by itself when the process that
+started it goes away, so that no server outlives its bench.
+
+Routes: ``POST /predict`` takes ``{"x": [IN numbers]}`` (one row) and answers ``{"y": [OUT numbers]}``, the
+model's output for the row; ``GET /health`` answers ``ok`` from the event loop, without the model.  The
+variants differ only in how ``/predict`` runs the model (``VARIANTS``).  The model is a float32 MLP with
+ReLU whose weights come from a fixed seed (``MODELS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ENGINE_VARIANTS",
+    "MODELS",
+    "OVERLOAD",
+    "VARIANTS",
+    "create_app",
+    "make_forward",
+    "main",
+    "model_weights",
+    "parse_row",
+    "request_row",
+]
+
+#: layer sizes of each model: inputs, hidden layers, outputs
+MODELS: dict[str, tuple[int, ...]] = {"digits": (64, 128, 64, 10), "wide": (64, 1024, 1024, 10)}
+#: how ``/predict`` runs the model, by variant
+VARIANTS: dict[str, str] = {
+    "none": "no model: a constant of the output's shape (the HTTP ceiling of this stack)",
+    "inline": "forward(x) on the event loop",
+    "to_thread": "await anyio.to_thread.run_sync(forward, x), BLAS at its default threads",
+    "to_thread_pinned": "await anyio.to_thread.run_sync(forward, x), BLAS at 1 thread",
+    "submit": "await (await eng.submit(forward, x))",
+    "batched": "await model(x), model = eng.compile(forward, batch_axis=0) (the library's default exact)",
+    "batched_exact": "await model(x), model = eng.compile(forward, batch_axis=0, exact=True)",
+    "batched_fast": "await model(x), model = eng.compile(forward, batch_axis=0, exact=False)",
+    "ray": "Ray Serve, @serve.batch(max_batch_size=256, batch_wait_timeout_s=0.002), 1 replica",
+}
+#: the overload variant: ``batched`` with a small ``max_pending`` (given on the command line)
+OVERLOAD = "overload"
+#: the variants served by an engine, and the options of their compile (None: submit, not compile)
+ENGINE_VARIANTS: dict[str, dict[str, Any] | None] = {
+    "submit": None,
+    "batched": {},
+    "batched_exact": {"exact": True},
+    "batched_fast": {"exact": False},
+    OVERLOAD: {},
+}
+#: the seed of every model's weights
+SEED = 2024
+HOST = "127.0.0.1"
+#: seconds between two checks that the process that started this one is still there
+PARENT_POLL_S = 0.5
+
+
+# -- the model ---------------------------------------------------------------------------------------------
+
+
+def model_weights(model: str) -> list[np.ndarray]:
+    """Weights and biases of ``model``, float32, He-initialised from a fixed seed."""
+    rng = np.random.default_rng(SEED)
+    sizes = MODELS[model]
+    out: list[np.ndarray] = []
+    for n, m in itertools.pairwise(sizes):
+        out.append((rng.standard_normal((n, m)) * np.sqrt(2 / n)).astype(np.float32))
+        out.append((rng.standard_normal(m) * 0.1).astype(np.float32))
+    return out
+
+
+def make_forward(model: str) -> Callable[[Any], Any]:
+    """The model as a function of its rows: Dense layers with ReLU between them (NumPy arrays or Tensors)."""
+    weights = model_weights(model)
+    layers = list(zip(weights[::2], weights[1::2], strict=True))
+
+    def forward(x: Any) -> Any:
+        for w, b in layers[:-1]:
+            x = np.maximum(x @ w + b, 0)
+        w, b = layers[-1]
+        return x @ w + b
+
+    return forward
+
+
+def request_row(model: str) -> list[float]:
+    """The row every request sends: digits-like pixels, whole values 0..16 from a fixed seed."""
+    rng = np.random.default_rng(SEED)
+    return [float(v) for v in rng.integers(0, 17, MODELS[model][0])]
+
+
+class BadRow(ValueError):
+    """A request's body is not one row of the model's inputs."""
+
+
+def parse_row(body: bytes, n_in: int) -> np.ndarray:
+    """``{"x": [n_in finite numbers]}`` as one float32 row, shape (1, n_in)."""
+    try:
+        x = np.array(json.loads(body)["x"], dtype=np.float32)
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise BadRow(f'send JSON {{"x": [{n_in} numbers]}}: {exc}') from exc
+    if x.shape != (n_in,) or not np.isfinite(x).all():
+        raise BadRow(f"x must be a list of {n_in} finite numbers, got shape {x.shape}")
+    return x.reshape(1, n_in)
+
+
+# -- the app -----------------------------------------------------------------------------------------------
+
+
+def _predictor(variant: str, forward: Callable[[Any], Any], n_out: int) -> Callable[[Any, Any], Any]:
+    """``async (request, x) -> row``: how ``/predict`` runs the model in ``variant``."""
+    import anyio.to_thread
+
+    from schedsvc import serving
+
+    if variant == "none":
+        constant = np.zeros(n_out, dtype=np.float32)
+
+        async def none(request: Any, x: np.ndarray) -> np.ndarray:
+            return constant
+
+        return none
+    if variant == "inline":
+
+        async def inline(request: Any, x: np.ndarray) -> np.ndarray:
+            return forward(x)[0]  # type: ignore[no-any-return]
+
+        return inline
+    if variant in ("to_thread", "to_thread_pinned"):
+
+        async def to_thread(request: Any, x: np.ndarray) -> np.ndarray:
+            return (await anyio.to_thread.run_sync(forward, x))[0]  # type: ignore[no-any-return]
+
+        return to_thread
+    if variant == "submit":
+
+        async def submit(request: Any, x: np.ndarray) -> np.ndarray:
+            eng = serving.get_engine(request)
+            return (await (await eng.submit(forward, x)))[0]  # type: ignore[no-any-return]
+
+        return submit
+
+    async def batched(request: Any, x: np.ndarray) -> np.ndarray:
+        return (await request.app.state.model(x))[0]  # type: ignore[no-any-return]
+
+    return batched
+
+
+def create_app(variant: str, model: str, *, max_pending: int | None = None) -> Any:
+    """The Starlette app of ``variant`` (not ``ray``) serving ``model``."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    from schedsvc import Config, serving
+
+    sizes = MODELS[model]
+    forward = make_forward(model)
+    run = _predictor(variant, forward, sizes[-1])
+
+    async def predict(request: Request) -> Response:
+        try:
+            x = parse_row(await request.body(), sizes[0])
+        except BadRow as exc:
+            return JSONResponse({"detail": str(exc)}, 400)
+        return JSONResponse({"y": (await run(request, x)).tolist()})
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"])]
+    if variant not in ENGINE_VARIANTS:
+        return Starlette(routes=routes)
+    options = ENGINE_VARIANTS[variant]
+
+    async def load(app: Any, eng: Any) -> None:
+        """Compile the model (batched variants) and run it once, so that no request pays for a trace."""
+        if options is not None:
+            app.state.model = eng.compile(forward, batch_axis=0, name=model, **options)
+            await app.state.model(np.zeros((1, sizes[0]), np.float32))
+
+    config = Config() if max_pending is None else Config(max_pending=max_pending)
+    return Starlette(
+        routes=routes,
+        lifespan=serving.lifespan(config, setup=load),
+        exception_handlers=serving.exception_handlers(),
+    )
+
+
+# -- the server --------------------------------------------------------------------------------------------
+
+
+def _listening_socket() -> socket.socket:
+    """A socket listening on a free port of 127.0.0.1 (the server takes it: no race for the port)."""
+    # proto given: asyncio sets TCP_NODELAY on the connections only of a socket whose proto is TCP, and
+    # without it each answer on a kept-alive connection waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, 0))
+    sock.listen(2048)
+    return sock
+
+
+def _say_ready(port: int) -> None:
+    print(f"ready {port}", flush=True)
+
+
+async def _watch_parent(parent: int, stop: Callable[[], None]) -> None:
+    """Stop the server once the process that started it is gone (it was killed: nobody will stop us)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(PARENT_POLL_S)
+    stop()
+
+
+async def _serve_uvicorn(app: Any) -> bool:
+    """Serve ``app`` until told to stop; whether it started (its lifespan's startup may fail)."""
+    import uvicorn
+
+    sock = _listening_socket()
+    config = uvicorn.Config(app, lifespan="on", ws="none", log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    watch = asyncio.ensure_future(_watch_parent(os.getppid(), lambda: setattr(server, "should_exit", True)))
+    try:
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            _say_ready(sock.getsockname()[1])
+        await serving
+    finally:
+        watch.cancel()
+    return bool(server.started)
+
+
+def _serve_ray(model: str) -> None:
+    """The ``ray`` variant: a Ray Serve deployment of 1 replica, its calls batched by ``@serve.batch``."""
+    import time
+
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+    sizes = MODELS[model]
+    forward = make_forward(model)
+
+    class Predict:
+        @serve.batch(max_batch_size=256, batch_wait_timeout_s=0.002)
+        async def rows(self, xs: list[np.ndarray]) -> list[list[float]]:
+            return forward(np.concatenate(xs)).tolist()  # type: ignore[no-any-return]
+
+        async def __call__(self, request: Request) -> Response:
+            if request.url.path.rstrip("/").endswith("/health"):
+                return PlainTextResponse("ok")
+            try:
+                x = parse_row(await request.body(), sizes[0])
+            except BadRow as exc:
+                return JSONResponse({"detail": str(exc)}, 400)
+            return JSONResponse({"y": await self.rows(x)})
+
+    sock = _listening_socket()  # a free port, handed to Ray's proxy (it binds its own socket)
+    port = sock.getsockname()[1]
+    sock.close()
+    serve.start(http_options={"host": HOST, "port": port})
+    serve.run(serve.deployment(num_replicas=1)(Predict).bind(), route_prefix="/")
+    _say_ready(port)
+    parent = os.getppid()
+    try:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+    finally:
+        serve.shutdown()
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("variant", choices=[*VARIANTS, OVERLOAD])
+    parser.add_argument("model", choices=list(MODELS))
+    parser.add_argument("--max-pending", type=int, default=None, help="the engine's max_pending")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until SIGTERM, Ctrl-C, or the parent's exit; the exit status."""
+    args = _parse_args(argv)
+    if args.variant == "ray":
+        _serve_ray(args.model)
+        return 0
+    if args.variant == "to_thread_pinned":
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1)  # for the life of this process: every thread's BLAS at 1 thread
+    started = False
+    with contextlib.suppress(KeyboardInterrupt):
+        started = asyncio.run(
+            _serve_uvicorn(create_app(args.variant, args.model, max_pending=args.max_pending))
+        )
+    return 0 if started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

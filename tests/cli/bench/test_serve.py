@@ -1,0 +1,225 @@
+"""``schedsvc bench serve``: real servers under real HTTP load, every answer counted and checked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+from schedsvc.cli import main
+from schedsvc.cli.bench import serve
+
+WRK = shutil.which("wrk")
+needs_wrk = pytest.mark.skipif(WRK is None, reason="wrk is not on PATH")
+TINY = ["--duration", "0.5", "--rounds", "1", "--connections", "4", "--model", "digits"]
+FIGURES = {"rps", "p50_us", "p99_us", "health_p99_us", "ratio"}
+
+WRK_OUTPUT = """\
+Running 1s test @ http://127.0.0.1:40000/predict
+  2 threads and 4 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.02ms  211.00us   4.20ms   90.00%
+  4170 requests in 1.00s, 0.73MB read
+  Non-2xx or 3xx responses: 12
+schedsvc-wrk requests=4170 duration_us=1000500 p50_us=950.0 p99_us=2215.5 connect=0 read=1 write=0 timeout=2 \
+ok=4150 s503=12 other=3 bad=5
+Requests/sec:   4167.92
+"""
+
+
+def _bench(tmp_path: Path, *options: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "serve.json"
+    status = main(["bench", "serve", *TINY, *options, "--json", str(out)])
+    return status, json.loads(out.read_text())
+
+
+def _check_working(result: dict[str, Any]) -> None:
+    """A variant that served every request with the model's output."""
+    assert result["failed"] is None
+    assert set(result["medians"]) == FIGURES
+    m, c = result["medians"], result["counts"]
+    assert m["rps"] > 0 and 0 < m["p50_us"] <= m["p99_us"] and m["health_p99_us"] > 0 and m["ratio"] > 0
+    assert c["ok"] == c["requests"] > 0
+    assert c["errors"] == c["status_503"] == c["bad"] == c["health_errors"] == 0
+    assert result["peak_rss_mib"] > 0
+
+
+@pytest.mark.slow
+@needs_wrk
+def test_bench_serve_under_wrk_measures_each_variant_against_none(tmp_path: Path) -> None:
+    status, report = _bench(tmp_path, "--variants", "inline,batched", "--overload", "--max-pending", "8")
+    assert status == 0
+    assert report["client"].startswith("wrk")
+    assert report["failed"] == []
+    rows = {r["variant"]: r for r in report["results"]}
+    assert list(rows) == ["none", "inline", "batched", "overload"]  # none added, first: the ratios' base
+    for variant in ("none", "inline", "batched"):
+        _check_working(rows[variant])
+        assert rows[variant]["connections"] == 4
+    assert rows["none"]["medians"]["ratio"] == 1.0
+    overload = rows["overload"]
+    assert overload["connections"] == serve.OVERLOAD_CONNECTIONS
+    assert overload["failed"] is None
+    c = overload["counts"]
+    assert c["errors"] == c["status_503"] and c["bad"] == 0  # refused with 503s, nothing else went wrong
+    assert c["ok"] > 0 and overload["peak_rss_mib"] > 0
+    assert report["variants"]["overload"] == "batched, max_pending=8"
+
+
+@pytest.mark.slow
+def test_bench_serve_with_the_asyncio_client_checks_every_body(tmp_path: Path) -> None:
+    status, report = _bench(tmp_path, "--variants", "none,to_thread,submit", "--client", "asyncio")
+    assert status == 0
+    assert report["client"] == "asyncio"
+    assert [r["variant"] for r in report["results"]] == ["none", "to_thread", "submit"]
+    for result in report["results"]:
+        _check_working(result)
+
+
+@pytest.mark.slow
+def test_a_variant_whose_answers_are_errors_is_reported_as_failed_never_as_fast(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(serve.app, "request_row", lambda model: [1.0, 2.0, 3.0])  # not a row: 400s
+    status, report = _bench(tmp_path, "--variants", "none", "--client", "asyncio")
+    assert status == 1
+    (result,) = report["results"]
+    assert result["failed"].startswith("a first request was answered 400")
+    assert result["counts"]["ok"] == 0 and result["counts"]["errors"] == result["counts"]["requests"] > 0
+    assert report["failed"] == ["digits/none"]
+    main(["bench", "serve", *TINY, "--variants", "none", "--client", "asyncio"])
+    table = capsys.readouterr().out
+    assert "digits  none         4  FAILED" in table
+    assert "digits/none: FAILED: a first request was answered 400" in table
+
+
+def test_bench_serve_skips_ray_where_it_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(serve, "variant_problems", lambda: {"ray": "ray[serve] is not installed"})
+    rows, skipped = serve.plan(("digits",), ("ray", "inline"), connections=4, overload=False, max_pending=8)
+    assert [(r.server.model, r.variant) for r in rows] == [("digits", "none"), ("digits", "inline")]
+    assert skipped == {"ray": "ray[serve] is not installed"}
+
+
+def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "serve", "--variants", "inline,nope"]) == 2
+    assert "unknown variants ['nope']" in capsys.readouterr().err
+    assert main(["bench", "serve", "--duration", "0"]) == 2
+    assert "--duration must be more than 0" in capsys.readouterr().err
+    assert main(["bench", "serve", "--max-pending", "8"]) == 2
+    assert "--max-pending applies to the overload server" in capsys.readouterr().err
+    assert main(["bench", "core", "--connections", "4"]) == 2
+    assert "--connections applies to the serve suite only" in capsys.readouterr().err
+
+
+# -- the load generators, against a server of the bench ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def none_server() -> Iterator[serve.Server]:
+    with serve.running([serve.Server("none", "digits")]) as (server,):
+        yield server
+
+
+def _body(n: int = 64) -> bytes:
+    return json.dumps({"x": [1.0] * n}).encode()
+
+
+LOADS = [
+    pytest.param("wrk", marks=needs_wrk),
+    pytest.param("asyncio"),
+]
+
+
+def _load(client: str, server: serve.Server, body: bytes, n_out: int) -> serve.Load:
+    if client == "wrk":
+        assert WRK is not None
+        return serve.wrk_load(WRK, server.port, body, n_out, 0.3, 2)
+    return serve.asyncio_load(server.port, body, n_out, 0.3, 2)
+
+
+@pytest.mark.parametrize("client", LOADS)
+def test_a_load_counts_the_answers_of_the_model_shape_as_good(client: str, none_server: serve.Server) -> None:
+    load = _load(client, none_server, _body(), 10)
+    assert load.requests > 0 and load.ok == load.requests
+    assert load.status_503 == load.other_status == load.bad == load.socket_errors == 0
+    assert 0 < load.p50_us <= load.p99_us and load.seconds > 0
+
+
+@pytest.mark.parametrize("client", LOADS)
+def test_a_load_counts_answers_of_another_shape_as_bad(client: str, none_server: serve.Server) -> None:
+    load = _load(client, none_server, _body(), 5)  # the server answers 10 numbers
+    assert load.requests > 0 and load.bad == load.requests and load.ok == 0
+    assert load.figures()["rps"] == 0  # never fast
+
+
+@pytest.mark.parametrize("client", LOADS)
+def test_a_load_counts_other_statuses_as_errors(client: str, none_server: serve.Server) -> None:
+    load = _load(client, none_server, _body(3), 10)  # a row of 3, not 64: 400s
+    assert load.requests > 0 and load.other_status == load.requests and load.ok == 0
+    assert load.figures()["errors"] == load.requests
+
+
+def test_a_server_that_fails_to_start_is_an_error_with_its_words() -> None:
+    with (
+        pytest.raises(serve.ServeError, match="failed to start") as caught,
+        serve.running([serve.Server("submit", "digits", max_pending=0)]),
+    ):
+        pass
+    assert "max_pending" in str(caught.value)
+
+
+def test_a_server_that_does_not_start_in_time_is_an_error_and_is_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(serve, "STARTUP_TIMEOUT_S", 0.001)
+    server = serve.Server("none", "digits")
+    with pytest.raises(serve.ServeError, match="did not start within"), serve.running([server]):
+        pass
+    assert server.proc is not None and server.proc.returncode is not None
+
+
+def test_the_servers_are_stopped_when_the_bench_is_interrupted(none_server: serve.Server) -> None:
+    servers = [serve.Server("none", "digits"), serve.Server("inline", "digits")]
+    with pytest.raises(KeyboardInterrupt), serve.running(servers):
+        assert all(s.proc is not None and s.proc.poll() is None for s in servers)
+        raise KeyboardInterrupt
+    assert all(s.proc is not None and s.proc.returncode is not None for s in servers)
+
+
+def test_wrk_output_is_parsed() -> None:
+    load = serve.parse_wrk(WRK_OUTPUT)
+    assert load == serve.Load(
+        seconds=1.0005,
+        requests=4170,
+        ok=4150,
+        status_503=12,
+        other_status=3,
+        bad=5,
+        socket_errors=3,
+        p50_us=950.0,
+        p99_us=2215.5,
+    )
+    figures = load.figures()
+    assert figures["rps"] == pytest.approx(4150 / 1.0005)
+    assert figures["errors"] == 4170 - 4150 + 3 and figures["bad"] == 3 + 5 + 3
+
+
+def test_wrk_output_without_figures_is_an_error() -> None:
+    with pytest.raises(serve.ServeError, match="wrk printed no figures"):
+        serve.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused\n")
+
+
+def test_the_wrk_script_posts_the_row_and_checks_the_shape() -> None:
+    script = serve.wrk_script(b'{"x":[1.0,2.0]}', 10)
+    assert "wrk.body = '{\"x\":[1.0,2.0]}'" in script
+    assert "local commas = 9" in script
+    assert "function done(summary, latency, requests)" in script
