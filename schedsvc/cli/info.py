@@ -24,7 +24,6 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "cupy": (("cupy-cuda12x",), "cuda12"),
     "dask": (("dask", "distributed"), "dask"),
     "rich": (("rich",), "cli"),
-    "threadpoolctl": (("threadpoolctl",), "cli"),
 }
 _CUPY_DISTRIBUTIONS = ("cupy-cuda12x", "cupy-cuda13x", "cupy")
 _MAX_CUDA_DEVICES = 256  # probing stops at the first index CUDA says does not exist
