@@ -117,8 +117,13 @@ class CpuPool(Device):
     def start(self) -> None:
         if self.blas_plan is not None:
             self.blas = hold_blas(self.blas_plan)
-        for _ in range(self.size):
-            self._launch(self.rt.under_lock(self._reserve))
+        try:
+            for _ in range(self.size):
+                self._launch(self.rt.under_lock(self._reserve))
+        except BaseException:  # no thread could start: the engine does not start, nor close
+            if self.blas is not None:
+                self.blas.release()
+            raise
 
     def leaving(self, worker: CpuWorker, ready: int) -> bool:
         """A stand-in no longer needed leaves, and every worker once the engine is closing and idle."""

@@ -158,3 +158,18 @@ def test_threadpoolctl_is_imported_when_an_engine_starts_not_with_schedsvc() -> 
     )
     env = {k: v for k, v in os.environ.items() if k not in BLAS_VARIABLES and not k.startswith("SCHEDSVC_")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=TIMEOUT)
+
+
+async def test_an_engine_whose_workers_cannot_start_gives_blas_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    start = threading.Thread.start
+
+    def refuse_workers(thread: threading.Thread) -> None:
+        if thread.name.startswith("schedsvc-cpu"):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_workers)
+    with threadpool_limits(limits=3):
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await ss.Engine(cpu_workers=1, blas_threads=2).start()
+        assert blas_threads() == [3] * len(blas_threads())
