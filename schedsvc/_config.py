@@ -107,8 +107,9 @@ class Config(BaseSettings):
     blas_threads: int | None = Field(default=None, ge=0, le=1024)
     """BLAS threads per CPU worker (OpenBLAS, MKL, BLIS), held while the engine is open and restored when it
     closes; the setting is process-wide, so it applies to code on the event loop too.  None (``"auto"``):
-    at most cores // ``cpu_workers``, at least 1, unless ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` (or
-    MKL's, BLIS's) is set; a number: exactly that; 0 (``"leave"``): BLAS is left alone."""
+    at most cores // ``cpu_workers``, at least 1 (a lower count is kept), unless ``OPENBLAS_NUM_THREADS``,
+    ``OMP_NUM_THREADS`` (or MKL's, BLIS's) is set; a number: exactly that; 0 (``"leave"``): BLAS is left
+    alone."""
     devices: Annotated[tuple[str, ...], NoDecode] = ("cpu",)
     """Devices the engine may run on: ``cpu`` and ``cuda:N``."""
     streams_per_device: int = Field(default=2, ge=1, le=64)
