@@ -28,6 +28,8 @@ from .devices import is_device_name
 
 __all__ = ["Config"]
 
+#: the words ``blas_threads`` takes for its two special values
+_BLAS_WORDS = {"auto": None, "none": None, "leave": 0}
 _WRITE_BYTES = "write a whole number of bytes such as 16777216, or a size such as '16MiB' or '2GB'"
 _PREFIX = "SCHEDSVC_"
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("schedsvc_toml", default=None)
@@ -102,6 +104,12 @@ class Config(BaseSettings):
 
     cpu_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=1024)
     """CPU worker threads."""
+    blas_threads: int | None = Field(default=None, ge=0, le=1024)
+    """BLAS threads per CPU worker (OpenBLAS, MKL, BLIS), held while the engine is open and restored when it
+    closes; the setting is process-wide, so it applies to code on the event loop too.  None (``"auto"``):
+    at most cores // ``cpu_workers``, at least 1 (a lower count is kept), unless ``OPENBLAS_NUM_THREADS``,
+    ``OMP_NUM_THREADS`` (or MKL's, BLIS's) is set; a number: exactly that; 0 (``"leave"``): BLAS is left
+    alone."""
     devices: Annotated[tuple[str, ...], NoDecode] = ("cpu",)
     """Devices the engine may run on: ``cpu`` and ``cuda:N``."""
     streams_per_device: int = Field(default=2, ge=1, le=64)
@@ -209,6 +217,21 @@ class Config(BaseSettings):
         if isinstance(value, str):  # from the environment or `schedsvc info --set`: "4", "1e3", "1.7"
             value = _number_in(value)
         return _whole(value, "write a whole number such as 4") if isinstance(value, float) else value
+
+    @field_validator("blas_threads", mode="before")
+    @classmethod
+    def _blas_threads(cls, value: Any) -> Any:
+        how = "write a whole number such as 1, 'auto' (or None) or 'leave' (or 0)"
+        if isinstance(value, bool):  # pydantic would take True for 1
+            raise ValueError(f"{value!r} is not a number; {how}")
+        if isinstance(value, str):  # from TOML (which has no None), the environment or `schedsvc info --set`
+            word = value.strip().lower()
+            if word in _BLAS_WORDS:
+                return _BLAS_WORDS[word]
+            value = _number_in(value)
+            if isinstance(value, str):
+                raise ValueError(f"{value!r} is not a number of threads; {how}")
+        return _whole(value, how) if isinstance(value, float) else value
 
     @field_validator("inline_threshold_us", "dask_timeout_s", mode="before")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -482,3 +483,40 @@ def test_engine_keywords_keep_the_sources_of_the_config(tmp_path: Path) -> None:
     assert (eng.config.cpu_workers, eng.config.max_pending) == (3, 7)
     sources = eng.config.sources()
     assert (sources["cpu_workers"], sources["max_pending"]) == (f"file {path}", "keyword")
+
+
+# -- blas_threads: BLAS threads per CPU worker --------------------------------------------------------------
+
+
+def test_blas_threads_defaults_to_auto_and_takes_its_words_numbers_and_none() -> None:
+    assert ss.Config().blas_threads is None  # auto
+    taken = {None: None, "auto": None, " AUTO ": None, "none": None, "leave": 0, 0: 0, 3: 3, "4": 4, 2.0: 2}
+    for given, expected in taken.items():
+        assert ss.Config(blas_threads=given).blas_threads == expected, given
+
+
+@pytest.mark.parametrize("bad", [True, -1, 1.5, "2.5", "many", "", 1025])
+def test_blas_threads_refuses_what_is_not_a_count_naming_the_field_and_its_words(bad: Any) -> None:
+    with pytest.raises(ss.ConfigError, match=r"blas_threads: .*SCHEDSVC_BLAS_THREADS") as caught:
+        ss.Config(blas_threads=bad)
+    if not isinstance(bad, int) or isinstance(bad, bool):
+        assert "'auto'" in str(caught.value) and "'leave'" in str(caught.value)
+
+
+@pytest.mark.parametrize(("variable", "expected"), [("auto", None), ("leave", 0), ("3", 3)])
+def test_blas_threads_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, variable: str, expected: int | None
+) -> None:
+    monkeypatch.setenv("SCHEDSVC_BLAS_THREADS", variable)
+    config = ss.Config()
+    assert config.blas_threads == expected
+    assert config.sources()["blas_threads"] == "environment SCHEDSVC_BLAS_THREADS"
+    monkeypatch.setenv("SCHEDSVC_BLAS_THREADS", "lots")
+    with pytest.raises(ss.ConfigError, match="SCHEDSVC_BLAS_THREADS"):
+        ss.Config()
+
+
+def test_blas_threads_from_a_toml_file_which_has_no_none(tmp_path: Path) -> None:
+    assert ss.Config.from_file(write_toml(tmp_path, 'blas_threads = "auto"\n')).blas_threads is None
+    assert ss.Config.from_file(write_toml(tmp_path, 'blas_threads = "leave"\n')).blas_threads == 0
+    assert ss.Config.from_file(write_toml(tmp_path, "blas_threads = 2\n")).blas_threads == 2

@@ -163,7 +163,7 @@ def _modules_after(code: str) -> set[str]:
 
 
 #: what only the command, its plots and the benchmarks use (the cli, plot and prometheus extras)
-CLI_ONLY = {"rich", "threadpoolctl", "matplotlib", "prometheus_client", "schedsvc.cli"}
+CLI_ONLY = {"rich", "matplotlib", "prometheus_client", "schedsvc.cli"}
 #: what is imported on first use of a name: pydantic with Config, the compiler with Compiled, ...
 DEFERRED = {
     "pydantic",
@@ -173,6 +173,7 @@ DEFERRED = {
     "schedsvc.compile._compiled",
     "asyncio",  # with TaskCancelled (an asyncio.CancelledError), or when an engine starts
     "schedsvc._cancelled",
+    "threadpoolctl",  # when an engine starts (it holds BLAS's threads per worker), or by the command
 }
 
 

@@ -6,9 +6,10 @@ library, never another subcommand, so that one command can be read or changed wi
 the standard library is imported at module level: ``schedsvc --help`` imports every subcommand module to
 build its parser, and stays fast; NumPy and threadpoolctl are imported when a command runs.
 
-The cli extra (``pip install 'schedsvc[cli]'``) brings rich and threadpoolctl.  Without rich the commands
-print plain text tables and progress lines; without threadpoolctl the commands that measure cannot hold
-BLAS at one thread, and say which extra to install (``NeedsExtra``).
+The cli extra (``pip install 'schedsvc[cli]'``) brings rich: without it the commands print plain text
+tables and progress lines.  threadpoolctl, with which the commands that measure hold BLAS at one thread
+(``one_blas_thread``), is one of schedsvc's own dependencies; where it is missing they say to install it
+(``NeedsExtra``).
 """
 
 from __future__ import annotations
@@ -155,12 +156,17 @@ def bench_workers() -> int:
 
 
 def one_blas_thread() -> AbstractContextManager[Any]:
-    """BLAS held at one thread while measuring, so that parallel speed-up comes from the engine."""
+    """BLAS held at one thread while measuring, so that parallel speed-up comes from the engine.
+
+    An engine started inside keeps it at one: its default (``blas_threads="auto"``) only lowers BLAS's
+    threads, and it gives back the one thread when it closes.
+    """
     try:
         from threadpoolctl import threadpool_limits
     except ImportError as exc:
         raise NeedsExtra(
-            f"measuring holds BLAS at one thread with threadpoolctl, which is not installed; {CLI_EXTRA}"
+            "measuring holds BLAS at one thread with threadpoolctl, which is not installed (schedsvc needs it); "
+            "pip install 'threadpoolctl>=3.1'"
         ) from exc
 
     limits: AbstractContextManager[Any] = threadpool_limits(limits=1)  # threadpoolctl has no annotations

@@ -1,4 +1,5 @@
-"""``schedsvc info``: version, devices found, the settings in force and where each came from, extras."""
+"""``schedsvc info``: version, devices found, the settings in force and where each came from, the CPU budget
+(BLAS libraries and the threads an engine would hold them at), extras."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "cupy": (("cupy-cuda12x",), "cuda12"),
     "dask": (("dask", "distributed"), "dask"),
     "rich": (("rich",), "cli"),
-    "threadpoolctl": (("threadpoolctl",), "cli"),
 }
 _CUPY_DISTRIBUTIONS = ("cupy-cuda12x", "cupy-cuda13x", "cupy")
 _MAX_CUDA_DEVICES = 256  # probing stops at the first index CUDA says does not exist
@@ -109,7 +109,35 @@ def collect(config: Config, config_file: str | None = None) -> dict[str, Any]:
         "config_file": config_file,
         "devices": _devices(config),
         "settings": {name: {"value": values[name], "source": sources[name]} for name in values},
+        "blas": _blas(config),
         "extras": {name: _extra(*spec) for name, spec in EXTRAS.items()},
+    }
+
+
+def _blas(config: Config) -> dict[str, Any]:
+    """The CPU budget: the cores an engine is given, its workers, the BLAS threads per worker it would hold
+    each BLAS library at (None: it leaves BLAS alone) and why, and the libraries with their threads now."""
+    from ..devices import blas_libraries, plan_blas
+
+    plan = plan_blas(config)
+    libraries = [
+        {
+            "library": lib["internal_api"],
+            "version": lib["version"],
+            "threading_layer": lib.get("threading_layer"),
+            "filepath": lib["filepath"],
+            "threads": lib["num_threads"],
+            "engine_sets": None if plan.threads is None else plan.wanted(lib["num_threads"]),
+        }
+        for lib in blas_libraries()
+    ]
+    return {
+        "cores": plan.cores,
+        "cpu_workers": plan.workers,
+        "threads_per_worker": plan.threads,
+        "exact": plan.exact,
+        "reason": plan.reason,
+        "libraries": libraries,
     }
 
 
@@ -195,7 +223,7 @@ def _version(distribution: str) -> str | None:
 def format_report(report: dict[str, Any]) -> str:
     """The report as tables: rich's when rich is installed (the cli extra), plain text otherwise."""
     head = f"schedsvc {report['schedsvc']}, {report['python']}, {report['platform']}, {report['cpu_cores']} CPU cores"
-    tables = [_devices_table(report), _settings_table(report), _extras_table(report)]
+    tables = [_devices_table(report), _settings_table(report), _blas_table(report), _extras_table(report)]
     if not has_rich():
         return "\n\n".join([head, *(text_table(headers, rows, title) for title, headers, rows in tables)])
     from rich.console import Console
@@ -250,11 +278,34 @@ def _settings_table(report: dict[str, Any]) -> Table:
     return f"settings in force ({origin})", ["setting", "value", "source"], rows
 
 
+def _blas_table(report: dict[str, Any]) -> Table:
+    blas = report["blas"]
+    per_worker = "left alone" if blas["threads_per_worker"] is None else blas["threads_per_worker"]
+    title = (
+        f"BLAS: {blas['cores']} cores given, {blas['cpu_workers']} CPU workers, BLAS threads per worker "
+        f"{per_worker} ({blas['reason']})"
+    )
+    rows = [
+        [
+            lib["library"],
+            lib["version"] or "",
+            lib["threading_layer"] or "",
+            str(lib["threads"]),
+            "unchanged" if lib["engine_sets"] is None else str(lib["engine_sets"]),
+            lib["filepath"],
+        ]
+        for lib in blas["libraries"]
+    ]
+    if not rows:
+        rows = [["none found", "", "", "", "", ""]]
+    return title, ["library", "version", "threading", "threads now", "an engine sets", "path"], rows
+
+
 def _value(name: str, value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(map(str, value))
     if value is None:
-        return "none"
+        return "auto" if name == "blas_threads" else "none"
     if name.endswith("_bytes"):
         from pydantic import ByteSize
 

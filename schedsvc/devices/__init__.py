@@ -6,7 +6,8 @@ whose ``open`` builds the device.  The engine, the runtime and the core
 never test which kind a device is: what differs is in the kind's class, a
 ``Device`` (the interface, beside the runtime that drives it).  The frontend
 also finds here the narrow CUDA API (``CudaApi``, ``binding_of``; importing it
-imports no CuPy) and ``to_device``, the callable of a host-to-device copy task.
+imports no CuPy) and ``to_device``, the callable of a host-to-device copy task.  The CPU budget
+(``plan_blas``, ``hold_blas``: BLAS threads per CPU worker) is here for the CPU kind and ``schedsvc info``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import DeviceError
 from .._runtime import Device, Keyer
+from ._blas import BLAS_VARIABLES, BlasHold, BlasPlan, blas_libraries, engine_cores, hold_blas, plan_blas
 from ._cudaapi import CudaApi, binding_of
 from ._cudaapi import load as load_cuda_api
 from ._transfer import to_device
@@ -25,16 +27,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS",
+    "BLAS_VARIABLES",
     "KINDS",
+    "BlasHold",
+    "BlasPlan",
     "CudaApi",
     "Device",
     "Keyer",
     "binding_of",
+    "blas_libraries",
     "check_device",
     "device_class",
     "device_class_for",
+    "engine_cores",
+    "hold_blas",
     "is_device_name",
     "load_cuda_api",
+    "plan_blas",
     "resolve",
     "scheduler_options",
     "to_device",

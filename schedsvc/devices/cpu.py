@@ -6,6 +6,9 @@ runs the dependent its task just made ready at once (``Runtime.execute``
 returns it), so a chain never goes back through the queue.  While a worker is
 blocked in ``Future.result()`` the pool starts a stand-in thread, and retires
 the surplus once the worker is back, so blocking never starves the pool.
+
+From its start to its close the pool holds BLAS at ``Config.blas_threads`` per
+worker (``_blas.py``: the CPU budget), so that workers x BLAS threads fit the cores.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._runtime import Device, Runtime, Task, set_worker
+from ._blas import BlasHold, BlasPlan, hold_blas, plan_blas
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -86,8 +90,10 @@ class CpuPool(Device):
     runs_anywhere = True
     parks_timed = True
 
-    def __init__(self, rt: Runtime, size: int, name: str = "cpu") -> None:
+    def __init__(self, rt: Runtime, size: int, name: str = "cpu", blas: BlasPlan | None = None) -> None:
         super().__init__(rt, name)
+        self.blas_plan = blas  # what it does to BLAS's threads while it runs (None: nothing)
+        self.blas: BlasHold | None = None  # its hold on them, from start() to aclose()
         self.eager = size  # the first tasks of a burst start at once, one per worker
         self.hungry = False  # no worker is parked until the threads have started
         self.size = size
@@ -101,7 +107,7 @@ class CpuPool(Device):
 
     @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> CpuPool:
-        return cls(rt, config.cpu_workers, name)
+        return cls(rt, config.cpu_workers, name, plan_blas(config))
 
     @property
     def concurrency(self) -> int:  # type: ignore[override]
@@ -109,8 +115,15 @@ class CpuPool(Device):
         return self.size
 
     def start(self) -> None:
-        for _ in range(self.size):
-            self._launch(self.rt.under_lock(self._reserve))
+        if self.blas_plan is not None:
+            self.blas = hold_blas(self.blas_plan)
+        try:
+            for _ in range(self.size):
+                self._launch(self.rt.under_lock(self._reserve))
+        except BaseException:  # no thread could start: the engine does not start, nor close
+            if self.blas is not None:
+                self.blas.release()
+            raise
 
     def leaving(self, worker: CpuWorker, ready: int) -> bool:
         """A stand-in no longer needed leaves, and every worker once the engine is closing and idle."""
@@ -196,6 +209,11 @@ class CpuPool(Device):
         self.hungry = False
         parked, self.idle[:] = self.idle[:], []
         return parked
+
+    async def aclose(self) -> None:
+        """Give BLAS's threads back as they were (once the last open engine lets go)."""
+        if self.blas is not None:
+            self.blas.release()
 
     def join(self, timeout: float | None) -> list[threading.Thread]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -447,14 +447,14 @@ def test_without_rich_the_demo_prints_plain_text_and_progress_lines(
         assert flat.count(" ".join(reason.split())) == 1
 
 
-def test_without_threadpoolctl_the_demo_names_the_extra_to_install(
+def test_without_threadpoolctl_the_demo_says_to_install_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "threadpoolctl", None)
     assert main(["demo", "--quick", "--reps", "1"]) == 2
     err = capsys.readouterr().err
     assert (
-        "schedsvc demo: measuring holds BLAS at one thread with threadpoolctl, which is not installed; "
-        in err
+        "schedsvc demo: measuring holds BLAS at one thread with threadpoolctl, which is not installed "
+        "(schedsvc needs it); " in err
     )
-    assert err.rstrip().endswith("pip install 'schedsvc[cli]'")
+    assert err.rstrip().endswith("pip install 'threadpoolctl>=3.1'")

@@ -155,15 +155,90 @@ def test_json_to_a_file_also_prints_the_tables(tmp_path: Path, capsys: pytest.Ca
 
 def test_extras_say_whether_installed_and_how_to_install(capsys: pytest.CaptureFixture[str]) -> None:
     extras = info_json(capsys)["extras"]
-    assert list(extras) == ["matplotlib", "prometheus-client", "cupy", "dask", "rich", "threadpoolctl"]
+    assert list(extras) == [
+        "matplotlib",
+        "prometheus-client",
+        "cupy",
+        "dask",
+        "rich",
+    ]  # threadpoolctl: a dependency
     pytest.importorskip("prometheus_client")
     assert extras["prometheus-client"]["installed"] is True
     assert extras["prometheus-client"]["version"] == metadata.version("prometheus-client")
     assert extras["matplotlib"]["install"] == "pip install 'schedsvc[plot]'"
     assert extras["dask"]["install"] == "pip install 'schedsvc[dask]'"
-    assert extras["rich"]["install"] == extras["threadpoolctl"]["install"] == "pip install 'schedsvc[cli]'"
+    assert extras["rich"]["install"] == "pip install 'schedsvc[cli]'"
     for extra in extras.values():
         assert (extra["version"] is not None) == extra["installed"]
+
+
+# -- the CPU budget: BLAS ------------------------------------------------------------------------------------
+
+
+def _blas_libraries() -> list[dict[str, Any]]:
+    from threadpoolctl import threadpool_info
+
+    return [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+@pytest.fixture
+def no_blas_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What "auto" does is not decided by a BLAS variable of the shell that runs pytest."""
+    from schedsvc.devices import BLAS_VARIABLES
+
+    for name in BLAS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("no_blas_variables")
+def test_json_shows_each_blas_library_its_threads_and_what_an_engine_sets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from schedsvc.devices import engine_cores
+
+    cores = engine_cores()
+    blas = info_json(capsys, "--set", "cpu_workers=1")["blas"]
+    assert (blas["cores"], blas["cpu_workers"], blas["threads_per_worker"]) == (cores, 1, cores)
+    assert blas["exact"] is False and blas["reason"] == f"auto: at most {cores} cores // 1 workers"
+    loaded = _blas_libraries()
+    assert [lib["filepath"] for lib in blas["libraries"]] == [lib["filepath"] for lib in loaded]
+    for shown, lib in zip(blas["libraries"], loaded, strict=True):
+        assert (shown["library"], shown["threads"]) == (lib["internal_api"], lib["num_threads"])
+        assert shown["engine_sets"] == min(lib["num_threads"], cores)  # auto only lowers a count
+    blas = info_json(capsys, "--set", f"cpu_workers={cores}", "--set", "blas_threads=3")["blas"]
+    assert (blas["threads_per_worker"], blas["exact"]) == (3, True)
+    assert all(lib["engine_sets"] == 3 for lib in blas["libraries"])
+
+
+@pytest.mark.usefixtures("no_blas_variables")
+def test_left_alone_by_the_setting_or_by_the_user_s_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blas = info_json(capsys, "--set", "blas_threads=leave")["blas"]
+    assert blas["threads_per_worker"] is None and blas["reason"] == "left alone: blas_threads='leave'"
+    assert all(lib["engine_sets"] is None for lib in blas["libraries"])
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    blas = info_json(capsys)["blas"]
+    assert blas["threads_per_worker"] is None
+    assert blas["reason"] == "left alone: OPENBLAS_NUM_THREADS=1 is set"
+    assert info_json(capsys, "--set", "blas_threads=2")["blas"]["threads_per_worker"] == 2  # explicit wins
+
+
+@pytest.mark.usefixtures("no_blas_variables")
+def test_plain_output_shows_the_cpu_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    from schedsvc.devices import engine_cores
+
+    cores = engine_cores()
+    assert main(["info", "--set", f"cpu_workers={cores}"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"BLAS: {cores} cores given, {cores} CPU workers, BLAS threads per worker 1 "
+        f"(auto: at most {cores} cores // {cores} workers)"
+    ) in out
+    rows = table_rows(out)
+    assert rows["blas_threads"] == ["auto", "default"]
+    for lib in _blas_libraries():
+        assert rows[lib["internal_api"]][2:4] == [str(lib["num_threads"]), "1"]
 
 
 # -- devices ------------------------------------------------------------------------------------------------
