@@ -490,7 +490,7 @@ class Engine:
         max_batch: int = 256,
         max_delay: float = 0.002,
         batched: Sequence[int | str] | None = None,
-        exact: bool = True,
+        exact: bool = False,
         max_signatures: int = 64,
         name: str | None = None,
     ) -> Batched[P]: ...
@@ -503,7 +503,7 @@ class Engine:
         max_batch: int = 256,
         max_delay: float = 0.002,
         batched: Sequence[int | str] | None = None,
-        exact: bool = True,
+        exact: bool = False,
         max_signatures: int = 64,
         name: str | None = None,
     ) -> Compiled[..., Any] | Batched[...]:

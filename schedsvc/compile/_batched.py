@@ -152,7 +152,7 @@ class Batched(Generic[P]):
         max_batch: int = MAX_BATCH,
         max_delay: float = MAX_DELAY,
         batched: Sequence[int | str] | None = None,
-        exact: bool = True,
+        exact: bool = False,
         max_signatures: int = MAX_SIGNATURES,
         name: str | None = None,
     ) -> None:
