@@ -138,3 +138,48 @@ def test_the_listing_of_a_fusion_is_dropped_once_nothing_is_ready() -> None:
     s.finish(a, None, None, chain=False)
     out_of(s)
     assert take_like(s, f, 10) == []
+
+
+def test_take_like_with_sharers_takes_a_fair_share_and_leaves_the_rest_oldest_first() -> None:
+    """Workers free to take some too (``sharers``): each takes its share of what is ready, so a burst
+    runs on every free worker at once instead of all on the first one."""
+    s = make()
+    f = object()
+    tasks = [Fusable(f"a{i}", f) for i in range(8)]
+    submit(s, *tasks)
+    first = s.take("cpu")
+    assert first is tasks[0]
+    # 8 ready with the one held, shared by 2 workers: this one takes 3 more (4 in all), 4 stay
+    assert take_like(s, f, 100, sharers=2, held=1) == tasks[1:4]
+    assert s.queues["cpu"].like(f) == tasks[4:]
+    second = s.take("cpu")
+    assert second is tasks[4]
+    assert take_like(s, f, 100, sharers=1, held=1) == tasks[5:]  # the last worker free: the rest
+
+
+def test_take_like_shares_by_weight_and_within_the_limit() -> None:
+    s = make()
+    f = object()
+    a, b, c, d = (Fusable(n, f, rows=r) for n, r in zip("abcd", (2, 2, 2, 2), strict=True))
+    submit(s, a, b, c, d)
+    assert s.take("cpu") is a
+    # 8 rows (a's 2 held) in 4 shares: 2 rows each, a's own: nothing more
+    assert take_like(s, f, 100, weight=rows_of, sharers=4, held=2) == []
+    assert take_like(s, f, 100, weight=rows_of, sharers=2, held=2) == [b]  # 8 / 2 = 4 rows: a and b
+    assert take_like(s, f, 1, weight=rows_of, sharers=1, held=0) == []  # c's 2 rows do not fit in 1
+
+
+def test_take_like_with_no_free_worker_or_a_lone_task_takes_as_before() -> None:
+    s = make()
+    f = object()
+    lone = Fusable("lone", f)
+    submit(s, lone)
+    assert s.take("cpu") is lone
+    assert take_like(s, f, 100, sharers=2, held=1) == []  # a lone call on an idle engine runs at once
+    tasks = [Fusable(f"a{i}", f) for i in range(5)]
+    submit(s, *tasks)
+    for sharers in (1, 0, -3):  # none free besides the taker (running counts may exceed the workers)
+        assert take_like(s, f, 2, sharers=sharers) == tasks[:2]
+        tasks = tasks[2:]
+        if not tasks:
+            break
