@@ -376,7 +376,7 @@ class Batched(Generic[P]):
         other = self._plan(sigkey, probe, shared, statics, rows)
         same_program(plan.entry.graph, rows, other.entry.graph, probe, repr(self))
         plan.same = other.same = True
-        proved = Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
+        proved = Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows, self.max_batch)
         with self._lock:
             self._proved[sigkey] = proved
             while len(self._proved) > self._plain.max_signatures:

@@ -4,7 +4,7 @@ Every call of a ``Batched`` carries the ``Group`` of its key as its
 ``fusion``.  The worker that takes one ready call takes the other ready calls
 of the group too (``Scheduler.take_like``) and hands them to ``Group.run``,
 which concatenates their rows (padded to a power of two, so that a few sizes
-are traced), replays once, and splits the result back, one outcome per call.
+are traced, however many rows each call has), replays once, and splits the result back, one outcome per call.
 If the fused run raises, it is split in halves, down to single calls, so each
 caller gets the outcome it would have had alone.  A call that runs alone (a
 thread running the call it waits for, sync mode) calls the group itself.
@@ -12,6 +12,7 @@ thread running the call it waits for, sync mode) calls the group itself.
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -24,21 +25,29 @@ if TYPE_CHECKING:
     from ._batched import Batched
     from ._graph import Graph
 
-__all__ = ["Group", "Proved", "pow2", "signature_key"]
+__all__ = ["EXACT_BATCH_S", "Group", "Proved", "pow2", "signature_key"]
+
+#: exact mode: the longest a batch should run.  It computes each caller's rows alone, so a big batch
+#: gains nothing but the per-task overhead, while a call that just misses it waits for all of it; its
+#: rows per batch are capped from the observed time of a row (``Group.limit``)
+EXACT_BATCH_S = 0.002
 
 #: the modules whose frames an error of a fused run is stripped of (``_without_own_frames``)
 _OWN_MODULES = frozenset({__name__, f"{__package__}._batched"})
 
 
 class Proved:
-    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with."""
+    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with; the
+    most rows a batch of it takes (``limit``), and in exact mode the seconds a row takes (``row_s``)."""
 
-    __slots__ = ("graph", "row_bytes", "rows")
+    __slots__ = ("graph", "limit", "row_bytes", "row_s", "rows")
 
-    def __init__(self, row_bytes: int, graph: Graph, rows: int) -> None:
+    def __init__(self, row_bytes: int, graph: Graph, rows: int, limit: int) -> None:
         self.row_bytes = row_bytes
         self.graph = graph
         self.rows = rows
+        self.limit = limit
+        self.row_s = 0.0
 
 
 class Group:
@@ -49,9 +58,9 @@ class Group:
         "__weakref__",
         "batched",
         "key",
-        "limit",
         "nbatched",
         "positions",
+        "proved",
         "reference",
         "row_bytes",
         "sigkey",
@@ -65,11 +74,16 @@ class Group:
         self.key = key
         self.sigkey = signature_key(key)
         self.statics = statics  # the other arguments, by position or keyword (equal for the whole key)
-        self.limit = batched.max_batch
+        self.proved = proved  # (kept by the Batched per signature: what it learns outlives the group)
         self.nbatched = sum(1 for part in key if part[1] == "rows")
         self.positions = _positions(key)
         self.row_bytes = proved.row_bytes  # the bytes of its outputs per row
         self.reference = proved.graph, proved.rows  # what a batch of any size must trace to (same_program)
+
+    @property
+    def limit(self) -> int:
+        """The most rows a batch takes (``runtime.Fusion``): ``max_batch``, or less in exact mode."""
+        return self.proved.limit
 
     @staticmethod
     def weight(task: Task) -> int:
@@ -81,7 +95,10 @@ class Group:
         """The ready calls of this key, as one replay (split where it raises)."""
         rows = [self.weight(t) for t in tasks]
         runs: list[int] = []
+        t0 = time.perf_counter()
         outcomes = self.outcomes(args, rows, runs)
+        if self.batched.exact:
+            self._learn((time.perf_counter() - t0) / sum(rows))
         described = {
             "name": f"batch:{self.batched.name}",
             "calls": len(tasks),
@@ -90,6 +107,13 @@ class Group:
             "callers": [t.number for t in tasks],  # type: ignore[attr-defined]
         }
         return outcomes, described
+
+    def _learn(self, row_s: float) -> None:
+        """Exact mode: cap the rows of a batch to what runs in ``EXACT_BATCH_S``, from the time of a row
+        (smoothed over the batches run)."""
+        proved = self.proved
+        proved.row_s = row_s if not proved.row_s else 0.8 * proved.row_s + 0.2 * row_s
+        proved.limit = max(1, min(self.batched.max_batch, int(EXACT_BATCH_S / proved.row_s)))
 
     def __call__(self, *values: Any) -> Any:
         """One call alone."""
@@ -129,26 +153,27 @@ class Group:
         return [(value, None) for value in values]
 
     def _replay(self, args: list[Any], rows: list[int]) -> tuple[list[Any], int]:
-        """Join the calls' rows (padded), replay, split the result: each call's result, and the size."""
+        """Join the calls' rows (padded), replay, split the result: each call's result, and the size.
+
+        The rows are padded to a power of two, a lone call's too, so that calls of any number of rows
+        trace a few sizes (1, 2, 4, ... rows), not one per size."""
         nb = self.nbatched
         k = rows[0]
         total = sum(rows)
         uniform = all(r == k for r in rows)
-        size = k * pow2(len(rows)) if uniform else pow2(total)
+        size = pow2(total)
         shared = args[0][nb:]
         plan = self.batched._plan(self.sigkey, size, shared, self.statics, k)
         graph = plan.entry.graph
         if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
             same_program(*self.reference, graph, size, repr(self.batched))
             plan.same = True
-        spans = []
+        spans = []  # each caller's (start, stop); the padding's rows follow the last
         start = 0
         for r in rows:
             spans.append((start, start + r))
             start += r
         pad = size - total
-        if pad:
-            spans += [(start + j, start + j + k) for j in range(0, pad, k)] if uniform else [(start, size)]
         inputs: list[Any] = []
         for kind, j in self.positions:
             if kind == "shared":
@@ -161,15 +186,15 @@ class Group:
                 first = np.take(parts[0], [0], axis=axis)
                 parts.append(np.repeat(first, pad, axis=axis))
             inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
-        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         n = len(rows)
+        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
             # callers of one length: their rows split off in one NumPy step
             return list(out[:total].reshape(n, k, *out.shape[1:])), size
         outs = out if graph.out_kind != "single" else (out,)
         results: list[Any] = []
         kind = graph.out_kind
-        for s, e in spans[:n]:
+        for s, e in spans:
             pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
             results.append(pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces)
         return results, size
