@@ -13,7 +13,7 @@ import pytest
 
 from schedsvc.compile._fused import EXACT_BATCH_S
 
-from ..helpers import within
+from ..helpers import on_asyncio, within
 from .helpers import assert_rows_close, assert_same_bits, batching_engine, both_backends, occupied
 
 F = 64
@@ -164,18 +164,35 @@ async def test_mixed_row_counts_in_batches_reuse_the_padded_sizes(anyio_backend:
 # -- a caller that gives up leaves its batch ---------------------------------------------------------------
 
 
-async def test_a_call_whose_deadline_passes_before_it_runs_never_runs(anyio_backend: str) -> None:
-    """``anyio.fail_after`` (``asyncio.timeout`` alike) around ``await model(x)``: the deadline passes while
-    the call waits for a worker, so it is cancelled and left out of the batch; the other callers' rows run."""
+async def await_by(deadline: str, call: Any) -> Any:
+    """``await call`` within 10 ms, the way ``deadline`` names."""
+    import asyncio
+
+    if deadline == "asyncio.timeout":
+        async with asyncio.timeout(0.01):
+            return await call
+    if deadline == "asyncio.wait_for":
+        return await asyncio.wait_for(call, 0.01)
+    with anyio.fail_after(0.01):
+        return await call
+
+
+@pytest.mark.parametrize("deadline", ["anyio.fail_after", "asyncio.timeout", "asyncio.wait_for"])
+async def test_a_call_whose_deadline_passes_before_it_runs_never_runs(
+    anyio_backend: str, deadline: str
+) -> None:
+    """A deadline around ``await model(x)``: it passes while the call waits for a worker (held), so the call
+    is cancelled and left out of the batch; the other callers' rows run without it."""
+    if deadline.startswith("asyncio") and not on_asyncio():
+        pytest.skip("asyncio's own timeouts run under asyncio only")
     async with engine() as eng:
         f = eng.compile(mlp, batch_axis=0, max_batch=8)
         await within(f(rows(1)))
         async with occupied(eng, 1):
             kept = [f(rows(1, seed)) for seed in (1, 2)]
             late = f(rows(1, 3))
-            with pytest.raises(TimeoutError):
-                with anyio.fail_after(0.01):  # the held worker cannot run it before the deadline
-                    await late
+            with pytest.raises(TimeoutError):  # the held worker cannot run it before the deadline
+                await await_by(deadline, late)
             assert late.cancelled()
             assert not any(c.done() for c in kept)
         for seed, call in zip((1, 2), kept, strict=True):
