@@ -45,24 +45,12 @@ class ReadyQueue:
             like = self._like[task.fusion] = deque()
         like.append(task)
 
-    def take_like(
-        self,
-        fusion: Any,
-        limit: int,
-        weight: Callable[[Task], int] | None = None,
-        sharers: int = 1,
-        held: int = 0,
-    ) -> list[Task]:
+    def take_like(self, fusion: Any, limit: int, weight: Callable[[Task], int] | None = None) -> list[Task]:
         """Remove and return the ready tasks of ``fusion``, oldest first, while their weights (default 1
-        each) add up to at most ``limit``; whatever their priority.  With ``sharers`` > 1, at most a
-        fair share: the ready weight and ``held`` (what the taker holds of it already) split in
-        ``sharers`` parts, less ``held``.  The caller moves them out of the ready state (they stay in
-        their buckets, skipped when met, as a cancelled task is)."""
+        each) add up to at most ``limit``; whatever their priority.  The caller moves them out of the
+        ready state (they stay in their buckets, skipped when met, as a cancelled task is)."""
         taken: list[Task] = []
         like = self._like.get(fusion)
-        if sharers > 1 and like:
-            ready = sum(1 if weight is None else weight(t) for t in like if t.state == "ready")
-            limit = min(limit, -(-(ready + held) // sharers) - held)
         while like and limit > 0:
             task = like[0]
             if task.state != "ready":  # popped, claimed or cancelled since it was listed

@@ -10,7 +10,7 @@ object is allocated per task):
 * ``publish()``           end the current burst: staged tasks become visible to ``take``
 * ``enqueue(task, token)`` queue a task for admission, FIFO, until it fits
 * ``take(device)``         a worker asks for the next ready task
-* ``take_like(device, fusion, limit, weight, sharers, held)``  the worker that took a task with a ``fusion``
+* ``take_like(device, fusion, limit, weight)``  the worker that took a task with a ``fusion``
   also takes the other ready tasks of it, to run them as one
 * ``finish(task, value, error)``  a running task returned or raised (on an
   asynchronous device: only a task that failed before it launched)
@@ -332,20 +332,12 @@ class Scheduler:
         return task
 
     def take_like(
-        self,
-        device: str,
-        fusion: Any,
-        limit: int,
-        weight: Callable[[Task], int] | None = None,
-        sharers: int = 1,
-        held: int = 0,
+        self, device: str, fusion: Any, limit: int, weight: Callable[[Task], int] | None = None
     ) -> list[Task]:
         """Hand the ready tasks of ``device`` whose ``fusion`` is ``fusion`` to the worker that runs one
         of them (ready -> running): oldest first, whatever their priority, while their weights (default
-        1 each) add up to at most ``limit``; with ``sharers`` > 1 (workers free to take some too, this
-        one counted), at most a fair share of them: the ready weight and ``held`` (the weight of the
-        one it runs) split in ``sharers`` parts, rounded up, less ``held``."""
-        taken = self.queues[device].take_like(fusion, limit, weight, sharers, held)
+        1 each) add up to at most ``limit``."""
+        taken = self.queues[device].take_like(fusion, limit, weight)
         for task in taken:
             self._move(task, "running")
         self.running += len(taken)

@@ -227,11 +227,8 @@ class Dispatch:
         fusion: Fusion = first.fusion
         core = self.core
         with self.lock:
-            held = fusion.weight(first)
-            # a fair share where other workers of the device are free: they take the rest at once
-            sharers = self.rt.devices[first.device].eager - core.running + 1
-            taken = core.take_like(first.device, fusion, fusion.limit - held, fusion.weight, sharers, held)
-            tasks = [first, *taken]
+            room = fusion.limit - fusion.weight(first)
+            tasks = [first, *core.take_like(first.device, fusion, room, fusion.weight)]
         t0 = time.perf_counter()
         for task in tasks:
             self.queue_waits.append(t0 - task.t_ready)
