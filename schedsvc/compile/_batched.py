@@ -12,8 +12,7 @@ Fusion happens at dispatch (``_fused.py``): every call carries the ``Group``
 of its batch key -- the arguments' shapes but the batch axis, their dtypes,
 the unbatched arrays (by identity) and the other values -- as its
 ``fusion``.  The worker that takes one ready call also takes the other ready
-calls of its group, oldest first, up to ``max_batch`` rows (``Scheduler.take_like``; only its fair
-share where other workers are free to take the rest), concatenates their rows
+calls of its group, oldest first, up to ``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
 (padded to a power of two, so that a few sizes are traced), replays once, and
 splits the result back: each call is finished with its own rows.  So the
 backlog is the batch: a lone call on an idle engine runs at once, and a burst
@@ -32,8 +31,7 @@ row of a many-row product otherwise than a one-row one: float32 about 1e-6 of
 the row's largest value, float64 about 1e-15).  With ``exact=True`` the ops NumPy
 may round by memory layout (matmuls, sums, transcendental ufuncs) compute each
 caller's rows as its own call would (``_rows.exact_fn``), so the result is bit
-for bit the unbatched call's; such a batch gains nothing from its size, so its
-rows are capped from the observed time of a row (``_fused.EXACT_BATCH_S``).  Traced plans are kept per key as the signature cache
+for bit the unbatched call's, and a batch gains only the per-call overhead.  Traced plans are kept per key as the signature cache
 keys them (shapes, not array addresses), at most ``max_signatures`` of them.
 """
 
@@ -386,7 +384,7 @@ class Batched(Generic[P]):
         other = self._plan(sigkey, probe, shared, statics, rows)
         same_program(plan.entry.graph, rows, other.entry.graph, probe, repr(self))
         plan.same = other.same = True
-        proved = Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows, self.max_batch)
+        proved = Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
         with self._lock:
             self._proved[sigkey] = proved
             while len(self._proved) > self._plain.max_signatures:

@@ -12,7 +12,6 @@ thread running the call it waits for, sync mode) calls the group itself.
 
 from __future__ import annotations
 
-import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -25,29 +24,21 @@ if TYPE_CHECKING:
     from ._batched import Batched
     from ._graph import Graph
 
-__all__ = ["EXACT_BATCH_S", "Group", "Proved", "pow2", "signature_key"]
-
-#: exact mode: the longest a batch should run.  It computes each caller's rows alone, so a big batch
-#: gains nothing but the per-task overhead, while a call that just misses it waits for all of it; its
-#: rows per batch are capped from the observed time of a row (``Group.limit``)
-EXACT_BATCH_S = 0.002
+__all__ = ["Group", "Proved", "pow2", "signature_key"]
 
 #: the modules whose frames an error of a fused run is stripped of (``_without_own_frames``)
 _OWN_MODULES = frozenset({__name__, f"{__package__}._batched"})
 
 
 class Proved:
-    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with; the
-    most rows a batch of it takes (``limit``), and in exact mode the seconds a row takes (``row_s``)."""
+    """A key proved to batch: its output bytes per row, and its graph at the rows it was proved with."""
 
-    __slots__ = ("graph", "limit", "row_bytes", "row_s", "rows")
+    __slots__ = ("graph", "row_bytes", "rows")
 
-    def __init__(self, row_bytes: int, graph: Graph, rows: int, limit: int) -> None:
+    def __init__(self, row_bytes: int, graph: Graph, rows: int) -> None:
         self.row_bytes = row_bytes
         self.graph = graph
         self.rows = rows
-        self.limit = limit
-        self.row_s = 0.0
 
 
 class Group:
@@ -58,9 +49,9 @@ class Group:
         "__weakref__",
         "batched",
         "key",
+        "limit",
         "nbatched",
         "positions",
-        "proved",
         "reference",
         "row_bytes",
         "sigkey",
@@ -74,16 +65,11 @@ class Group:
         self.key = key
         self.sigkey = signature_key(key)
         self.statics = statics  # the other arguments, by position or keyword (equal for the whole key)
-        self.proved = proved  # (kept by the Batched per signature: what it learns outlives the group)
+        self.limit = batched.max_batch
         self.nbatched = sum(1 for part in key if part[1] == "rows")
         self.positions = _positions(key)
         self.row_bytes = proved.row_bytes  # the bytes of its outputs per row
         self.reference = proved.graph, proved.rows  # what a batch of any size must trace to (same_program)
-
-    @property
-    def limit(self) -> int:
-        """The most rows a batch takes (``runtime.Fusion``): ``max_batch``, or less in exact mode."""
-        return self.proved.limit
 
     @staticmethod
     def weight(task: Task) -> int:
@@ -95,10 +81,7 @@ class Group:
         """The ready calls of this key, as one replay (split where it raises)."""
         rows = [self.weight(t) for t in tasks]
         runs: list[int] = []
-        t0 = time.perf_counter()
         outcomes = self.outcomes(args, rows, runs)
-        if self.batched.exact:
-            self._learn((time.perf_counter() - t0) / sum(rows))
         described = {
             "name": f"batch:{self.batched.name}",
             "calls": len(tasks),
@@ -107,13 +90,6 @@ class Group:
             "callers": [t.number for t in tasks],  # type: ignore[attr-defined]
         }
         return outcomes, described
-
-    def _learn(self, row_s: float) -> None:
-        """Exact mode: cap the rows of a batch to what runs in ``EXACT_BATCH_S``, from the time of a row
-        (smoothed over the batches run)."""
-        proved = self.proved
-        proved.row_s = row_s if not proved.row_s else 0.8 * proved.row_s + 0.2 * row_s
-        proved.limit = max(1, min(self.batched.max_batch, int(EXACT_BATCH_S / proved.row_s)))
 
     def __call__(self, *values: Any) -> Any:
         """One call alone."""

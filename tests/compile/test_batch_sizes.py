@@ -1,7 +1,7 @@
 """How big batches are, and which calls they hold: batch sizes from the load (a lone call at once, a burst
-in full batches), exact mode's rows per batch capped from the time of a row, calls of any number of rows
-traced at a few padded sizes, and a caller that gives up (a deadline) dropped from its batch before it runs.
-Driven event by event: a held worker keeps the engine busy while calls queue, never sleeps."""
+in full batches), the default mode's one product for the whole batch, calls of any number of rows traced at
+a few padded sizes, and a caller that gives up (a deadline) dropped from its batch before it runs.  Driven
+event by event: a held worker keeps the engine busy while calls queue, never sleeps."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-
-from schedsvc.compile._fused import EXACT_BATCH_S
 
 from ..helpers import on_asyncio, within
 from .helpers import assert_rows_close, assert_same_bits, batching_engine, both_backends, occupied
@@ -36,19 +34,6 @@ def sizes(f: Any) -> dict[int, int]:
     return dict(f.stats()["batch_sizes"])
 
 
-def proved_of(f: Any) -> Any:
-    """What ``f`` keeps of its one batch key: the rows a batch takes (``limit``), the time of a row."""
-    (proved,) = f._proved.values()
-    return proved
-
-
-def learn(f: Any, row_s: float) -> int:
-    """The rows per batch ``f``'s key takes once a batch's rows took ``row_s`` seconds each."""
-    (group,) = f._groups.values()  # (a call holds it)
-    group._learn(row_s)
-    return int(group.limit)
-
-
 # -- batch sizes follow the load ---------------------------------------------------------------------------
 
 
@@ -66,39 +51,10 @@ async def test_a_lone_call_runs_at_once_and_a_burst_fills_batches(anyio_backend:
         assert sizes(f) == {1: 1, 8: 2, 4: 1}  # the backlog is the batch: full ones, then the rest
 
 
-# -- exact mode: rows per batch from the time of a row -----------------------------------------------------
+# -- the default mode: one product for the batch, up to max_batch rows ------------------------------------
 
 
-async def test_exact_mode_caps_the_rows_of_a_batch_from_the_time_a_row_takes(anyio_backend: str) -> None:
-    async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=64, exact=True)
-        await within(f(rows(1)))
-        async with occupied(eng, 1):
-            call = f(rows(1))  # (it holds its key's group)
-            proved_of(f).row_s = 0.0
-            assert learn(f, EXACT_BATCH_S / 4) == 4  # a row takes a quarter of the time a batch should
-            assert learn(f, EXACT_BATCH_S * 100) == 1  # slow rows: one at a time, never none
-            proved_of(f).row_s = 0.0
-            assert learn(f, EXACT_BATCH_S / 10_000) == 64  # fast rows: max_batch bounds it
-            assert proved_of(f).limit == 64  # kept per key, not per group (a group lives while calls do)
-        await within(call)
-
-
-async def test_exact_mode_runs_a_burst_in_batches_of_its_cap_bit_for_bit(anyio_backend: str) -> None:
-    async with engine() as eng:
-        f = eng.compile(mlp, batch_axis=0, max_batch=64, exact=True)
-        await within(f(rows(1)))
-        proved_of(f).limit = 4  # as learned from a row's time (above); the next batch relearns it
-        xs = [rows(1, seed) for seed in range(10)]
-        async with occupied(eng, 1):
-            calls = [f(x) for x in xs]
-        for x, call in zip(xs, calls, strict=True):
-            assert_same_bits(await within(call), mlp(x))
-        after = sizes(f)
-        assert after.get(4, 0) >= 1 and sum(k * v for k, v in after.items()) == 11  # the first batch: 4 rows
-
-
-async def test_the_default_mode_has_no_cap_but_max_batch(anyio_backend: str) -> None:
+async def test_the_default_mode_takes_up_to_max_batch_rows(anyio_backend: str) -> None:
     async with engine() as eng:
         f = eng.compile(mlp, batch_axis=0, max_batch=64)
         assert f.exact is False
@@ -107,7 +63,7 @@ async def test_the_default_mode_has_no_cap_but_max_batch(anyio_backend: str) -> 
             calls = [f(x) for x in xs]
         for x, call in zip(xs, calls, strict=True):
             assert_rows_close(await within(call), mlp(x))
-        assert sizes(f) == {40: 1} and proved_of(f).limit == 64
+        assert sizes(f) == {40: 1}
 
 
 async def test_the_default_mode_runs_one_product_for_the_whole_batch(anyio_backend: str) -> None:
@@ -125,6 +81,22 @@ async def test_the_default_mode_runs_one_product_for_the_whole_batch(anyio_backe
             assert_same_bits(await within(call), whole[start : start + n])
             start += n
         assert sizes(f) == {8: 1}
+
+
+@pytest.mark.parametrize("counts", [[1] * 10, [1, 3, 2], [2, 2, 2]], ids=["ten one-row", "1+3+2", "2+2+2"])
+async def test_exact_mode_gives_each_caller_its_own_bits_in_a_padded_batch(
+    anyio_backend: str, counts: list[int]
+) -> None:
+    """A batch padded to a power of two (10 rows to 16, 6 to 8) whose padding rows are not computed one by
+    one: each caller still gets its own call's bits."""
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=64, exact=True)
+        xs = [rows(n, seed) for seed, n in enumerate(counts)]
+        async with occupied(eng, 1):
+            calls = [f(x) for x in xs]
+        for x, call in zip(xs, calls, strict=True):
+            assert_same_bits(await within(call), mlp(x))
+        assert sizes(f) == {sum(counts): 1}
 
 
 # -- calls of many sizes trace a few ------------------------------------------------------------------------
