@@ -12,8 +12,10 @@ Run: ``python examples/serve_batch.py [--port 8000] [--max-batch 256] [--help]``
 - Each request makes one call of one row, ``model(x)``, and awaits it. Each call is a task of its own; the
   worker that takes one also takes the other calls waiting, up to ``--max-batch`` rows, and runs them as
   one replay (a call that finds a worker free runs at once, alone; none waits for more to come), and every
-  request gets its own row back: with ``exact=True`` (the default) bit for bit what ``forward`` returns on
-  that row alone.
+  request gets its own row back: what ``forward`` returns on that row alone, to within rounding (the batch
+  runs one matrix product per layer, which may round a row in its last bits otherwise than a one-row
+  product: float64 about 1e-15 relative). Compile with ``exact=True`` for the bits of the lone call, at
+  the cost of a product per row.
 - The engine lives in the app's lifespan: opened at startup, where the model is traced (and proved to keep
   rows apart) on a row of zeros, so no request pays for it; closed at shutdown with ``eng.aclose()``, which
   finishes the calls of requests still in flight.

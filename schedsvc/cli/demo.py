@@ -450,8 +450,9 @@ async def batching(s: Sizes) -> Result:
     figures["batched_us"] = seconds / len(x) * 1e6
     figures["batches"] = after["batches"] - before["batches"]
     figures["rows"] = len(x)
-    equal = all(np.array_equal(o, e) for o, e in zip(out, expected, strict=True))
-    return derived(figures), {"batched_equals_loop": equal, "rows": after["rows"] - before["rows"]}
+    # the default mode runs one product per layer for the batch: rows equal the loop's within rounding
+    close = all(np.allclose(o, e, rtol=1e-12, atol=1e-12) for o, e in zip(out, expected, strict=True))
+    return derived(figures), {"batched_close_to_loop": close, "rows": after["rows"] - before["rows"]}
 
 
 # -- profiling ----------------------------------------------------------------------------------
@@ -778,8 +779,8 @@ def _show_serialise(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
 
 def _show_batching(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     same = (
-        "every row equal to the loop's bit for bit"
-        if c["batched_equals_loop"]
+        "every row equal to the loop's within rounding"
+        if c["batched_close_to_loop"]
         else "rows DIFFERENT from the loop's"
     )
     return (

@@ -12,23 +12,26 @@ Fusion happens at dispatch (``_fused.py``): every call carries the ``Group``
 of its batch key -- the arguments' shapes but the batch axis, their dtypes,
 the unbatched arrays (by identity) and the other values -- as its
 ``fusion``.  The worker that takes one ready call also takes the other ready
-calls of its group, up to ``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
-(padded, so that a few sizes are traced), replays once, and splits the result
-back: each call is finished with its own rows.  So the backlog is the batch:
-a lone call on an idle engine runs at once, and a burst that queues up fills
-batches; nothing waits for a timer.  If a fused run raises, it is split in
-halves, down to single calls, so each caller gets the outcome it would have
-had alone.
+calls of its group, oldest first, up to ``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
+(padded to a power of two, so that a few sizes are traced), replays once, and
+splits the result back: each call is finished with its own rows.  So the
+backlog is the batch: a lone call on an idle engine runs at once, and a burst
+that queues up fills batches; nothing waits for a timer.  If a fused run
+raises, it is split in halves, down to single calls, so each caller gets the
+outcome it would have had alone.
 
 Before a key's first call is admitted, ``_rows.plan_rows`` proves from the
 traced graph that rows stay apart; a function that mixes them raises
 ``BatchError`` there; so does one that reads the number of rows as a value
 (``x / x.shape[0]``, ``len(x)``, a branch on it), found as its two traces
 (the call's rows, many rows) differing beyond their shapes (``same_program``).
-With ``exact`` (the default), the ops NumPy may round
-by memory layout (matmuls, sums, transcendental ufuncs) compute each caller's
-rows as its own call would (``_rows.exact_fn``), so the result is bit for bit
-the unbatched call's.  Traced plans are kept per key as the signature cache
+By default each op runs once on the whole batch (one matrix product per layer),
+so a caller's rows equal the unbatched call's to within rounding (BLAS rounds a
+row of a many-row product otherwise than a one-row one: float32 about 1e-6 of
+the row's largest value, float64 about 1e-15).  With ``exact=True`` the ops NumPy
+may round by memory layout (matmuls, sums, transcendental ufuncs) compute each
+caller's rows as its own call would (``_rows.exact_fn``), so the result is bit
+for bit the unbatched call's, and a batch gains only the per-call overhead.  Traced plans are kept per key as the signature cache
 keys them (shapes, not array addresses), at most ``max_signatures`` of them.
 """
 
@@ -138,9 +141,14 @@ class Batched(Generic[P]):
     """A compiled function whose calls that are ready together run as one: ``await fn(x)`` gives the
     caller's rows.
 
-    Made by ``eng.compile(fn, batch_axis=..., max_batch=...)``.  ``max_delay``
-    is accepted and has no effect: a batch is the calls ready when a worker
-    takes one of them, so no call waits for more to come.
+    Made by ``eng.compile(fn, batch_axis=..., max_batch=..., exact=False)``.
+    ``max_delay`` is accepted and has no effect: a batch is the calls ready
+    when a worker takes one of them, so no call waits for more to come.  By
+    default a batch runs one matrix product per layer, and a caller's rows may
+    differ from its lone call's in the last bits (float32: about 1e-6 of the
+    row's largest value; float64: about 1e-15); ``exact=True`` gives the lone
+    call's bits, computing matmuls (and other ops NumPy rounds by layout) per
+    caller.
     """
 
     def __init__(
@@ -152,7 +160,7 @@ class Batched(Generic[P]):
         max_batch: int = MAX_BATCH,
         max_delay: float = MAX_DELAY,
         batched: Sequence[int | str] | None = None,
-        exact: bool = True,
+        exact: bool = False,
         max_signatures: int = MAX_SIGNATURES,
         name: str | None = None,
     ) -> None:

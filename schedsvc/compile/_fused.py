@@ -4,7 +4,7 @@ Every call of a ``Batched`` carries the ``Group`` of its key as its
 ``fusion``.  The worker that takes one ready call takes the other ready calls
 of the group too (``Scheduler.take_like``) and hands them to ``Group.run``,
 which concatenates their rows (padded to a power of two, so that a few sizes
-are traced), replays once, and splits the result back, one outcome per call.
+are traced, however many rows each call has), replays once, and splits the result back, one outcome per call.
 If the fused run raises, it is split in halves, down to single calls, so each
 caller gets the outcome it would have had alone.  A call that runs alone (a
 thread running the call it waits for, sync mode) calls the group itself.
@@ -129,26 +129,27 @@ class Group:
         return [(value, None) for value in values]
 
     def _replay(self, args: list[Any], rows: list[int]) -> tuple[list[Any], int]:
-        """Join the calls' rows (padded), replay, split the result: each call's result, and the size."""
+        """Join the calls' rows (padded), replay, split the result: each call's result, and the size.
+
+        The rows are padded to a power of two, a lone call's too, so that calls of any number of rows
+        trace a few sizes (1, 2, 4, ... rows), not one per size."""
         nb = self.nbatched
         k = rows[0]
         total = sum(rows)
         uniform = all(r == k for r in rows)
-        size = k * pow2(len(rows)) if uniform else pow2(total)
+        size = pow2(total)
         shared = args[0][nb:]
         plan = self.batched._plan(self.sigkey, size, shared, self.statics, k)
         graph = plan.entry.graph
         if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
             same_program(*self.reference, graph, size, repr(self.batched))
             plan.same = True
-        spans = []
+        spans = []  # each caller's (start, stop); the padding's rows follow the last
         start = 0
         for r in rows:
             spans.append((start, start + r))
             start += r
         pad = size - total
-        if pad:
-            spans += [(start + j, start + j + k) for j in range(0, pad, k)] if uniform else [(start, size)]
         inputs: list[Any] = []
         for kind, j in self.positions:
             if kind == "shared":
@@ -161,15 +162,15 @@ class Group:
                 first = np.take(parts[0], [0], axis=axis)
                 parts.append(np.repeat(first, pad, axis=axis))
             inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
-        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         n = len(rows)
+        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
             # callers of one length: their rows split off in one NumPy step
             return list(out[:total].reshape(n, k, *out.shape[1:])), size
         outs = out if graph.out_kind != "single" else (out,)
         results: list[Any] = []
         kind = graph.out_kind
-        for s, e in spans[:n]:
+        for s, e in spans:
             pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
             results.append(pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces)
         return results, size

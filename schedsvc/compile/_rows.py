@@ -460,7 +460,9 @@ def exact_fn(node: Node, operands: tuple[int | None, ...], out_axis: int) -> Cal
     """``node`` computing each caller's rows as the caller's own call would, bit for bit.
 
     The replacement takes the node's operands, then ``spans`` (each caller's (start, stop) along the
-    batch axis, the padding's last), then the node's attributes (and ``out=`` for a write).
+    batch axis, in order from 0), then the node's attributes (and ``out=`` for a write).  The rows past
+    the callers' (the padding) are not computed one by one: they are copies of the first row's result,
+    dropped at the end, there only so that later ops see values like the callers'.
     """
     fn = OPS[node.op].fn
     n = len(node.args)
@@ -472,13 +474,17 @@ def exact_fn(node: Node, operands: tuple[int | None, ...], out_axis: int) -> Cal
         def product(a: Any, b: Any, spans: Sequence[tuple[int, int]], **attrs: Any) -> Any:
             first, stop = spans[0]
             k = stop - first
+            n = len(spans)
             if stackable and a.ndim == 2 and all(e - s == k for s, e in spans):  # one stacked product
-                out = fn(a.reshape(len(spans), k, a.shape[1]), b, **attrs)
-                return out.reshape(len(spans) * k, *out.shape[2:])
-            return np.concatenate([fn(_own(a, axis, s, e), b, **attrs) for s, e in spans], axis=out_axis)
+                out = fn(a[: n * k].reshape(n, k, a.shape[1]), b, **attrs)
+                out = out.reshape(n * k, *out.shape[2:])
+            else:
+                out = np.concatenate([fn(_own(a, axis, s, e), b, **attrs) for s, e in spans], axis=out_axis)
+            return _padded(out, out_axis, a.shape[axis])
 
         return product
     whole = out_axis == 0 and all(a in (None, 0) for a in operands)
+    batched = next((i for i, a in enumerate(operands) if a is not None), None)
 
     def rows(*args: Any, **attrs: Any) -> Any:
         values, spans = args[:n], args[n]
@@ -497,9 +503,27 @@ def exact_fn(node: Node, operands: tuple[int | None, ...], out_axis: int) -> Cal
                 fn(*mine, out=target, **attrs)
             else:  # the caller's own call writes a C-contiguous array
                 target[...] = fn(*mine, out=np.empty(target.shape, out.dtype), **attrs)
-        return out if out is not None else np.concatenate(parts, axis=out_axis)
+        if out is not None:
+            lead = (slice(None),) * out_axis
+            stop = spans[-1][1]
+            if stop < out.shape[out_axis]:  # the padding: copies of the first row, as _padded makes
+                out[(*lead, slice(stop, None))] = out[(*lead, slice(0, 1))]
+            return out
+        joined = np.concatenate(parts, axis=out_axis)
+        if batched is None:
+            return joined
+        return _padded(joined, out_axis, values[batched].shape[operands[batched]])
 
     return rows
+
+
+def _padded(out: Any, axis: int, size: int) -> Any:
+    """``out`` (the callers' rows) made ``size`` rows long along ``axis`` with copies of its first row."""
+    have = out.shape[axis]
+    if have == size:
+        return out
+    first = np.take(out, [0], axis=axis)
+    return np.concatenate([out, np.repeat(first, size - have, axis=axis)], axis=axis)
 
 
 def _own(value: Any, axis: int, start: int, stop: int) -> Any:

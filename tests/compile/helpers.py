@@ -24,6 +24,26 @@ def assert_same_bits(got: Any, want: Any, what: str = "result") -> None:
     assert got_a.tobytes() == want_a.tobytes(), f"{what}: bits differ: {got_a!r} vs {want_a!r}"
 
 
+def rows_tolerance(dtype: Any) -> float:
+    """The relative tolerance a batched result in the default (fast) mode holds to: a row computed in a
+    many-row product is rounded otherwise than in a one-row one, in the last bits of the dtype."""
+    return 1e-5 if np.dtype(dtype).itemsize <= 4 else 1e-12
+
+
+def assert_rows_close(got: Any, want: Any, what: str = "result") -> None:
+    """Equal as the default (fast) batching promises: same dtype, same shape, values equal within rounding
+    (relative to the largest value, as a product's rounding error scales with its terms)."""
+    got_a, want_a = np.asarray(got), np.asarray(want)
+    assert got_a.dtype == want_a.dtype, f"{what}: dtype {got_a.dtype} != {want_a.dtype}"
+    assert got_a.shape == want_a.shape, f"{what}: shape {got_a.shape} != {want_a.shape}"
+    if got_a.dtype.kind not in "fc":
+        assert np.array_equal(got_a, want_a), f"{what}: {got_a} != {want_a}"
+        return
+    rtol = rows_tolerance(got_a.dtype)
+    scale = float(np.max(np.abs(want_a), initial=0.0, where=np.isfinite(want_a)))
+    np.testing.assert_allclose(got_a, want_a, rtol=rtol, atol=rtol * scale, equal_nan=True, err_msg=what)
+
+
 async def values(result: Any) -> list[Any]:
     """The awaited value(s) of a compiled or eager call: one Tensor, or a tuple/list of them."""
     if isinstance(result, tuple | list):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .program import Outcome, Program, Rejected, Stmt, generate, run_reference, show
+from .program import Outcome, Program, Rejected, Stmt, generate, run_reference, same_outcome, show
 from .runner import OBSERVING, Result, run
 
 
@@ -79,6 +79,8 @@ def describe(outcome: Outcome | None) -> str:
         return "nothing"
     if outcome[0] == "value":
         return f"value {outcome[3]} (dtype {outcome[1]})"
+    if outcome[0] == "close":
+        return f"value {outcome[3]} (dtype {outcome[1]}), to within rounding"
     if outcome[0] == "error":
         return f"{outcome[1]}" + (f" (cause {outcome[2]})" if outcome[2] else "")
     values = ", ".join(describe(v) for v in outcome[1])
@@ -101,7 +103,7 @@ def compare(
     """The first difference between the engine's run and the reference, in words (None: none)."""
     observing = [i for i, s in enumerate(program.stmts) if s.kind in OBSERVING]
     for n, (got_o, want_o) in enumerate(zip(got.outcomes, expected_outcomes, strict=False)):
-        if got_o != want_o:
+        if not same_outcome(got_o, want_o):
             i = observing[n]
             message = got.messages[n]
             return (

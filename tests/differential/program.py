@@ -160,10 +160,25 @@ def row_max(x: Any) -> Any:
     return np.maximum(x, 7) - x
 
 
+WF = np.linspace(-0.9, 0.7, 16).reshape(4, 4) / 7  # float weights: a product whose rounding may differ
+
+
+def row_float(x: Any) -> Any:
+    return np.tanh(x @ WF)
+
+
 UNARY = [unary_a, unary_b, unary_c]
 UNARY_SRC = ["(x * 3 + 1) % MOD", "(x * x + 2) % MOD", "abs(x - 5) % MOD"]
-ROWS = [row_affine, row_matmul, row_max]
-ROWS_SRC = ["(x * 3 + 1) % MOD", "(x @ W) % MOD", "np.maximum(x, 7) - x"]
+ROWS = [row_affine, row_matmul, row_max, row_float]
+ROWS_SRC = ["(x * 3 + 1) % MOD", "(x @ W) % MOD", "np.maximum(x, 7) - x", "np.tanh(x @ WF)"]
+#: a batched float result of the default (fast) mode is compared within this relative tolerance (of the
+#: largest value); exact mode's (``exact=True``), bit for bit
+FAST_RTOL = 1e-12
+
+
+def is_exact(s: Stmt) -> bool:
+    """Whether a ``g_def`` compiles its function with ``exact=True`` (its second operand; default False)."""
+    return len(s.ops) > 1 and bool(s.ops[1])
 
 
 # -- statements -------------------------------------------------------------------------------------------
@@ -308,7 +323,9 @@ def show(s: Stmt) -> str:
         "c_def": lambda: f"eng.compile(lambda x: {UNARY_SRC[s.ops[0]]})",
         "c_call": lambda: f"{o[0]}({o[1]})" if not s.nowait else f"{o[0]}({o[1]})  # nowait",
         "c_submit": lambda: f"await {o[0]}.submit({o[1]})",
-        "g_def": lambda: f"eng.compile(lambda x: {ROWS_SRC[s.ops[0]]}, batch_axis=0)",
+        "g_def": lambda: (
+            f"eng.compile(lambda x: {ROWS_SRC[s.ops[0]]}, batch_axis=0{', exact=True' if is_exact(s) else ''})"
+        ),
         "g_call": lambda: f"{o[0]}({o[1]})",
         "g_await": lambda: f"observe(await {o[0]}({o[1]}))",
         "e_loop": lambda: (
@@ -341,6 +358,25 @@ def value_outcome(v: Any) -> Outcome:
     return ("value", a.dtype.str, a.shape, a.tolist())
 
 
+def close_outcome(v: Any) -> Outcome:
+    """What a batched call in the default (fast) mode must give: ``v`` to within rounding, where ``v`` is
+    floating point (``same_outcome`` compares it so); else ``v`` exactly."""
+    outcome = value_outcome(v)
+    return ("close", *outcome[1:]) if np.asarray(v).dtype.kind in "fc" else outcome
+
+
+def same_outcome(got: Outcome | None, want: Outcome | None) -> bool:
+    """The engine's outcome is the reference's: equal, or for a ``close`` one, a value of the same dtype
+    and shape within ``FAST_RTOL``."""
+    if got is None or want is None or want[0] != "close":
+        return got == want
+    if got[0] != "value" or got[1:3] != want[1:3]:
+        return False
+    g, w = np.asarray(got[3], dtype=want[1]), np.asarray(want[3], dtype=want[1])
+    scale = float(np.max(np.abs(w), initial=0.0))
+    return bool(np.allclose(g, w, rtol=FAST_RTOL, atol=FAST_RTOL * scale, equal_nan=True))
+
+
 @dataclass
 class TInfo:
     mem: str  # the memory it lives in: "B0".. or the name of the Tensor that owns it
@@ -360,6 +396,7 @@ class Handle:
     outcome: Outcome | None = None  # future, exfuture, call
     tensor: TInfo | None = None
     fn: int = 0  # compiled, batched: index into UNARY / ROWS
+    exact: bool = False  # batched: compiled with exact=True
     ints: bool = True  # a future whose value is an int (else an array)
 
 
@@ -718,17 +755,23 @@ class Model:
 
     def do_g_def(self, s: Stmt) -> None:
         assert s.out
-        self.handles[s.out] = Handle("batched", fn=s.ops[0])
+        self.handles[s.out] = Handle("batched", fn=s.ops[0], exact=is_exact(s))
+
+    def batched_outcome(self, g: Any, x: Any) -> Outcome:
+        """A batched call's outcome: the function on the caller's rows alone, bit for bit in exact mode,
+        within rounding in the default mode."""
+        h = self.handles[g[1]]
+        out = ROWS[h.fn](self.view(x).copy())
+        return value_outcome(out) if h.exact else close_outcome(out)
 
     def do_g_call(self, s: Stmt) -> None:
         g, x = s.ops
         assert s.out
-        out = ROWS[self.handles[g[1]].fn](self.view(x).copy())
-        self.handles[s.out] = Handle("call", outcome=value_outcome(out))
+        self.handles[s.out] = Handle("call", outcome=self.batched_outcome(g, x))
 
     def do_g_await(self, s: Stmt) -> None:
         g, x = s.ops
-        self.outcomes.append(value_outcome(ROWS[self.handles[g[1]].fn](self.view(x).copy())))
+        self.outcomes.append(self.batched_outcome(g, x))
 
 
 def run_reference(stmts: list[Stmt]) -> Model:
@@ -976,7 +1019,7 @@ class Gen:
                 x = self.vector() or x
             return Stmt(kind, self.name("t"), (("H", rng.choice(fs)), x), nowait=kind == "c_call")
         if kind == "g_def":
-            return Stmt(kind, self.name("g"), (rng.randrange(len(ROWS)),))
+            return Stmt(kind, self.name("g"), (rng.randrange(len(ROWS)), rng.random() < 0.5))
         if kind in ("g_call", "g_await"):
             gs = self.handles("batched")
             if not gs:

@@ -247,7 +247,7 @@ class Interpreter:
             f, x = await a(ops[0]), await a(ops[1])
             h[out] = await f.submit(x)
         elif k == "g_def":
-            h[out] = self.eng.compile(ROWS[ops[0]], batch_axis=0)
+            h[out] = self.eng.compile(ROWS[ops[0]], batch_axis=0, exact=len(ops) > 1 and bool(ops[1]))
         elif k == "g_call":
             g, x = await a(ops[0]), await a(ops[1])
             h[out] = await self.admit(lambda: g(x))

@@ -264,6 +264,22 @@ MINIMAL: dict[str, tuple[Config, list[Stmt], str | None]] = {
         ],
         None,
     ),
+    "batched_float_rows_fast_and_exact": (
+        Config(workers=1, max_pending=16, max_pending_bytes=10_000, backend="asyncio", cuda=False),
+        [
+            S("g_def", "g", 3),  # the default mode: compared within rounding
+            S("g_def", "e", 3, True),  # exact=True: compared bit for bit
+            S("g_call", "c1", ("H", "g"), ("R", 1, 0, 2)),
+            S("g_call", "c2", ("H", "g"), ("R", 2, 1, 2)),
+            S("g_call", "c3", ("H", "e"), ("R", 1, 0, 1)),
+            S("g_call", "c4", ("H", "e"), ("R", 2, 0, 2)),
+            obs("c1"),
+            obs("c2"),
+            obs("c3"),
+            obs("c4"),
+        ],
+        None,
+    ),
 }
 
 
@@ -279,6 +295,18 @@ def test_minimal_program(name: str) -> None:
 
 
 # -- the tester itself -----------------------------------------------------------------------------------
+
+
+def test_a_fast_batched_float_result_is_compared_within_rounding_and_an_exact_one_bit_for_bit() -> None:
+    from .program import close_outcome, same_outcome, value_outcome
+
+    want = np.array([[0.1, 0.2]])
+    off = np.nextafter(want, 1.0)  # one unit in the last place away
+    assert same_outcome(value_outcome(off), close_outcome(want))
+    assert not same_outcome(value_outcome(off), value_outcome(want))
+    assert not same_outcome(value_outcome(want * 1.001), close_outcome(want))
+    assert not same_outcome(value_outcome(want.astype(np.float32)), close_outcome(want))  # dtype kept
+    assert close_outcome(np.array([1, 2])) == value_outcome(np.array([1, 2]))  # integers: exactly
 
 
 def test_same_seed_same_program() -> None:
