@@ -51,7 +51,7 @@ VARIANTS: dict[str, str] = {
     "to_thread": "await anyio.to_thread.run_sync(forward, x), BLAS at its default threads",
     "to_thread_pinned": "await anyio.to_thread.run_sync(forward, x), BLAS at 1 thread",
     "submit": "await (await eng.submit(forward, x))",
-    "batched": "await model(x), model = eng.compile(forward, batch_axis=0) (the library's default exact)",
+    "batched": "await model(x), model = eng.compile(forward, batch_axis=0) (the default mode: one matrix product per layer for the batch)",
     "batched_exact": "await model(x), model = eng.compile(forward, batch_axis=0, exact=True)",
     "batched_fast": "await model(x), model = eng.compile(forward, batch_axis=0, exact=False)",
     "ray": "Ray Serve, @serve.batch(max_batch_size=256, batch_wait_timeout_s=0.002), 1 replica",
