@@ -34,7 +34,7 @@ from ._lifecycle import STARTED, finish, watch_loop_end
 from ._options import given, refuse_taken
 from ._port import LOOP_CLOSED, Port
 from ._runtime import NOW, QUEUE, Runtime, is_cancellation
-from ._submission import build_task
+from ._submission import NO_WRITES, PLAIN, build_task
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._validate import check_fn, refuse_submit_while_tracing
@@ -214,15 +214,22 @@ class Engine:
         rt = port.rt  # Port.running(), inlined: this runs at every submission
         if rt is None or port.state != "running" or rt.bridge.closed():
             raise port.refusal()
-        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission;
-        # reads= and writes= default to the same empty tuple, so one test sees either given)
-        if name is not None or device is not None or nbytes is not None or priority or reads is not writes:
+        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission)
+        if (
+            name is not None
+            or device is not None
+            or nbytes is not None
+            or priority
+            or reads is not NO_WRITES
+            or writes is not NO_WRITES
+        ):
             refuse_taken(fn, "eng.submit", given(device, priority, name, reads, writes, nbytes))
+            options = (device, priority, name, reads, writes, nbytes)
+        else:
+            options = PLAIN
         tid = get_ident()
         task: Future[T]
-        task, written = build_task(
-            port, self._vet, fn, args, kwargs, tid, (device, priority, name, reads, writes, nbytes)
-        )
+        task, written = build_task(port, self._vet, fn, args, kwargs, tid, options)
         token = rt.door.admit(task, tid, QUEUE, written)
         if token is not True:  # queued: wait for room (cancelled meanwhile: the task is cancelled)
             await rt.door.admission(task, token)
@@ -256,14 +263,21 @@ class Engine:
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
-        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission;
-        # reads= and writes= default to the same empty tuple, so one test sees either given)
-        if name is not None or device is not None or nbytes is not None or priority or reads is not writes:
+        # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission)
+        if (
+            name is not None
+            or device is not None
+            or nbytes is not None
+            or priority
+            or reads is not NO_WRITES
+            or writes is not NO_WRITES
+        ):
             refuse_taken(fn, "eng.submit_nowait", given(device, priority, name, reads, writes, nbytes))
+            options = (device, priority, name, reads, writes, nbytes)
+        else:
+            options = PLAIN
         task: Future[T]
-        task, written = build_task(
-            port, self._vet, fn, args, kwargs, tid, (device, priority, name, reads, writes, nbytes)
-        )
+        task, written = build_task(port, self._vet, fn, args, kwargs, tid, options)
         if not rt.door.admit(task, tid, NOW, written):
             raise QueueFull(port.full_message(task))
         if rt.sync_mode and task.state == "failed" and task.error is not None:  # its error at the call

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ._port import Port
     from .devices import Device
 
-__all__ = ["Options", "build_task", "plain_options"]
+__all__ = ["NO_WRITES", "PLAIN", "Options", "build_task", "plain_options"]
 
 #: ``writes=``'s default: the empty tuple (one object in CPython), so ``writes is NO_WRITES`` says none given
 NO_WRITES: tuple[()] = ()
@@ -35,9 +35,13 @@ NO_WRITES: tuple[()] = ()
 Options = tuple[str | None, int, str | None, Any, Any, int | None]
 
 
+#: the options of a submission that gives none (``build_task`` tells it by identity: the hot path)
+PLAIN: Options = (None, 0, None, NO_WRITES, NO_WRITES, None)
+
+
 def plain_options(device: str | None, priority: int) -> Options:
     """The options of a submission that names no reads, writes, nbytes or name (the executor view's)."""
-    return (device, priority, None, (), (), None)
+    return PLAIN if device is None and not priority else (device, priority, None, NO_WRITES, NO_WRITES, None)
 
 
 def build_task(
@@ -51,7 +55,6 @@ def build_task(
 ) -> tuple[Future[Any], list[Tensor]]:
     """Check a submission and build its task (not admitted yet); and the Tensors it writes (claimed by
     the door when it is admitted).  ``tid``: the submitting thread; ``options``: ``eng.submit``'s."""
-    device, priority, name, reads, writes, nbytes = options
     if ACTIVE[0] and tracing.depth:
         raise submit_while_tracing(fn)
     kind = type(fn)
@@ -60,11 +63,10 @@ def build_task(
             raise async_fn(fn)
     elif kind not in SYNC_KINDS:  # builtins, ufuncs and NumPy functions need no check
         check_fn(fn)
-    device = port.default_device if device is None else port.device(device)  # hot path: no call
-    if type(priority) is not int:
-        raise InvalidTask(f"priority must be an int, got {priority!r}")
-    if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
-        raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
+    if options is PLAIN:  # hot path: no option to check
+        device, reads, writes = port.default_device, NO_WRITES, NO_WRITES
+    else:
+        device, reads, writes = _checked(port, options)
     if vet:  # (no iterator made per submission when no executor checks tasks)
         for executor in vet:
             if executor.name == device:
@@ -80,15 +82,26 @@ def build_task(
                 break
     after, written = ((), []) if unordered else order_after(port, deps, buffers, kwargs, writes)
     task: Future[Any] = Future(port, fn, args, kwargs or None, device, buffers, deps)
-    # the fields few submissions have are stored only when present (Task's defaults otherwise)
-    if priority:
-        task.priority = priority
-    if nbytes:
-        task.out_bytes = nbytes
-    if name is not None:
-        task.name = name
+    if options is not PLAIN:  # the fields few submissions have are stored only when given
+        _, priority, name, _, _, nbytes = options
+        if priority:
+            task.priority = priority
+        if nbytes:
+            task.out_bytes = nbytes
+        if name is not None:
+            task.name = name
     if tid in port.rt.worker_threads:  # type: ignore[union-attr]
         task.nested = True
     if after:
         task.after = after
     return task, written
+
+
+def _checked(port: Port, options: Options) -> tuple[str, Any, Any]:
+    """A submission's options checked: its device (resolved), reads and writes."""
+    device, priority, _, reads, writes, nbytes = options
+    if type(priority) is not int:
+        raise InvalidTask(f"priority must be an int, got {priority!r}")
+    if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
+        raise InvalidTask(f"nbytes must be a non-negative int (bytes the result will hold), got {nbytes!r}")
+    return (port.default_device if device is None else port.device(device)), reads, writes

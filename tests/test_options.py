@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import threading
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,29 @@ async def test_submit_and_submit_nowait_refuse_it_too(engine: ss.Engine) -> None
     with pytest.raises(ss.InvalidTask, match=r"keyword 'writes'"):
         await engine.submit(memory, 1, writes=[buffer])
     assert engine.stats().submitted == 0
+
+
+async def test_reads_and_writes_given_the_same_array_are_options_given(engine: ss.Engine) -> None:
+    buffer = np.zeros(2)
+    with pytest.raises(ss.InvalidTask, match=r"'reads', 'writes'"):
+        engine.submit_nowait(memory, 1, reads=buffer, writes=buffer)
+    assert engine.stats().submitted == 0
+    # and they order: a task writing the buffer waits for the one that declared it read and written
+    started, release = threading.Event(), threading.Event()
+
+    def hold(x: np.ndarray) -> None:
+        started.set()
+        assert release.wait(TIMEOUT)
+        x += 1
+
+    first = await engine.submit(functools.partial(hold, buffer), reads=buffer, writes=buffer)
+    assert started.wait(TIMEOUT)
+    second = engine.submit_nowait(np.multiply, buffer, 2, out=buffer)
+    assert second.state == "waiting"  # after the write it was ordered behind
+    release.set()
+    await within(first)
+    await within(second)
+    np.testing.assert_array_equal(buffer, [2.0, 2.0])
 
 
 async def test_map_refuses_it_at_the_call(engine: ss.Engine) -> None:

@@ -103,7 +103,6 @@ class Admission:
         Returns True (admitted), False (``NOW``: at the limits; ``BLOCK``: it timed out or was
         cancelled while it waited), or with ``QUEUE`` the token to await (``admission``).
         """
-        token = None
         with self.lock:
             if self.closed and not task.nested:
                 raise self.refusal()
@@ -128,16 +127,17 @@ class Admission:
                 admitted = core.submit(task, False, stage, along) or self._use_reserved(
                     task, tid, stage, along
                 )
-            if not admitted:
+            if admitted:
+                if claims or counted is not None:
+                    self._claim(task, claims, counted)
+            else:
+                token = None
                 if how != NOW:
                     token = self.bridge.token() if how == QUEUE else self._thread_token(task)
                     core.enqueue(task, token, along)
+                    if claims or counted is not None:
+                        self._claim(task, claims, counted)
                 core.publish()  # a caller about to wait, or to retry, must see progress
-            if admitted or token is not None:
-                if claims:
-                    self.claim_writes(task, claims)
-                if counted is not None:
-                    counted()
             after = self.collect()
         if after is not None:
             after()
@@ -152,6 +152,14 @@ class Admission:
         if how == BLOCK and token is not None:
             return self._wait_admission(task, token, timeout)
         return token if how == QUEUE else False
+
+    def _claim(self, task: Task, claims: Any, counted: Callable[[], None] | None) -> None:
+        """With the lock held, once ``task`` is admitted or queued: the frontend's claims on what it
+        writes, and its count."""
+        if claims:
+            self.claim_writes(task, claims)
+        if counted is not None:
+            counted()
 
     async def admission(self, task: Task, token: Any) -> None:
         """Wait, on the loop, until ``task`` -- queued by ``admit(..., QUEUE)`` -- is admitted; if this

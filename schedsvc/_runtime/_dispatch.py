@@ -166,8 +166,7 @@ class Dispatch:
         if task.fusion is not None and chain:  # hot path: the one check a task pays for fusion
             return self._execute_fused(task)
         t0 = time.perf_counter()
-        wait = t0 - task.t_ready
-        self.queue_waits.append(wait)
+        self.queue_waits.append(t0 - task.t_ready)
         key = None
         if self.inline_threshold_s and (task.watchers is not None or not chain):
             try:
@@ -210,7 +209,7 @@ class Dispatch:
             acquire_contended(lock)
         try:
             if record:
-                self.add_wait(wait)
+                self.add_wait(t0 - task.t_ready)
                 self.add_run(t1 - t0)
                 if len(self.latencies.waits) >= Latencies.FOLD:
                     self.latencies.fold()
