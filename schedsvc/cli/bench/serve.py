@@ -77,6 +77,8 @@ OVERLOAD = app.OVERLOAD
 #: every variant, in the order of a round (``overload`` only with ``--overload``)
 DEFAULT_VARIANTS = tuple(app.VARIANTS)
 CLIENTS = ("auto", "wrk", "asyncio")
+#: the report's name of the no-model server measured beside ray's
+RAY_BASE = "none (beside ray)"
 #: seconds a server may take to start (imports, the engine, the model's trace) before it is an error
 STARTUP_TIMEOUT_S = 60.0
 #: seconds a server gets to stop after SIGTERM before it is killed
@@ -219,6 +221,8 @@ class _Row:
     connections: int
     samples: list[Figures] = field(default_factory=list)
     failure: str | None = None
+    label: str | None = None  # the report's name of its variant, where not the variant's own
+    peak_rss_mib: float | None = None
 
     @property
     def variant(self) -> str:
@@ -317,17 +321,27 @@ def run(
     _require_server_stack()
     client_label, load = _pick_load(client)
     rows, skipped = plan(models, variants, connections, overload, max_pending)
-    with running([row.server for row in rows]):
-        for row in rows:
-            row.failure = check_answer(row.server)
-        for rep in range(reps):
-            for row in rows:
-                row.samples.append(_measure(row, load, duration))
-            _ratios(rows, rep)
-            if progress is not None:
-                progress(f"round {rep + 1}/{reps}")
-        peak_rss = {row.server.name: row.server.peak_rss_mib() for row in rows}
-    return _report(rows, skipped, peak_rss, reps, duration, client_label, max_pending)
+    phases = [[row for row in rows if row.variant != "ray"]]
+    ray = [row for row in rows if row.variant == "ray"]
+    if ray:  # Ray's daemons work in the background while its server is up: it is measured apart, against
+        # a no-model server of its own, so that it loads none of the other variants' rounds
+        phases.append([_Row(Server("none", r.server.model), connections, label=RAY_BASE) for r in ray] + ray)
+    for number, phase in enumerate(phases, 1):
+        with running([row.server for row in phase]):
+            for row in phase:
+                row.failure = check_answer(row.server)
+            for rep in range(reps):
+                for row in phase:
+                    row.samples.append(_measure(row, load, duration))
+                _ratios(phase, rep)
+                if progress is not None:
+                    part = f" (part {number} of {len(phases)})" if len(phases) > 1 else ""
+                    progress(f"round {rep + 1}/{reps}{part}")
+            for row in phase:
+                row.peak_rss_mib = row.server.peak_rss_mib()
+    return _report(
+        [row for phase in phases for row in phase], skipped, reps, duration, client_label, max_pending
+    )
 
 
 def _http_parser() -> str:
@@ -335,6 +349,12 @@ def _http_parser() -> str:
     import importlib.util
 
     return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
+def _described(row: _Row, max_pending: int) -> str:
+    if row.label == RAY_BASE:
+        return "no model, measured with ray's server up: the base of ray's ratio"
+    return app.VARIANTS.get(row.variant, f"batched, max_pending={max_pending}")
 
 
 def _ratios(rows: list[_Row], rep: int) -> None:
@@ -348,7 +368,6 @@ def _ratios(rows: list[_Row], rep: int) -> None:
 def _report(
     rows: list[_Row],
     skipped: dict[str, str],
-    peak_rss: dict[str, float | None],
     reps: int,
     duration: float,
     client: str,
@@ -362,14 +381,14 @@ def _report(
         results.append(
             {
                 "model": row.server.model,
-                "variant": row.variant,
+                "variant": row.label or row.variant,
                 "connections": row.connections,
                 "medians": medians,
                 "range": {
                     k: [min(s[k] for s in row.samples), max(s[k] for s in row.samples)] for k in MEDIANS
                 },
                 "counts": {k: sum(s[k] for s in row.samples) for k in COUNTS},
-                "peak_rss_mib": peak_rss[row.server.name],
+                "peak_rss_mib": row.peak_rss_mib,
                 "failed": _failure(row),
             }
         )
@@ -383,10 +402,7 @@ def _report(
             m: "-".join(map(str, app.MODELS[m])) + ", ReLU, float32"
             for m in dict.fromkeys(r.server.model for r in rows)
         },
-        "variants": {
-            v: app.VARIANTS.get(v, f"batched, max_pending={max_pending}")
-            for v in dict.fromkeys(r.variant for r in rows)
-        },
+        "variants": {(r.label or r.variant): _described(r, max_pending) for r in rows},
         "results": results,
         "skipped": skipped,
         "failed": [f"{r['model']}/{r['variant']}" for r in results if r["failed"]],
