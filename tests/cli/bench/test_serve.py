@@ -109,6 +109,43 @@ def test_bench_serve_skips_ray_where_it_is_not_installed(
     assert skipped == {"ray": "ray[serve] is not installed"}
 
 
+@needs_wrk
+def test_ray_is_measured_apart_beside_a_no_model_server_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ray's daemons work while its server is up: no other variant's round may run beside it.  (ray itself
+    # is stood in for by the inline app here: the phases are what is tested.)
+    monkeypatch.setattr(serve, "variant_problems", dict)
+    up: list[str] = []
+    phases: list[list[str]] = []
+    start, stop = serve.Server.start, serve.Server.stop
+
+    def start_as(server: serve.Server) -> None:
+        up.append(server.variant)
+        variant = server.variant
+        server.variant = "inline" if variant == "ray" else variant
+        try:
+            start(server)
+        finally:
+            server.variant = variant
+
+    def stop_and_note(server: serve.Server) -> None:
+        if up:
+            phases.append(sorted(up))
+            up.clear()
+        stop(server)
+
+    monkeypatch.setattr(serve.Server, "start", start_as)
+    monkeypatch.setattr(serve.Server, "stop", stop_and_note)
+    report = serve.run(
+        1, duration=0.5, connections=4, models=("digits",), variants=("inline", "ray"), client="wrk"
+    )
+    assert phases == [["inline", "none"], ["none", "ray"]]  # never ray beside inline
+    rows = [(r["variant"], r["failed"]) for r in report["results"]]
+    assert rows == [("none", None), ("inline", None), (serve.RAY_BASE, None), ("ray", None)]
+    base, ray = report["results"][2:]
+    assert base["medians"]["ratio"] == 1.0  # its own base
+    assert ray["medians"]["ratio"] > 0
+
+
 def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "serve", "--variants", "inline,nope"]) == 2
     assert "unknown variants ['nope']" in capsys.readouterr().err
