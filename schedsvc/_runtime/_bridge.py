@@ -49,6 +49,10 @@ __all__ = [
 _LockType = type(threading.Lock())
 
 
+class _NoFuture:
+    """No watcher is of this type: a bridge whose loop makes no asyncio futures (``Bridge.own_future``)."""
+
+
 class _AsyncioOnFirstUse:
     """The name ``asyncio`` here until asyncio is first used (at the latest when an engine starts): then
     the module itself.  ``import schedsvc`` does not import asyncio, which costs a third of NumPy's import."""
@@ -110,6 +114,10 @@ class Bridge:
     loop: asyncio.AbstractEventLoop | None
     #: has the loop (or trio run) ended?  Asked on every submission
     closed: Callable[[], bool]
+
+    #: the type of the loop's own futures (``loop.create_future()``): the drain settles those of its loop
+    #: itself, without a call per waiter
+    own_future: Any = _NoFuture
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -178,12 +186,16 @@ class Bridge:
         with self.rt.lock:
             items, self.to_loop = self.to_loop, []
             self.drain_scheduled = False
+        loop, own_future = self.loop, self.own_future
         for i, (kind, obj) in enumerate(items):
             try:
                 if kind == "resolve":
                     watchers, obj.watchers = obj.watchers, None  # fired once; let them go
                     for watcher in watchers or ():
-                        if type(watcher) is not _LockType:
+                        if type(watcher) is own_future and watcher.get_loop() is loop:
+                            if not watcher.done():  # (this loop's own waiter: settle, without a call)
+                                watcher.set_result(None)
+                        elif type(watcher) is not _LockType:
                             fire(watcher, obj)
                 else:  # "admitted" / "barrier": obj is a token
                     fire(obj, None)
@@ -210,6 +222,7 @@ class AsyncioBridge(Bridge):
     def __init__(self, rt: Runtime, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(rt)
         self.loop = self.home = loop
+        self.own_future = asyncio.Future
         #: has the loop closed?  (its own method, bound: asked on every submission, so no frame of ours)
         self.closed = loop.is_closed
 

@@ -187,8 +187,11 @@ class Batched(Generic[P]):
         #: keys proved at many rows too (as the signature cache keys them) -> their output bytes per row
         self._proved: OrderedDict[Any, Proved] = OrderedDict()
         self._groups: weakref.WeakValueDictionary[Any, Group] = weakref.WeakValueDictionary()
+        #: (key, group) of the latest call of one array: a server's calls have one key (``_rows_call``)
+        self._last: tuple[Any, Group] | None = None
         self._deferred = _Deferred(self)
         self._numbers = itertools.count(1)
+        self._label = f"batch:{self.name}"  # each call's name
         self.calls = 0
         self.batches = 0
         self.rows = 0
@@ -211,7 +214,14 @@ class Batched(Generic[P]):
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every call
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
-        call = self._call(args, kwargs, tid)
+        if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
+            x = args[0]
+            if type(x) is np.ndarray and x.ndim and x.shape[0]:
+                call = self._rows_call(x, tid)
+            else:
+                call = self._call(args, kwargs, tid)
+        else:
+            call = self._call(args, kwargs, tid)
         if not rt.door.admit(call, tid, NOW):
             raise QueueFull(
                 f"engine at its limits ({rt.limits_text()}): {call!r} was not admitted; "
@@ -239,8 +249,7 @@ class Batched(Generic[P]):
         if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
             x = args[0]
             if type(x) is np.ndarray and x.ndim and x.shape[0]:
-                key = ((0, "rows", x.shape[1:], x.dtype),)
-                return self._task(self._group(key, [x], x.shape[0], None), [x], x.shape[0], tid)
+                return self._rows_call(x, tid)
         for slot, value in (*enumerate(args), *kwargs.items()):
             if isinstance(value, Tensor):  # its shape is known: it may be pending
                 if value.device != "cpu":
@@ -253,6 +262,25 @@ class Batched(Generic[P]):
         statics: dict[Any, Any] = {}
         key, values, rows = self._parse(args, kwargs, statics)
         return self._task(self._group(key, values, rows, statics or None), values, rows, tid)
+
+    def _rows_call(self, x: np.ndarray, tid: int) -> BatchCall:
+        """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: it reads one
+        buffer and has no dependencies, so nothing orders it after a Tensor's writes (``order_after``)."""
+        key = ((0, "rows", x.shape[1:], x.dtype),)
+        last = self._last
+        if last is not None and last[0] == key:
+            group = last[1]
+        else:
+            group = self._group(key, [x], x.shape[0], None)
+            self._last = (key, group)
+        rows = x.shape[0]
+        buffer = buffer_of(x)
+        call = BatchCall(self._port, group, (x,), None, "cpu", ((*buffer, False),))
+        call.out_bytes, call.name, call.fusion, call.rows = group.row_bytes * rows, self._label, group, rows
+        if tid in self._port.rt.worker_threads:  # type: ignore[union-attr]
+            call.nested = True
+        call.number = self.calls = next(self._numbers)
+        return call
 
     def _task(self, group: Group, values: list[Any], rows: int, tid: int) -> BatchCall:
         """A call's task: it reads its arrays, and depends on its Tensors and the writes queued to them."""
@@ -300,7 +328,7 @@ class Batched(Generic[P]):
     ) -> BatchCall:
         port = self._port
         call = BatchCall(port, fn, args, kwargs, "cpu", buffers, deps)
-        call.out_bytes, call.name = nbytes, f"batch:{self.name}"
+        call.out_bytes, call.name = nbytes, self._label
         if tid in port.rt.worker_threads:  # type: ignore[union-attr]
             call.nested = True
         call.number = next(self._numbers)
