@@ -24,7 +24,8 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ import numpy as np
 __all__ = [
     "ENGINE_VARIANTS",
     "MODELS",
+    "HandBatcher",
     "OVERLOAD",
     "VARIANTS",
     "create_app",
@@ -54,6 +56,7 @@ VARIANTS: dict[str, str] = {
     "batched": "await model(x), model = eng.compile(forward, batch_axis=0) (the default mode: one matrix product per layer for the batch)",
     "batched_exact": "await model(x), model = eng.compile(forward, batch_axis=0, exact=True)",
     "batched_fast": "await model(x), model = eng.compile(forward, batch_axis=0, exact=False)",
+    "handmade": "await batcher(x): a hand-written batcher, no engine (a list, one thread, one loop wake per batch)",
     "ray": "Ray Serve, @serve.batch(max_batch_size=256, batch_wait_timeout_s=0.002), 1 replica",
 }
 #: the overload variant: ``batched`` with a small ``max_pending`` (given on the command line)
@@ -122,6 +125,77 @@ def parse_row(body: bytes, n_in: int) -> np.ndarray:
     return x.reshape(1, n_in)
 
 
+# -- a batcher with no engine --------------------------------------------------------------------------------
+
+
+class HandBatcher:
+    """The ``handmade`` variant: the least a batcher does, to measure the engine's own cost against.
+
+    A call queues its row with a future of the loop; one thread takes what is queued (at most
+    ``max_batch`` rows), runs ``forward`` once on them with BLAS at 1 thread, and wakes the loop once to
+    hand each caller its row.  Nothing else: no admission limits, no ordering against other work, no
+    cancellation before the run, no split of a batch that raises (each caller gets its error).
+    """
+
+    def __init__(self, forward: Callable[[Any], Any], max_batch: int = 256) -> None:
+        self.forward = forward
+        self.max_batch = max_batch
+        self.queue: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]] = []
+        self.ready = threading.Condition()
+        self.closed = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.Thread(target=self._run, name="handmade-batcher", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.ready:
+            self.closed = True
+            self.ready.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+    async def __call__(self, x: np.ndarray) -> np.ndarray:
+        assert self.loop is not None, "start() the batcher first"
+        future = self.loop.create_future()
+        with self.ready:
+            self.queue.append((x, future))
+            self.ready.notify()
+        return await future  # type: ignore[no-any-return]
+
+    def _run(self) -> None:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            while True:
+                with self.ready:
+                    while not self.queue and not self.closed:
+                        self.ready.wait()
+                    if self.closed:
+                        return
+                    batch, self.queue = self.queue[: self.max_batch], self.queue[self.max_batch :]
+                try:
+                    out: Any = self.forward(np.concatenate([x for x, _ in batch]))
+                except Exception as exc:  # each caller gets the error
+                    out = exc
+                assert self.loop is not None
+                self.loop.call_soon_threadsafe(_hand_out, batch, out)
+
+
+def _hand_out(batch: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]], out: Any) -> None:
+    """On the loop: each caller's row of the batch's output (or its error)."""
+    for i, (_, future) in enumerate(batch):
+        if future.done():  # the caller gave up (cancelled)
+            continue
+        if isinstance(out, Exception):
+            future.set_exception(out)
+        else:
+            future.set_result(out[i : i + 1])
+
+
 # -- the app -----------------------------------------------------------------------------------------------
 
 
@@ -150,6 +224,12 @@ def _predictor(variant: str, forward: Callable[[Any], Any], n_out: int) -> Calla
             return (await anyio.to_thread.run_sync(forward, x))[0]  # type: ignore[no-any-return]
 
         return to_thread
+    if variant == "handmade":
+
+        async def handmade(request: Any, x: np.ndarray) -> np.ndarray:
+            return (await request.app.state.batcher(x))[0]  # type: ignore[no-any-return]
+
+        return handmade
     if variant == "submit":
 
         async def submit(request: Any, x: np.ndarray) -> np.ndarray:
@@ -188,6 +268,18 @@ def create_app(variant: str, model: str, *, max_pending: int | None = None) -> A
         return PlainTextResponse("ok")
 
     routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"])]
+    if variant == "handmade":
+
+        @contextlib.asynccontextmanager
+        async def batcher(app: Any) -> AsyncIterator[None]:
+            app.state.batcher = HandBatcher(forward)
+            app.state.batcher.start()
+            try:
+                yield
+            finally:
+                app.state.batcher.stop()
+
+        return Starlette(routes=routes, lifespan=batcher)
     if variant not in ENGINE_VARIANTS:
         return Starlette(routes=routes)
     options = ENGINE_VARIANTS[variant]

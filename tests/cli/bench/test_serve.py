@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("uvicorn")
@@ -75,10 +77,10 @@ def test_bench_serve_under_wrk_measures_each_variant_against_none(tmp_path: Path
 
 @pytest.mark.slow
 def test_bench_serve_with_the_asyncio_client_checks_every_body(tmp_path: Path) -> None:
-    status, report = _bench(tmp_path, "--variants", "none,to_thread,submit", "--client", "asyncio")
+    status, report = _bench(tmp_path, "--variants", "none,to_thread,submit,handmade", "--client", "asyncio")
     assert status == 0
     assert report["client"] == "asyncio"
-    assert [r["variant"] for r in report["results"]] == ["none", "to_thread", "submit"]
+    assert [r["variant"] for r in report["results"]] == ["none", "to_thread", "submit", "handmade"]
     for result in report["results"]:
         _check_working(result)
 
@@ -260,3 +262,45 @@ def test_the_wrk_script_posts_the_row_and_checks_the_shape() -> None:
     assert "wrk.body = '{\"x\":[1.0,2.0]}'" in script
     assert "local commas = 9" in script
     assert "function done(summary, latency, requests)" in script
+
+
+# -- the hand-written batcher the engine is measured against ------------------------------------------------
+
+
+async def test_the_handmade_batcher_gives_each_caller_its_rows_of_one_run() -> None:
+    runs: list[int] = []
+    forward = serve.app.make_forward("digits")
+
+    def counted(x: Any) -> Any:
+        runs.append(len(x))
+        return forward(x)
+
+    batcher = serve.app.HandBatcher(counted)
+    rows = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
+    with batcher.ready:  # the thread cannot take a call until all five are queued: one run of 5 rows
+        batcher.start()
+        calls = [asyncio.ensure_future(batcher(rows[i : i + 1])) for i in range(5)]
+        await asyncio.sleep(0)  # each call queues its row (the lock is reentrant: same thread)
+        assert len(batcher.queue) == 5
+    try:
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 10)
+    finally:
+        batcher.stop()
+    assert runs == [5]
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out, forward(rows)[i : i + 1])
+    assert batcher.thread is not None and not batcher.thread.is_alive()
+
+
+async def test_the_handmade_batcher_hands_a_runs_error_to_each_caller() -> None:
+    def broken(x: Any) -> Any:
+        raise ValueError("no model")
+
+    batcher = serve.app.HandBatcher(broken)
+    batcher.start()
+    try:
+        row = np.zeros((1, 64), np.float32)
+        results = await asyncio.wait_for(asyncio.gather(batcher(row), batcher(row), return_exceptions=True), 10)
+    finally:
+        batcher.stop()
+    assert [type(r) for r in results] == [ValueError, ValueError]
