@@ -150,7 +150,10 @@ class Bridge:
             if loop is not self.loop or (loop is None and waiter.home is not self.home):
                 # another loop's, or another trio run's: from now on, collect looks for their waiters
                 rt.other_loops = True
-            watch(task, waiter)
+            if task.watchers is None:  # watch(task, waiter), inlined: this runs at every await
+                task.watchers = [waiter]
+            else:
+                task.watchers.append(waiter)
             if rt.core.staged:
                 rt.core.publish()
             after = rt.collect()

@@ -188,8 +188,8 @@ class Runtime:
         self.queue_waits: deque[float] = deque(maxlen=8192)
         self.latencies = Latencies()  # every task run here: waits and run times, by bucket (under the lock)
         self.forked = False  # this is a child process forked after the engine started: nothing runs here
-        #: has a coroutine on another event loop awaited a task of this engine, or a thread (ThreadToken)
-        #: waited for one?  From then on, collect looks for watchers to wake off this loop
+        #: has a coroutine on another event loop awaited a task of this engine, or a thread (a ThreadToken,
+        #: a gate of ``result()``) waited for one?  From then on, collect looks for watchers to wake off this loop
         self.other_loops = False
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
 
@@ -314,9 +314,10 @@ class Runtime:
             bridge = self.bridge
             items = core.drain()
             foreign = False
+            elsewhere = self.other_loops  # (hot path: nobody waits off the loop, no look per task)
             for item in items:
                 if item[0] == "resolve":
-                    if self._resolve_elsewhere(item[1], wakes):
+                    if elsewhere and self._resolve_elsewhere(item[1], wakes):
                         foreign = True  # nobody waits on the loop: it is not woken for this task
                 elif bridge.foreign(item[1]):  # a token awaited on another loop: woken there
                     wakes.append(functools.partial(settle, item[1]))

@@ -45,8 +45,11 @@ def register_buffer_types(keyers: Mapping[type, Callable[[Any], tuple[int, int]]
 
 def buffer_of(array: np.ndarray) -> tuple[int, int]:
     """(key, nbytes) of the memory ``array`` lives in."""
-    if array.base is None:  # the array owns its memory (hot path)
+    base = array.base
+    if base is None:  # the array owns its memory (hot path)
         return id(array), array.nbytes
+    if type(base) is np.ndarray and base.base is None:  # a view of one that does (a reshape, a slice)
+        return id(base), base.nbytes
     return memory_of(array)
 
 

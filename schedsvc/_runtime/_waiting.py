@@ -97,6 +97,7 @@ class Waiting:
         with rt.lock:
             if task.state in FINAL_STATES:
                 return True
+            rt.other_loops = True  # (collect looks for watchers woken elsewhere from now on: this gate)
             watch(task, gate)
         try:
             if worker is not None:
