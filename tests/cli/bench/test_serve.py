@@ -300,7 +300,9 @@ async def test_the_handmade_batcher_hands_a_runs_error_to_each_caller() -> None:
     batcher.start()
     try:
         row = np.zeros((1, 64), np.float32)
-        results = await asyncio.wait_for(asyncio.gather(batcher(row), batcher(row), return_exceptions=True), 10)
+        results = await asyncio.wait_for(
+            asyncio.gather(batcher(row), batcher(row), return_exceptions=True), 10
+        )
     finally:
         batcher.stop()
     assert [type(r) for r in results] == [ValueError, ValueError]
