@@ -306,3 +306,40 @@ async def test_the_handmade_batcher_hands_a_runs_error_to_each_caller() -> None:
     finally:
         batcher.stop()
     assert [type(r) for r in results] == [ValueError, ValueError]
+
+
+# -- scripts/serve_path.py: the loop's cost per request, in process ----------------------------------------
+
+SERVE_PATH = Path(__file__).resolve().parents[3] / "scripts" / "serve_path.py"
+
+
+def _serve_path(*args: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(SERVE_PATH), *args, "--concurrent", "4", "--requests", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_serve_path_times_the_loop_per_request() -> None:
+    out = _serve_path("time", "batched", "digits", "--rounds", "2")
+    assert out.startswith("16 requests x 2 rounds, 4 at a time: wall ")
+    assert "µs/request" in out and "loop CPU" in out
+
+
+@pytest.mark.slow
+def test_serve_path_counts_the_engines_bytecodes_on_the_loop_and_the_workers() -> None:
+    lines = _serve_path("ops", "batched", "digits", "--top", "2").splitlines()
+    loop, workers = lines[0], lines[3]
+    assert loop.startswith("loop: ") and workers.startswith("workers: ")
+    engine_on_loop = int(loop.split(", ")[1].split()[0].replace(",", ""))
+    assert engine_on_loop > 100  # a batched call is a task of the engine: admitted, awaited, woken
+    none = _serve_path("ops", "none", "digits", "--top", "1").splitlines()
+    assert none[0].endswith(", 0 in the engine's modules") and none[2].startswith("workers: 0 bytecodes")
