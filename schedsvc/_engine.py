@@ -544,7 +544,6 @@ class Engine:
         from .compile import Compiled
 
         self._port.local("eng.compile")
-        _check_compile_options(name, exact)
         if batch_axis is None:
             return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
         from .compile import Batched
@@ -565,20 +564,6 @@ class Engine:
 
     def __repr__(self) -> str:
         return self._port.describe()
-
-
-def _check_compile_options(name: Any, exact: Any) -> None:
-    """``eng.compile``'s options that no later step checks with a message of its own."""
-    if name is not None and not isinstance(name, str):
-        raise TypeError(
-            f"eng.compile(name=...) must be a str (the name its tasks and traces show) or None for the "
-            f"function's own name, got {type(name).__name__} {name!r}"
-        )
-    if type(exact) is not bool:
-        raise TypeError(
-            f"eng.compile(exact=...) must be a bool (True: each caller's rows bit for bit as the unbatched "
-            f"call; False: results may differ from it in the last bits), got {type(exact).__name__} {exact!r}"
-        )
 
 
 async def _say_what_close_waits_for(port: Port) -> None:

@@ -170,6 +170,11 @@ class Batched(Generic[P]):
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
         if not isinstance(max_delay, int | float) or not 0 <= max_delay < float("inf"):
             raise ValueError(f"max_delay must be a non-negative number of seconds, got {max_delay!r}")
+        if type(exact) is not bool:
+            raise TypeError(
+                f"eng.compile(exact=...) must be a bool (True: each caller's rows bit for bit as the unbatched "
+                f"call; False: results may differ from it in the last bits), got {type(exact).__name__} {exact!r}"
+            )
         if batched is not None and any(type(s) not in (int, str) for s in batched):
             raise TypeError(f"batched must name argument positions (int) or keywords (str), got {batched!r}")
         self._plain = Compiled(port, fn, max_signatures=max_signatures, name=name)

@@ -248,6 +248,11 @@ class Compiled(Generic[P, R]):
             )
         if type(max_signatures) is not int or max_signatures < 1:
             raise ValueError(f"max_signatures must be a positive int, got {max_signatures!r}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(
+                f"eng.compile(name=...) must be a str (the name its tasks and traces show) or None for the "
+                f"function's own name, got {type(name).__name__} {name!r}"
+            )
         self._port = port  # the engine, as its frontend parts see it
         self._fn = fn
         self.name = re.sub(r"\W", "_", name or name_of(fn) or "compiled").strip("_") or "compiled"
