@@ -11,20 +11,14 @@ MODEL=$1 SECONDS_EACH=$2
 shift 3
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-$HERE/.venv/bin/python}"
+. "$HERE/scripts/_serve_wrk.sh"
 OUT="$(mktemp -d)"
 "$@" > "$OUT/server.log" 2>&1 &
 PID=$!
 trap 'kill -INT $PID 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$OUT"' EXIT
-for _ in $(seq 1 300); do grep -q '^ready ' "$OUT/server.log" && break; sleep 0.2; done
-PORT=$(awk '/^ready /{print $2}' "$OUT/server.log")
+PORT=$(ready_port "$OUT/server.log")
 [ -n "$PORT" ] || { echo "the server did not start:" >&2; cat "$OUT/server.log" >&2; exit 1; }
-"$PY" -c "import json, sys; from schedsvc.cli.bench._serve_app import request_row
-print(json.dumps({'x': request_row(sys.argv[1])}))" "$MODEL" > "$OUT/body.json"
-cat > "$OUT/post.lua" <<LUA
-wrk.method = "POST"
-local f = io.open("$OUT/body.json"); wrk.body = f:read("*a"); f:close()
-wrk.headers["Content-Type"] = "application/json"
-LUA
+write_post "$OUT" "$MODEL" "$PY"
 wrk -t1 -c64 -d1s -s "$OUT/post.lua" "http://127.0.0.1:$PORT/predict" > /dev/null  # warm
 snap() { for t in /proc/"$PID"/task/*; do echo "$(basename "$t") $(tr ' ' _ < "$t/comm") $(awk '{print $14 + $15}' "$t/stat")"; done; }
 snap > "$OUT/before"

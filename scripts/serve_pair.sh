@@ -19,25 +19,16 @@ shift
 B=("$@")
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-$HERE/.venv/bin/python}"
+. "$HERE/scripts/_serve_wrk.sh"
 OUT="$(mktemp -d)"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$OUT"; }
 trap cleanup EXIT
 "${A[@]}" > "$OUT/a.log" 2>&1 & pids+=($!)
 "${B[@]}" > "$OUT/b.log" 2>&1 & pids+=($!)
-for _ in $(seq 1 300); do
-  grep -q '^ready ' "$OUT/a.log" && grep -q '^ready ' "$OUT/b.log" && break
-  sleep 0.2
-done
-PA=$(awk '/^ready /{print $2}' "$OUT/a.log"); PB=$(awk '/^ready /{print $2}' "$OUT/b.log")
+PA=$(ready_port "$OUT/a.log"); PB=$(ready_port "$OUT/b.log")
 [ -n "$PA" ] && [ -n "$PB" ] || { echo "a server did not start:"; cat "$OUT/a.log" "$OUT/b.log"; exit 1; } >&2
-"$PY" -c "import json, sys; from schedsvc.cli.bench._serve_app import request_row
-print(json.dumps({'x': request_row(sys.argv[1])}))" "$MODEL" > "$OUT/body.json"
-cat > "$OUT/post.lua" <<LUA
-wrk.method = "POST"
-local f = io.open("$OUT/body.json"); wrk.body = f:read("*a"); f:close()
-wrk.headers["Content-Type"] = "application/json"
-LUA
+write_post "$OUT" "$MODEL" "$PY"
 rps() { wrk -t1 -c64 -d"$2"s -s "$OUT/post.lua" "http://127.0.0.1:$1/predict" | awk '/Requests\/sec/{print $2}'; }
 rps "$PA" 1 > /dev/null; rps "$PB" 1 > /dev/null  # warm: both traced, both caches hot
 for i in $(seq 1 "$N"); do echo "$(rps "$PA" "$SECONDS_EACH") $(rps "$PB" "$SECONDS_EACH")"; done > "$OUT/pairs"
