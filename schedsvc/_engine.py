@@ -541,9 +541,10 @@ class Engine:
         value; float64: about 1e-15); ``exact=True`` keeps each caller's result
         bit for bit the unbatched call's, at the cost of a product per caller.
         """
-        from .compile import Compiled
+        from .compile import Compiled, check_exact
 
         self._port.local("eng.compile")
+        check_exact(exact)  # (without batch_axis it has no effect, but a wrong one is still a mistake)
         if batch_axis is None:
             return Compiled(self._port, fn, max_signatures=max_signatures, name=name)
         from .compile import Batched

@@ -49,10 +49,6 @@ __all__ = [
 _LockType = type(threading.Lock())
 
 
-class _NoFuture:
-    """No watcher is of this type: a bridge whose loop makes no asyncio futures (``Bridge.own_future``)."""
-
-
 class _AsyncioOnFirstUse:
     """The name ``asyncio`` here until asyncio is first used (at the latest when an engine starts): then
     the module itself.  ``import schedsvc`` does not import asyncio, which costs a third of NumPy's import."""
@@ -117,7 +113,7 @@ class Bridge:
 
     #: the type of the loop's own futures (``loop.create_future()``): the drain settles those of its loop
     #: itself, without a call per waiter
-    own_future: Any = _NoFuture
+    own_future: Any = None  # (trio: no watcher's type is None)
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt

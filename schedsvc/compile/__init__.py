@@ -11,12 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._batched import BatchCall, Batched
+    from ._batched import BatchCall, Batched, check_exact
     from ._compiled import Compiled, load
     from ._counts import Counts
     from ._graph import Graph
 
-__all__ = ["BatchCall", "Batched", "Compiled", "Counts", "Graph", "load"]
+__all__ = ["BatchCall", "Batched", "Compiled", "Counts", "Graph", "check_exact", "load"]
 
 _WHERE = {
     "Compiled": "._compiled",
@@ -25,6 +25,7 @@ _WHERE = {
     "Graph": "._graph",
     "Batched": "._batched",
     "BatchCall": "._batched",
+    "check_exact": "._batched",
 }
 
 

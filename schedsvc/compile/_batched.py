@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from .._port import Port
     from ._compiled import _Entry
 
-__all__ = ["MAX_BATCH", "MAX_DELAY", "BatchCall", "Batched"]
+__all__ = ["MAX_BATCH", "MAX_DELAY", "BatchCall", "Batched", "check_exact"]
 
 #: rows per batch by default: past it a batch's replay gains little per row (``schedsvc bench batch``)
 MAX_BATCH = 256
@@ -170,17 +170,13 @@ class Batched(Generic[P]):
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
         if not isinstance(max_delay, int | float) or not 0 <= max_delay < float("inf"):
             raise ValueError(f"max_delay must be a non-negative number of seconds, got {max_delay!r}")
-        if type(exact) is not bool:
-            raise TypeError(
-                f"eng.compile(exact=...) must be a bool (True: each caller's rows bit for bit as the unbatched "
-                f"call; False: results may differ from it in the last bits), got {type(exact).__name__} {exact!r}"
-            )
+        check_exact(exact)
         if batched is not None and any(type(s) not in (int, str) for s in batched):
             raise TypeError(f"batched must name argument positions (int) or keywords (str), got {batched!r}")
         self._plain = Compiled(port, fn, max_signatures=max_signatures, name=name)
         self._port = port
         self._fn = fn
-        self.name = self._plain.name
+        self.name = self._plain.name  # (also each call's name: ``_label``)
         self.batch_axis = batch_axis
         self.max_batch = max_batch
         self.max_delay = float(max_delay)
@@ -196,12 +192,21 @@ class Batched(Generic[P]):
         self._last: tuple[Any, Group] | None = None
         self._deferred = _Deferred(self)
         self._numbers = itertools.count(1)
-        self._label = f"batch:{self.name}"  # each call's name
         self.calls = 0
         self.batches = 0
         self.rows = 0
         self.batch_sizes: dict[int, int] = {}
         self._simple = batch_axis == 0 and batched is None  # calls of one array take the hot path
+
+    @property
+    def name(self) -> str:
+        """The name its calls, batches and traces show (``batch:<name>``)."""
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+        self._label = f"batch:{value}"  # each call's name, made once
 
     # -- calls -------------------------------------------------------------------------
 
@@ -219,14 +224,7 @@ class Batched(Generic[P]):
         rt = port.rt  # Port.accepting(tid), inlined: this runs at every call
         if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
             raise port.refusal()
-        if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
-            x = args[0]
-            if type(x) is np.ndarray and x.ndim and x.shape[0]:
-                call = self._rows_call(x, tid)
-            else:
-                call = self._call(args, kwargs, tid)
-        else:
-            call = self._call(args, kwargs, tid)
+        call = self._call(args, kwargs, tid)
         if not rt.door.admit(call, tid, NOW):
             raise QueueFull(
                 f"engine at its limits ({rt.limits_text()}): {call!r} was not admitted; "
@@ -269,8 +267,9 @@ class Batched(Generic[P]):
         return self._task(self._group(key, values, rows, statics or None), values, rows, tid)
 
     def _rows_call(self, x: np.ndarray, tid: int) -> BatchCall:
-        """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: it reads one
-        buffer and has no dependencies, so nothing orders it after a Tensor's writes (``order_after``)."""
+        """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: one buffer
+        read and no dependencies, for which ``order_after`` adds nothing (the core's hazard on the buffer
+        still orders it after the writes queued to that memory, a Tensor's included)."""
         key = ((0, "rows", x.shape[1:], x.dtype),)
         last = self._last
         if last is not None and last[0] == key:
@@ -279,12 +278,8 @@ class Batched(Generic[P]):
             group = self._group(key, [x], x.shape[0], None)
             self._last = (key, group)
         rows = x.shape[0]
-        buffer = buffer_of(x)
-        call = BatchCall(self._port, group, (x,), None, "cpu", ((*buffer, False),))
-        call.out_bytes, call.name, call.fusion, call.rows = group.row_bytes * rows, self._label, group, rows
-        if tid in self._port.rt.worker_threads:  # type: ignore[union-attr]
-            call.nested = True
-        call.number = self.calls = next(self._numbers)
+        call = self._new_call(group, (x,), None, group.row_bytes * rows, ((*buffer_of(x), False),), (), tid)
+        call.fusion, call.rows = group, rows
         return call
 
     def _task(self, group: Group, values: list[Any], rows: int, tid: int) -> BatchCall:
@@ -336,8 +331,7 @@ class Batched(Generic[P]):
         call.out_bytes, call.name = nbytes, self._label
         if tid in port.rt.worker_threads:  # type: ignore[union-attr]
             call.nested = True
-        call.number = next(self._numbers)
-        self.calls = call.number
+        call.number = self.calls = next(self._numbers)
         return call
 
     def _parse(
@@ -515,6 +509,15 @@ class Batched(Generic[P]):
 
     def __repr__(self) -> str:
         return f"<Batched {self.name} batch_axis={self.batch_axis} max_batch={self.max_batch} batches={self.batches}>"
+
+
+def check_exact(exact: Any) -> None:
+    """``eng.compile(exact=...)`` is a bool (checked with or without ``batch_axis``)."""
+    if type(exact) is not bool:
+        raise TypeError(
+            f"eng.compile(exact=...) must be a bool (True: each caller's rows bit for bit as the unbatched "
+            f"call; False: results may differ from it in the last bits), got {type(exact).__name__} {exact!r}"
+        )
 
 
 def _count_shared(key: Any) -> int:

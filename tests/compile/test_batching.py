@@ -193,6 +193,18 @@ async def test_exact_not_a_bool_is_a_type_error_at_compile(anyio_backend: str, b
     async with engine() as eng:
         with pytest.raises(TypeError, match=r"exact=.*must be a bool"):
             eng.compile(lambda x: x * 2, batch_axis=0, exact=bad)
+        with pytest.raises(TypeError, match=r"exact=.*must be a bool"):  # without batch_axis too
+            eng.compile(lambda x: x * 2, exact=bad)
+
+
+async def test_a_renamed_batched_function_names_its_calls_by_the_new_name(anyio_backend: str) -> None:
+    async with engine() as eng:
+        f = eng.compile(mlp, batch_axis=0, name="first")
+        assert "batch:first" in repr(f(rows(1)))
+        f.name = "second"
+        call = f(rows(1))
+        assert "batch:second" in repr(call) and call.label == "batch:second"
+        await within(call)
 
 
 async def test_a_call_with_more_rows_than_max_batch_runs_as_one_batch(anyio_backend: str) -> None:
