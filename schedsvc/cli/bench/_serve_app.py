@@ -131,10 +131,11 @@ def parse_row(body: bytes, n_in: int) -> np.ndarray:
 class HandBatcher:
     """The ``handmade`` variant: the least a batcher does, to measure the engine's own cost against.
 
-    A call queues its row with a future of the loop; one thread takes what is queued (at most
-    ``max_batch`` rows), runs ``forward`` once on them with BLAS at 1 thread, and wakes the loop once to
-    hand each caller its row.  Nothing else: no admission limits, no ordering against other work, no
-    cancellation before the run, no split of a batch that raises (each caller gets its error).
+    A call queues its rows with a future of the loop; one thread takes what is queued (at most
+    ``max_batch`` calls), runs ``forward`` once on their rows with BLAS at 1 thread, and wakes the loop
+    once to hand each caller its rows.  Nothing else: no admission limits, no ordering against other
+    work, no cancellation before the run, no split of a batch that raises (each caller gets its error).
+    At ``stop()`` the calls still queued fail with ``RuntimeError``, as does a call made after it.
     """
 
     def __init__(self, forward: Callable[[Any], Any], max_batch: int = 256) -> None:
@@ -151,10 +152,15 @@ class HandBatcher:
         self.thread = threading.Thread(target=self._run, name="handmade-batcher", daemon=True)
         self.thread.start()
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """Take no more calls; the thread ends after the batch it runs, and the calls still queued fail."""
         with self.ready:
             self.closed = True
             self.ready.notify()
+
+    def stop(self) -> None:
+        """``close()``, and wait for the thread to end."""
+        self.close()
         if self.thread is not None:
             self.thread.join(timeout=10)
 
@@ -162,6 +168,8 @@ class HandBatcher:
         assert self.loop is not None, "start() the batcher first"
         future = self.loop.create_future()
         with self.ready:
+            if self.closed:
+                raise RuntimeError("the batcher is stopped")
             self.queue.append((x, future))
             self.ready.notify()
         return await future  # type: ignore[no-any-return]
@@ -169,31 +177,45 @@ class HandBatcher:
     def _run(self) -> None:
         from threadpoolctl import threadpool_limits
 
-        with threadpool_limits(limits=1):
-            while True:
-                with self.ready:
-                    while not self.queue and not self.closed:
-                        self.ready.wait()
-                    if self.closed:
-                        return
-                    batch, self.queue = self.queue[: self.max_batch], self.queue[self.max_batch :]
-                try:
-                    out: Any = self.forward(np.concatenate([x for x, _ in batch]))
-                except Exception as exc:  # each caller gets the error
-                    out = exc
-                assert self.loop is not None
-                self.loop.call_soon_threadsafe(_hand_out, batch, out)
+        try:
+            with threadpool_limits(limits=1):
+                while True:
+                    with self.ready:
+                        while not self.queue and not self.closed:
+                            self.ready.wait()
+                        if self.closed:
+                            return
+                        batch, self.queue = self.queue[: self.max_batch], self.queue[self.max_batch :]
+                    try:
+                        out: Any = self.forward(np.concatenate([x for x, _ in batch]))
+                    except Exception as exc:  # each caller gets the error
+                        out = exc
+                    self._hand(batch, out)
+        finally:  # stopped (or the thread failed): nobody will run what is queued
+            with self.ready:
+                self.closed = True
+                left, self.queue = self.queue, []
+            if left:
+                self._hand(left, RuntimeError("the batcher stopped before this call ran"))
+
+    def _hand(self, batch: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]], out: Any) -> None:
+        assert self.loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits there any more
+            self.loop.call_soon_threadsafe(_hand_out, batch, out)
 
 
 def _hand_out(batch: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]], out: Any) -> None:
-    """On the loop: each caller's row of the batch's output (or its error)."""
-    for i, (_, future) in enumerate(batch):
+    """On the loop: each caller's rows of the batch's output (or its error)."""
+    start = 0
+    for x, future in batch:
+        stop = start + len(x)
         if future.done():  # the caller gave up (cancelled)
-            continue
-        if isinstance(out, Exception):
+            pass
+        elif isinstance(out, Exception):
             future.set_exception(out)
         else:
-            future.set_result(out[i : i + 1])
+            future.set_result(out[start:stop])
+        start = stop
 
 
 # -- the app -----------------------------------------------------------------------------------------------

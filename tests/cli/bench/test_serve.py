@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -306,6 +307,48 @@ async def test_the_handmade_batcher_hands_a_runs_error_to_each_caller() -> None:
     finally:
         batcher.stop()
     assert [type(r) for r in results] == [ValueError, ValueError]
+
+
+async def test_the_handmade_batcher_gives_a_caller_of_several_rows_all_of_them() -> None:
+    batcher = serve.app.HandBatcher(lambda x: x * 10)
+    two, one = np.array([[1.0], [2.0]]), np.array([[3.0]])
+    with batcher.ready:  # both queued before the thread takes them: one run of 3 rows
+        batcher.start()
+        calls = [asyncio.ensure_future(batcher(two)), asyncio.ensure_future(batcher(one))]
+        await asyncio.sleep(0)
+        assert len(batcher.queue) == 2
+    try:
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 10)
+    finally:
+        batcher.stop()
+    np.testing.assert_array_equal(outs[0], [[10.0], [20.0]])
+    np.testing.assert_array_equal(outs[1], [[30.0]])
+
+
+async def test_the_handmade_batchers_queued_calls_fail_when_it_stops() -> None:
+    running, release = threading.Event(), threading.Event()
+
+    def held(x: Any) -> Any:
+        running.set()
+        assert release.wait(10)
+        return x
+
+    batcher = serve.app.HandBatcher(held)
+    batcher.start()
+    row = np.zeros((1, 4))
+    first = asyncio.ensure_future(batcher(row))
+    assert await asyncio.to_thread(running.wait, 10)  # the thread runs the first call's batch
+    second = asyncio.ensure_future(batcher(row))
+    await asyncio.sleep(0)  # queued behind it
+    assert len(batcher.queue) == 1
+    batcher.close()
+    release.set()
+    await asyncio.wait_for(asyncio.to_thread(batcher.stop), 10)
+    np.testing.assert_array_equal(await asyncio.wait_for(first, 10), row)  # the batch it ran is answered
+    with pytest.raises(RuntimeError, match="stopped before this call ran"):
+        await asyncio.wait_for(second, 10)
+    with pytest.raises(RuntimeError, match="the batcher is stopped"):
+        await batcher(row)
 
 
 # -- scripts/serve_path.py: the loop's cost per request, in process ----------------------------------------
