@@ -10,10 +10,12 @@ uvicorn's or the kernel's.
 
 ``time`` reports, over ``--rounds`` rounds, the median wall time and the median CPU time of the loop's thread
 per request (``time.thread_time``): the second leaves out the time the loop waits for a worker.  ``ops``
-counts the bytecodes each thread runs per request with a ``sys.settrace`` opcode tracer (deterministic,
-unlike time: a change on the path moves it by exactly what it adds or removes), the loop's and the workers'
-apart, and lists the functions that run the most; compile-time work (tracing a new batch size) is left out.
-Compare variants, or a change against its parent, in the same way; ``none`` is the app with no model.
+counts the bytecodes each thread runs per request with a ``sys.settrace`` opcode tracer, the loop's and the
+workers' apart, and lists the functions that run the most; compile-time work (tracing a new batch size) is
+left out.  Unlike time, the loop's count hardly moves from run to run (within 1%), so a change on the path
+shows as what it adds or removes; the workers' moves more (about 10%), as it depends on how the calls
+happened to be batched: compare medians of a few runs there.  Compare variants, or a change against its
+parent, in the same way; ``none`` is the app with no model.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import statistics
 import sys
 import threading
@@ -30,10 +33,14 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import schedsvc
 from schedsvc.cli.bench._serve_app import MODELS, OVERLOAD, VARIANTS, create_app, request_row
 
 #: functions of tracing and graph building: what a new batch size costs once, not what a request costs
 _COMPILE_PARTS = ("compile/_trace", "compile/_graph", "compile/_rows")
+#: where the engine's modules are (an editable install or site-packages alike); its cli/ is not the engine
+_PACKAGE = os.path.dirname(schedsvc.__file__) + os.sep
+_NOT_ENGINE = _PACKAGE + "cli" + os.sep
 
 
 class Driver:
@@ -108,24 +115,39 @@ class Driver:
 
 
 class OpCounter:
-    """Bytecodes run per function, the loop's thread and the others apart, while ``on``."""
+    """Bytecodes run per function, the loop's thread and the others apart, while ``on``.  Each thread
+    counts in a counter of its own (``+=`` on a shared one could lose counts when threads switch)."""
 
     def __init__(self) -> None:
-        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self.loop_thread = threading.get_ident()
         self.on = False
+        self._per_thread: dict[int, collections.Counter[tuple[str, str, bool]]] = {}
+
+    @property
+    def counts(self) -> collections.Counter[tuple[str, str, bool]]:
+        """(thread: "loop" or "workers", function, is it the engine's?) -> bytecodes, all threads summed."""
+        total: collections.Counter[tuple[str, str, bool]] = collections.Counter()
+        for counts in list(self._per_thread.values()):
+            total.update(counts)
+        return total
 
     def tracer(self, frame: FrameType, event: str, arg: object) -> Callable[..., Any] | None:
         if not self.on:
             return None
         frame.f_trace_opcodes = True
         code = frame.f_code
-        where = code.co_filename.rsplit("site-packages/", 1)[-1].rsplit("/schedsvc/", 1)[-1]
+        path = code.co_filename
+        engine = path.startswith(_PACKAGE) and not path.startswith(_NOT_ENGINE)
+        where = path[len(_PACKAGE) :] if path.startswith(_PACKAGE) else path.rsplit("site-packages/", 1)[-1]
+        ident = threading.get_ident()
         key = (
-            "loop" if threading.get_ident() == self.loop_thread else "workers",
+            "loop" if ident == self.loop_thread else "workers",
             f"{where}:{code.co_firstlineno}:{code.co_name}",
+            engine,
         )
-        counts = self.counts
+        counts = self._per_thread.get(ident)
+        if counts is None:
+            counts = self._per_thread.setdefault(ident, collections.Counter())
 
         def local(frame: FrameType, event: str, arg: object) -> Callable[..., Any]:
             if event == "opcode":
@@ -163,17 +185,13 @@ async def measure_ops(driver: Driver, concurrent: int, requests: int, top: int, 
     n = concurrent * requests
     kept = {k: v / n for k, v in counter.counts.items() if not any(p in k[1] for p in _COMPILE_PARTS)}
     for thread in ("loop", "workers"):
-        mine = {k[1]: v for k, v in kept.items() if k[0] == thread}
-        engine = sum(v for name, v in mine.items() if name.startswith("_") or name.split("/")[0] in _OWN)
+        mine = {k[1:]: v for k, v in kept.items() if k[0] == thread}
+        engine = sum(v for (_, own), v in mine.items() if own)
         print(
             f"{thread}: {sum(mine.values()):,.0f} bytecodes per request, {engine:,.0f} in the engine's modules"
         )
-        for name, v in sorted(mine.items(), key=lambda kv: -kv[1])[:top]:
+        for (name, _), v in sorted(mine.items(), key=lambda kv: -kv[1])[:top]:
             print(f"  {v:8.1f}  {name}")
-
-
-#: the engine's subpackages, as ``OpCounter`` names their files (the top-level modules start with "_")
-_OWN = ("compile", "devices", "tensor")
 
 
 def main() -> None:
