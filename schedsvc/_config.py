@@ -24,7 +24,7 @@ from pydantic_settings import (
 )
 
 from ._errors import ConfigError, ConfigWarning
-from .devices import is_device_name
+from .devices import engine_cores, is_device_name
 
 __all__ = ["Config"]
 
@@ -102,8 +102,10 @@ class Config(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=_PREFIX, extra="forbid", frozen=True)
 
-    cpu_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=1024)
-    """CPU worker threads."""
+    cpu_workers: int = Field(default_factory=lambda: engine_cores(), ge=1, le=1024)
+    """CPU worker threads; by default one per core this process may run on (its CPU affinity:
+    ``os.sched_getaffinity``, or ``os.process_cpu_count()`` on Python 3.13), so that a process limited to
+    some cores (``taskset``, a container's cpuset) does not start a worker for each core of the machine."""
     blas_threads: int | None = Field(default=None, ge=0, le=1024)
     """BLAS threads per CPU worker (OpenBLAS, MKL, BLIS), held while the engine is open and restored when it
     closes; the setting is process-wide, so it applies to code on the event loop too.  None (``"auto"``):

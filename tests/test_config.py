@@ -10,6 +10,7 @@ import pydantic
 import pytest
 
 import schedsvc as ss
+from schedsvc.devices import engine_cores
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,9 +25,21 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def test_cpu_workers_default_to_the_cores_this_process_may_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under taskset or a container's cpuset, a worker per core the process is given, not per core of the
+    machine (whose count os.cpu_count() gives)."""
+    if hasattr(os, "process_cpu_count"):  # Python 3.13: it reads the affinity itself
+        monkeypatch.setattr(os, "process_cpu_count", lambda: 3)
+    else:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert ss.Config().cpu_workers == 3
+    assert ss.Config().sources()["cpu_workers"] == "default"
+
+
 def test_defaults() -> None:
     config = ss.Config()
-    assert config.cpu_workers == (os.cpu_count() or 1)
+    assert config.cpu_workers == engine_cores()
     assert config.devices == ("cpu",)
     assert config.max_pending == 1024
     assert config.max_pending_bytes == physical_memory() // 4
@@ -274,7 +287,7 @@ def test_a_misspelt_environment_variable_warns_naming_the_one_meant(monkeypatch:
         match="SCHEDSVC_CPU_WORKER names no schedsvc setting and is ignored; did you mean SCHEDSVC_CPU_WORKERS?",
     ):
         config = ss.Config()
-    assert config.cpu_workers == (os.cpu_count() or 1)
+    assert config.cpu_workers == engine_cores()
 
 
 def test_an_unknown_environment_variable_warns_listing_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:

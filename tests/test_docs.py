@@ -47,7 +47,7 @@ def test_types_limits_and_defaults_are_the_code_s() -> None:
     assert (
         'type bytes (an `int`, or a size such as `"1GiB"`) or `None` (≥ 1) · default `None`' in text
     )  # max_device_bytes
-    assert "computed for this machine when a Config is built: `os.cpu_count() or 1`" in text
+    assert "computed for this machine when a Config is built: `engine_cores()`" in text
     assert hooks.field_descriptions(ss.Config)["sync_mode"].startswith(
         "Debugging: run each task in the caller"
     )

@@ -151,8 +151,11 @@ def runs_phrase(reps: int) -> str:
 
 
 def bench_workers() -> int:
-    """Worker threads for the parallel benchmarks and demo runs: one per core, and at least 2."""
-    return max(2, os.cpu_count() or 1)
+    """Worker threads for the parallel benchmarks and demo runs: one per core the process may run on (as
+    an engine's default), and at least 2."""
+    from ..devices import engine_cores
+
+    return max(2, engine_cores())
 
 
 def one_blas_thread() -> AbstractContextManager[Any]:
