@@ -106,6 +106,7 @@ def collect(config: Config, config_file: str | None = None) -> dict[str, Any]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(),
         "cpu_cores": os.cpu_count(),
+        "engine_cores": _engine_cores(),
         "config_file": config_file,
         "devices": _devices(config),
         "settings": {name: {"value": values[name], "source": sources[name]} for name in values},
@@ -217,12 +218,22 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _engine_cores() -> int:
+    """The cores this process may run on: an engine's default workers and its BLAS budget count these."""
+    from ..devices import engine_cores
+
+    return engine_cores()
+
+
 # -- rendering -------------------------------------------------------------------------------------------
 
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as tables: rich's when rich is installed (the cli extra), plain text otherwise."""
-    head = f"schedsvc {report['schedsvc']}, {report['python']}, {report['platform']}, {report['cpu_cores']} CPU cores"
+    cores = f"{report['cpu_cores']} CPU cores"
+    if report["engine_cores"] != report["cpu_cores"]:  # a narrowed affinity (taskset, a container's cpuset)
+        cores += f", {report['engine_cores']} for this process"
+    head = f"schedsvc {report['schedsvc']}, {report['python']}, {report['platform']}, {cores}"
     tables = [_devices_table(report), _settings_table(report), _blas_table(report), _extras_table(report)]
     if not has_rich():
         return "\n\n".join([head, *(text_table(headers, rows, title) for title, headers, rows in tables)])

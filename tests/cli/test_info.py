@@ -15,6 +15,7 @@ import pytest
 
 import schedsvc as ss
 from schedsvc.cli import main
+from schedsvc.devices import engine_cores
 
 FIELDS = list(ss.Config.model_fields)
 
@@ -132,6 +133,20 @@ def test_json_parses_and_shows_every_source(
     assert report["config_file"] == str(path)
     assert report["schedsvc"] == ss.__version__
     assert report["cpu_cores"] == os.cpu_count()
+    assert report["engine_cores"] == engine_cores() == ss.Config().cpu_workers
+
+
+def test_a_narrowed_affinity_shows_the_cores_this_process_may_run_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if hasattr(os, "process_cpu_count"):  # Python 3.13: it reads the affinity itself
+        monkeypatch.setattr(os, "process_cpu_count", lambda: 3)
+    else:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert main(["info"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.endswith("64 CPU cores, 3 for this process")
 
 
 def test_json_matches_config_sources(
@@ -194,8 +209,6 @@ def no_blas_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_json_shows_each_blas_library_its_threads_and_what_an_engine_sets(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from schedsvc.devices import engine_cores
-
     cores = engine_cores()
     blas = info_json(capsys, "--set", "cpu_workers=1")["blas"]
     assert (blas["cores"], blas["cpu_workers"], blas["threads_per_worker"]) == (cores, 1, cores)
@@ -226,8 +239,6 @@ def test_left_alone_by_the_setting_or_by_the_user_s_variable(
 
 @pytest.mark.usefixtures("no_blas_variables")
 def test_plain_output_shows_the_cpu_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    from schedsvc.devices import engine_cores
-
     cores = engine_cores()
     assert main(["info", "--set", f"cpu_workers={cores}"]) == 0
     out = capsys.readouterr().out
