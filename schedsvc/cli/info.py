@@ -100,13 +100,15 @@ def collect(config: Config, config_file: str | None = None) -> dict[str, Any]:
     """The report as plain JSON-ready data."""
     import schedsvc
 
+    from ..devices import engine_cores
+
     values, sources = config.model_dump(mode="json"), config.sources()
     return {
         "schedsvc": schedsvc.__version__,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(),
         "cpu_cores": os.cpu_count(),
-        "engine_cores": _engine_cores(),
+        "engine_cores": engine_cores(),  # (those it may run on: an engine's workers and BLAS budget)
         "config_file": config_file,
         "devices": _devices(config),
         "settings": {name: {"value": values[name], "source": sources[name]} for name in values},
@@ -216,13 +218,6 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _engine_cores() -> int:
-    """The cores this process may run on: an engine's default workers and its BLAS budget count these."""
-    from ..devices import engine_cores
-
-    return engine_cores()
 
 
 # -- rendering -------------------------------------------------------------------------------------------
