@@ -6,6 +6,10 @@ No timing is asserted: the simulated figures time nothing real, and the real run
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +110,39 @@ def test_on_a_real_gpu_every_case_runs_on_cupy() -> None:
             assert (case["met"] is None) == (case["target"] is None), name
         else:
             assert name == "G5" and case["reason"].startswith("not available: "), case
+
+
+# -- scripts/gpu_probe.py: a GPU op's time by thread, and G3 repeated -------------------------------------
+
+GPU_PROBE = Path(__file__).resolve().parents[3] / "scripts" / "gpu_probe.py"
+
+
+def _gpu_probe(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(GPU_PROBE), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_gpu_probe_times_a_chain_of_ops_on_each_device() -> None:
+    done = _gpu_probe("chain", "20", "--simulate")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(": ")[0] for line in lines] == ["cpu"] * 3 + ["cuda:0"] * 3
+    assert all(re.fullmatch(r"\S+: queue [\d.]+ µs/op, finish [\d.]+ µs/op", line) for line in lines)
+
+
+def test_gpu_probe_repeats_g3_with_its_figures() -> None:
+    done = _gpu_probe("g3", "2", "--simulate")
+    assert done.returncode == 0, done.stderr
+    runs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(runs) == 2
+    for figures in runs:
+        assert figures["ratio"] == pytest.approx(figures["engine_both_s"] / figures["longer_s"], rel=1e-3)
+
+
+def test_gpu_probe_without_a_gpu_says_why() -> None:
+    if gpu.unavailable() is None:
+        pytest.skip("this machine has a GPU")
+    done = _gpu_probe("chain", "20")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("no GPU to probe: cuda:0 is unavailable")
