@@ -2,6 +2,7 @@
 
     python3 scripts/gpu_probe.py chain 2000                 # µs per Tensor op queued and finished, cpu and cuda:0
     python3 scripts/gpu_probe.py chain 2000 --profile cpu   # ... then that chain on cuda:0 profiled by thread
+    python3 scripts/gpu_probe.py ops 500 --simulate           # the engine's bytecodes per op, by thread
     python3 scripts/gpu_probe.py g3 3                        # G3 of the GPU bench run 3 times, a JSON line each
 
 ``chain N`` is G1's workload (``y = y + 1`` on 1,000 float32, N times, then one wait) on an engine with the
@@ -9,6 +10,12 @@ CPU and the GPU: three chains on each device, each printed as the µs per op it 
 time) and to finish (the last result awaited).  With ``--profile cpu|wall`` a fourth chain on the GPU runs
 under yappi (``pip install yappi``; it profiles every thread), and each thread's functions are listed by
 their own time per op.  yappi's hooks inflate every Python call: read the shares, not the sums.
+
+``ops N`` runs that chain on the GPU with an opcode tracer and prints the bytecodes each thread runs per op
+(the event loop's, the launching thread's, the streams' watchers'), with the engine's share and the functions
+that run the most.  The count hardly moves from run to run, and it is the same on the simulator as on a GPU
+for the engine's own modules (the simulator's, standing for CuPy and the GPU, are not the engine's): so a
+change on the path of a GPU op can be measured here, before it is timed on a GPU.
 
 ``g3 N`` runs the bench's G3 case (a NumPy workload and a CuPy workload submitted together, against the
 longer alone) N times in this process and prints each run's figures.  Run it from two checkouts in turn
@@ -24,10 +31,12 @@ import argparse
 import asyncio
 import json
 import sys
+import threading
 import time
 from typing import Any
 
 import numpy as np
+from _opcount import OpCounter  # (beside this script)
 
 from schedsvc.cli._common import one_blas_thread
 from schedsvc.cli.bench import gpu as bench
@@ -84,6 +93,34 @@ async def _profiled(b: bench.Bench, n: int, clock: str) -> None:
             )
 
 
+async def ops(b: bench.Bench, n: int, top: int) -> None:
+    main_thread = threading.main_thread()
+    launcher = f"schedsvc-{bench.DEVICE}"
+
+    def label() -> str:
+        thread = threading.current_thread()
+        if thread is main_thread:
+            return "loop"
+        if thread.name == launcher:
+            return "launcher"
+        return "watchers" if thread.name.startswith(launcher + "/") else "others"
+
+    counter = OpCounter(label)
+    threading.settrace(counter.tracer)  # the engine's threads start inside: traced while ``on``
+    async with b.engine() as eng:
+        x = eng.asarray(np.zeros(1000, np.float32), device=bench.DEVICE)
+        await _chain(x, 10)  # warm
+        counter.on = True
+        sys.settrace(counter.tracer)
+        try:
+            await _chain(x, n)
+        finally:
+            sys.settrace(None)
+            counter.on = False
+    threading.settrace(None)  # type: ignore[arg-type]  # (None stops it, as sys.settrace's does)
+    counter.report(n, "op", ("loop", "launcher", "watchers", "others"), top)
+
+
 def g3(b: bench.Bench, runs: int) -> None:
     with one_blas_thread():  # as the bench holds it
         for run in range(runs):
@@ -93,8 +130,9 @@ def g3(b: bench.Bench, runs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("probe", choices=("chain", "g3"))
-    parser.add_argument("n", type=int, help="chain: ops in the chain; g3: runs")
+    parser.add_argument("probe", choices=("chain", "ops", "g3"))
+    parser.add_argument("n", type=int, help="chain, ops: ops in the chain; g3: runs")
+    parser.add_argument("--top", type=int, default=15, help="ops: functions listed per thread (default 15)")
     parser.add_argument("--profile", choices=("cpu", "wall"), help="chain: also profile it by thread (yappi)")
     parser.add_argument("--simulate", action="store_true", help="on the CUDA simulator (tests only)")
     args = parser.parse_args()
@@ -105,6 +143,8 @@ def main() -> None:
     b = bench.Bench(api_for(args.simulate), bench.TINY if args.simulate else bench.FULL, args.simulate)
     if args.probe == "chain":
         asyncio.run(chain(b, args.n, args.profile))
+    elif args.probe == "ops":
+        asyncio.run(ops(b, args.n, args.top))
     else:
         g3(b, args.n)
 

@@ -22,25 +22,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
-import os
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
-import schedsvc
+from _opcount import OpCounter  # (beside this script)
+
 from schedsvc.cli.bench._serve_app import MODELS, OVERLOAD, VARIANTS, create_app, request_row
 
 #: functions of tracing and graph building: what a new batch size costs once, not what a request costs
 _COMPILE_PARTS = ("compile/_trace", "compile/_graph", "compile/_rows")
-#: where the engine's modules are (an editable install or site-packages alike); its cli/ is not the engine
-_PACKAGE = os.path.dirname(schedsvc.__file__) + os.sep
-_NOT_ENGINE = _PACKAGE + "cli" + os.sep
 
 
 class Driver:
@@ -114,49 +108,6 @@ class Driver:
         await asyncio.gather(*(client() for _ in range(concurrent)))
 
 
-class OpCounter:
-    """Bytecodes run per function, the loop's thread and the others apart, while ``on``.  Each thread
-    counts in a counter of its own (``+=`` on a shared one could lose counts when threads switch)."""
-
-    def __init__(self) -> None:
-        self.loop_thread = threading.get_ident()
-        self.on = False
-        self._per_thread: dict[int, collections.Counter[tuple[str, str, bool]]] = {}
-
-    @property
-    def counts(self) -> collections.Counter[tuple[str, str, bool]]:
-        """(thread: "loop" or "workers", function, is it the engine's?) -> bytecodes, all threads summed."""
-        total: collections.Counter[tuple[str, str, bool]] = collections.Counter()
-        for counts in list(self._per_thread.values()):
-            total.update(counts)
-        return total
-
-    def tracer(self, frame: FrameType, event: str, arg: object) -> Callable[..., Any] | None:
-        if not self.on:
-            return None
-        frame.f_trace_opcodes = True
-        code = frame.f_code
-        path = code.co_filename
-        engine = path.startswith(_PACKAGE) and not path.startswith(_NOT_ENGINE)
-        where = path[len(_PACKAGE) :] if path.startswith(_PACKAGE) else path.rsplit("site-packages/", 1)[-1]
-        ident = threading.get_ident()
-        key = (
-            "loop" if ident == self.loop_thread else "workers",
-            f"{where}:{code.co_firstlineno}:{code.co_name}",
-            engine,
-        )
-        counts = self._per_thread.get(ident)
-        if counts is None:
-            counts = self._per_thread.setdefault(ident, collections.Counter())
-
-        def local(frame: FrameType, event: str, arg: object) -> Callable[..., Any]:
-            if event == "opcode":
-                counts[key] += 1
-            return local
-
-        return local
-
-
 async def measure_time(driver: Driver, concurrent: int, requests: int, rounds: int) -> None:
     await driver.load(concurrent, max(1, requests // 4))  # warm: every batch size the load makes is traced
     walls, cpus = [], []
@@ -182,16 +133,7 @@ async def measure_ops(driver: Driver, concurrent: int, requests: int, top: int, 
     finally:
         sys.settrace(None)
         counter.on = False
-    n = concurrent * requests
-    kept = {k: v / n for k, v in counter.counts.items() if not any(p in k[1] for p in _COMPILE_PARTS)}
-    for thread in ("loop", "workers"):
-        mine = {k[1:]: v for k, v in kept.items() if k[0] == thread}
-        engine = sum(v for (_, own), v in mine.items() if own)
-        print(
-            f"{thread}: {sum(mine.values()):,.0f} bytecodes per request, {engine:,.0f} in the engine's modules"
-        )
-        for (name, _), v in sorted(mine.items(), key=lambda kv: -kv[1])[:top]:
-            print(f"  {v:8.1f}  {name}")
+    counter.report(concurrent * requests, "request", ("loop", "workers"), top, skip=_COMPILE_PARTS)
 
 
 def main() -> None:
@@ -210,7 +152,8 @@ def main() -> None:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=1)
-    counter = OpCounter()
+    loop_thread = threading.get_ident()
+    counter = OpCounter(lambda: "loop" if threading.get_ident() == loop_thread else "workers")
     if args.what == "ops":
         threading.settrace(counter.tracer)  # the engine's workers start with the app: traced while ``on``
 

@@ -146,3 +146,15 @@ def test_gpu_probe_without_a_gpu_says_why() -> None:
     done = _gpu_probe("chain", "20")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("no GPU to probe: cuda:0 is unavailable")
+
+
+def test_gpu_probe_counts_the_engines_bytecodes_per_op_by_thread() -> None:
+    done = _gpu_probe("ops", "20", "--simulate", "--top", "1")
+    assert done.returncode == 0, done.stderr
+    totals = [line for line in done.stdout.splitlines() if not line.startswith(" ")]
+    assert [line.split(":")[0] for line in totals] == ["loop", "launcher", "watchers", "others"]
+    engine = {line.split(":")[0]: int(line.split(", ")[1].split()[0].replace(",", "")) for line in totals}
+    assert (
+        engine["loop"] > 100 and engine["launcher"] > 100 and engine["watchers"] > 10
+    )  # each op passes all three
+    assert engine["others"] == 0  # the simulator's threads run none of the engine's code

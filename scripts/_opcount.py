@@ -1,0 +1,76 @@
+"""Bytecodes run per function and thread while a path runs: the opcode tracer of the scripts that count
+what a path costs (``serve_path.py ops``, ``gpu_probe.py ops``).  Unlike a time, a count hardly moves from
+run to run, so a change on the path shows as what it adds or removes."""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import Any
+
+import schedsvc
+
+#: where the engine's modules are (an editable install or site-packages alike)
+PACKAGE = os.path.dirname(schedsvc.__file__) + os.sep
+#: the package's modules that are not the engine: the command line, and the CUDA simulator (it stands for
+#: CuPy and the GPU, whose work is not Python there)
+NOT_ENGINE = (PACKAGE + "cli" + os.sep, PACKAGE + os.path.join("devices", "cudasim") + os.sep)
+
+Counts = collections.Counter[tuple[str, str, bool]]
+
+
+class OpCounter:
+    """Bytecodes run per function while ``on``, by thread as ``label()`` names it.  Each thread counts in
+    a counter of its own (``+=`` on a shared one could lose counts when threads switch).  Install
+    ``tracer`` with ``threading.settrace`` before the threads to count start, and ``sys.settrace``."""
+
+    def __init__(self, label: Callable[[], str]) -> None:
+        self.label = label
+        self.on = False
+        self._per_thread: dict[int, Counts] = {}
+
+    @property
+    def counts(self) -> Counts:
+        """(thread's label, function, is it the engine's?) -> bytecodes, all threads summed."""
+        total: Counts = collections.Counter()
+        for counts in list(self._per_thread.values()):
+            total.update(counts)
+        return total
+
+    def tracer(self, frame: FrameType, event: str, arg: object) -> Callable[..., Any] | None:
+        if not self.on:
+            return None
+        frame.f_trace_opcodes = True
+        code = frame.f_code
+        path = code.co_filename
+        engine = path.startswith(PACKAGE) and not path.startswith(NOT_ENGINE)
+        where = path[len(PACKAGE) :] if path.startswith(PACKAGE) else path.rsplit("site-packages/", 1)[-1]
+        key = (self.label(), f"{where}:{code.co_firstlineno}:{code.co_name}", engine)
+        ident = threading.get_ident()
+        counts = self._per_thread.get(ident)
+        if counts is None:
+            counts = self._per_thread.setdefault(ident, collections.Counter())
+
+        def local(frame: FrameType, event: str, arg: object) -> Callable[..., Any]:
+            if event == "opcode":
+                counts[key] += 1
+            return local
+
+        return local
+
+    def report(self, n: int, unit: str, threads: Iterable[str], top: int, skip: Iterable[str] = ()) -> None:
+        """Print, for each thread label, its bytecodes per ``unit`` (``n`` of them ran) and the engine's
+        share, then its ``top`` functions; functions whose name holds one of ``skip`` are left out."""
+        skip = tuple(skip)
+        kept = {k: v / n for k, v in self.counts.items() if not any(p in k[1] for p in skip)}
+        for thread in threads:
+            mine = {k[1:]: v for k, v in kept.items() if k[0] == thread}
+            engine = sum(v for (_, own), v in mine.items() if own)
+            print(
+                f"{thread}: {sum(mine.values()):,.0f} bytecodes per {unit}, {engine:,.0f} in the engine's modules"
+            )
+            for (name, _), v in sorted(mine.items(), key=lambda kv: -kv[1])[:top]:
+                print(f"  {v:8.1f}  {name}")
