@@ -17,7 +17,16 @@ from ._dispatch import Fusion
 from ._memory import exports_memory, memory_of
 from ._remote import Remote
 from ._runtime import Runtime
-from ._scan import _KEYERS, buffer_of, replace_leaves, scan, substitute, substitute_args
+from ._scan import (
+    _KEYERS,
+    buffer_of,
+    replace_leaves,
+    replace_leaves_in,
+    scan,
+    substitute,
+    substitute_args,
+    tasks_and_scalars,
+)
 from ._scan import _Found as Found  # what an argument's __schedsvc_visit__ hook is handed
 from ._threads import current_worker, set_worker
 
@@ -48,8 +57,10 @@ __all__ = [
     "memory_of",
     "on_loop",
     "replace_leaves",
+    "replace_leaves_in",
     "scan",
     "set_worker",
     "substitute",
     "substitute_args",
+    "tasks_and_scalars",
 ]

@@ -22,7 +22,16 @@ from .._core import Buffer, Task, safe_repr
 from .._errors import InvalidTask
 from ._memory import exports_memory, memory_of
 
-__all__ = ["buffer_of", "register_buffer_types", "replace_leaves", "scan", "substitute", "substitute_args"]
+__all__ = [
+    "buffer_of",
+    "register_buffer_types",
+    "replace_leaves",
+    "replace_leaves_in",
+    "scan",
+    "substitute",
+    "substitute_args",
+    "tasks_and_scalars",
+]
 
 _ndarray = np.ndarray
 #: the default of reads= and writes=: none declared
@@ -192,6 +201,28 @@ def substitute(obj: Any) -> Any:
         return new
     hook = getattr(kind, "__schedsvc_substitute__", None)
     return obj if hook is None else hook(obj)
+
+
+def tasks_and_scalars(args: tuple[Any, ...]) -> bool:
+    """Is every argument a Task or a scalar (nothing a device moves in: no array, no container)?"""
+    for arg in args:  # noqa: SIM110 - hot path: a loop runs no generator's frame
+        if type(arg) not in _LEAVES and not isinstance(arg, Task):
+            return False
+    return True
+
+
+def replace_leaves_in(args: list[Any], leaf: Callable[[Any], Any]) -> list[Any]:
+    """``replace_leaves`` on a list of arguments that is the caller's own, in place, for a ``leaf`` that
+    keeps scalars as they are: scalars are passed over, other arguments replaced (hot path of a launch)."""
+    for i, arg in enumerate(args):
+        kind = type(arg)
+        if kind in _LEAVES:
+            continue
+        if kind is list or kind is tuple or kind is dict or isinstance(arg, list | tuple | dict):
+            args[i] = replace_leaves(arg, leaf)
+        else:
+            args[i] = leaf(arg)
+    return args
 
 
 def replace_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:

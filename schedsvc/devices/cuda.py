@@ -41,7 +41,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import DeviceError, InvalidTask, MemoryLimitError
-from .._runtime import Copies, CopyTask, Device, Runtime, Task, replace_leaves, substitute, substitute_args
+from .._runtime import (
+    Copies,
+    CopyTask,
+    Device,
+    Runtime,
+    Task,
+    replace_leaves,
+    replace_leaves_in,
+    substitute,
+    substitute_args,
+    tasks_and_scalars,
+)
 from ._cudaapi import CudaApi, load
 from ._transfer import to_device
 
@@ -390,14 +401,17 @@ class CudaDevice(Device):
         fn = task.fn
         try:
             onto = functools.partial(self._onto_device, stream, staged)
-            args = replace_leaves(args, onto)
-            kwargs = replace_leaves(kwargs, onto)
+            replace_leaves_in(args, onto)
+            if kwargs:
+                kwargs = replace_leaves(kwargs, onto)
             with stream:
                 if fn is to_device:
                     value = args[0]  # (copied in by _onto_device)
                 else:
-                    with contextlib.suppress(TypeError):  # an unhashable callable is not NumPy's
+                    try:  # noqa: SIM105 - hot path: a try costs nothing, a suppress() an object
                         fn = self.translate.get(fn, fn)
+                    except TypeError:  # an unhashable callable is not NumPy's
+                        pass
                     value = fn(*args, **kwargs)
                 event = self.events.pop() if self.events else api.event()
                 event.record(stream)
@@ -492,8 +506,8 @@ class CudaDevice(Device):
         """With the runtime's lock held, before ``task`` (of this device) is admitted: each host array
         among its arguments becomes an H2D copy task of its own (``submit``ted first), found again
         for the same buffer version while one is in flight."""
-        if task.fn is to_device:
-            return
+        if task.fn is to_device or (not task.kwargs and tasks_and_scalars(task.args)):
+            return  # nothing to move in (hot path: an op on this device's results and scalars)
         moved: dict[int, Task] = {}  # host array's id -> its copy
         copy_in = functools.partial(self._copy_in, task, submit, copies, moved)
         args = replace_leaves(task.args, copy_in)

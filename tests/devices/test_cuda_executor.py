@@ -381,6 +381,17 @@ async def test_host_arrays_in_kwargs_lists_and_views_are_copied_in() -> None:
         np.testing.assert_array_equal(host(await within(a_view)), a[::2] + 1)
 
 
+async def test_a_cpu_result_taken_by_a_device_task_is_copied_in_when_it_launches() -> None:
+    async with cuda_engine() as eng:
+        on_cpu = eng.submit_nowait(np.arange, 5.0, device="cpu")
+        on_gpu = eng.submit_nowait(
+            np.add, on_cpu, 1, device="cuda:0"
+        )  # a Task and a scalar: nothing at submission
+        value = await within(on_gpu)
+        assert is_device_array(value)
+        np.testing.assert_array_equal(host(value), np.arange(5.0) + 1)
+
+
 @two_devices
 @pytest.mark.usefixtures("delays")
 async def test_future_of_another_device_is_copied_across() -> None:
