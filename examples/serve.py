@@ -6,13 +6,16 @@ Run: ``python examples/serve.py [--port 8000] [--max-pending 64] [--admission re
     curl -s -X POST 127.0.0.1:8000/predict -d '{"rows": [[0.5, -1, 2, 0, 1, 1, 0, 0, 3, 1, 0, 2, 1, 0, 1, 1]]}'
     curl -s 127.0.0.1:8000/stats
 
-- The engine lives in the app's lifespan: opened at startup (every batch size the model takes is traced
-  then, so no request pays for a trace), closed at shutdown with ``eng.aclose()``, which finishes the work
-  of requests still in flight. uvicorn first stops accepting connections and lets running requests end.
+- The engine lives in the app's lifespan, ``serving.lifespan(config, setup=load)``: opened at startup, where
+  ``load`` compiles the model and traces every batch size it takes (so no request pays for a trace), and
+  closed at shutdown with ``eng.aclose()``, which finishes the work of requests still in flight. uvicorn
+  first stops accepting connections and lets running requests end.
 - Each request is one compiled call: one engine task, awaited without blocking the event loop.
 - Admission: ``--admission reject`` (the default) calls the model without waiting; at the engine's limits
-  (``max_pending`` tasks, ``max_pending_bytes``) that raises ``ss.QueueFull``, answered with 503 and a
-  ``Retry-After`` header, so the client retries later and the server's memory stays bounded.
+  (``max_pending`` tasks, ``max_pending_bytes``) that raises ``ss.QueueFull``, which
+  ``serving.add_exception_handlers(app)`` answers with 503 and a ``Retry-After`` header (and
+  ``ss.EngineClosed``, while the server shuts down, too): the client retries later and the server's memory
+  stays bounded.
   ``--admission wait`` awaits ``model.submit(x)`` instead: requests queue for room first come first served
   and none is refused, so the waiting requests themselves are what grows under overload (bound them with
   ``--limit-concurrency``, uvicorn's, which answers 503 past it).
@@ -25,8 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -37,6 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import schedsvc as ss
+from schedsvc import serving
 
 HOST = "127.0.0.1"
 IN_FEATURES, HIDDEN, OUT_FEATURES = 16, 64, 4
@@ -45,7 +48,6 @@ MAX_ABS = 1e6  # input values: bounded, so the outputs are finite (JSON has no i
 MAX_BODY_BYTES = 1 << 20
 #: a batch is padded to the next of these sizes: the model is traced once per size, at startup
 BATCH_SIZES = tuple(2**i for i in range(MAX_ROWS.bit_length()))
-RETRY_AFTER_S = 1
 
 _RNG = np.random.default_rng(0)  # fixed seed: the same weights in every run
 W1 = _RNG.standard_normal((IN_FEATURES, HIDDEN)) / math.sqrt(IN_FEATURES)
@@ -105,25 +107,16 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def unavailable(message: str) -> JSONResponse:
-    """503 with ``Retry-After``: the request was not run, and the same request may be sent again later."""
-    return JSONResponse({"error": message}, 503, headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
 async def predict(request: Request) -> JSONResponse:
     """POST /predict: the model's outputs for the rows sent."""
     state = request.app.state
     try:
         x = parse_rows(await read_body(request))
-        batch = padded(x)
-        # the call is one engine task; its Tensor is awaited below, off the admission path
-        out = await state.model.submit(batch) if state.admission == "wait" else state.model(batch)
     except BadRequest as exc:
-        return JSONResponse({"error": str(exc)}, exc.status)
-    except ss.QueueFull:
-        return unavailable(f"busy: {state.engine.pending} tasks pending; retry after {RETRY_AFTER_S} s")
-    except ss.EngineClosed:
-        return unavailable("the server is shutting down; retry on another instance or after it restarts")
+        return JSONResponse({"detail": str(exc)}, exc.status)
+    batch = padded(x)
+    # the call is one engine task (ss.QueueFull at the engine's limits: a 503); its Tensor is awaited below
+    out = await state.model.submit(batch) if state.admission == "wait" else state.model(batch)
     return JSONResponse({"outputs": (await out)[: len(x)].tolist()})
 
 
@@ -138,19 +131,16 @@ def create_app(config: ss.Config | None = None, *, admission: Admission = "rejec
     if admission not in ("reject", "wait"):
         raise ValueError(f"admission must be 'reject' or 'wait', got {admission!r}")
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with ss.Engine(config) as eng:  # leaving it awaits eng.aclose(): in-flight work finishes
-            model = eng.compile(forward, name="mlp")
-            for size in BATCH_SIZES:  # trace now, not on a request's time
-                await (await model.submit(np.zeros((size, IN_FEATURES))))
-            app.state.engine, app.state.model = eng, model
-            yield
+    async def load(app: Starlette, eng: ss.Engine) -> None:
+        app.state.model = model = eng.compile(forward, name="mlp")
+        for size in BATCH_SIZES:  # trace now, not on a request's time
+            await (await model.submit(np.zeros((size, IN_FEATURES))))
 
     app = Starlette(
         routes=[Route("/predict", predict, methods=["POST"]), Route("/stats", stats, methods=["GET"])],
-        lifespan=lifespan,
+        lifespan=serving.lifespan(config, setup=load),
     )
+    serving.add_exception_handlers(app)
     app.state.admission = admission
     return app
 

@@ -16,12 +16,13 @@ Run: ``python examples/serve_batch.py [--port 8000] [--max-batch 256] [--help]``
   runs one matrix product per layer, which may round a row in its last bits otherwise than a one-row
   product: float64 about 1e-15 relative). Compile with ``exact=True`` for the bits of the lone call, at
   the cost of a product per row.
-- The engine lives in the app's lifespan: opened at startup, where the model is traced (and proved to keep
-  rows apart) on a row of zeros, so no request pays for it; closed at shutdown with ``eng.aclose()``, which
-  finishes the calls of requests still in flight.
+- The engine lives in the app's lifespan, ``serving.lifespan(config, setup=load)``: opened at startup, where
+  ``load`` compiles the model and traces it (proving it keeps rows apart) on a row of zeros, so no request
+  pays for it; closed at shutdown with ``eng.aclose()``, which finishes the calls of requests still in flight.
 - Admission: when the engine is at ``max_pending`` tasks (calls) or ``max_pending_bytes``, ``model(x)``
-  raises ``ss.QueueFull``, answered with 503 and a ``Retry-After`` header: the client retries later and the
-  server's memory stays bounded.
+  raises ``ss.QueueFull``, which ``serving.add_exception_handlers(app)`` answers with 503 and a
+  ``Retry-After`` header (and ``ss.EngineClosed``, while the server shuts down, too): the client retries
+  later and the server's memory stays bounded.
 - It binds 127.0.0.1 only: put a reverse proxy in front of it to serve other hosts.
 """
 
@@ -30,8 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,11 +42,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import schedsvc as ss
+from schedsvc import serving
 
 HOST = "127.0.0.1"
 PIXELS, CLASSES, MAX_PIXEL = 64, 10, 16
 MAX_BODY_BYTES = 1 << 16
-RETRY_AFTER_S = 1
 
 _RNG = np.random.default_rng(19)  # fixed seed: the same weights in every run
 _SIZES = [(PIXELS, 128), (128, 64), (64, CLASSES)]
@@ -99,23 +99,13 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def unavailable(message: str) -> JSONResponse:
-    """503 with ``Retry-After``: the request was not run, and the same request may be sent again later."""
-    return JSONResponse({"error": message}, 503, headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
 async def predict(request: Request) -> JSONResponse:
     """POST /predict: the scores of the ten digits for the image sent, and the likeliest digit."""
-    state = request.app.state
     try:
         x = parse_pixels(await read_body(request))
-        call = state.model(x)  # one row; batched with the rows of the requests made meanwhile
     except BadRequest as exc:
-        return JSONResponse({"error": str(exc)}, exc.status)
-    except ss.QueueFull:
-        return unavailable(f"busy: the engine is at its limits; retry after {RETRY_AFTER_S} s")
-    except ss.EngineClosed:
-        return unavailable("the server is shutting down; retry on another instance or after it restarts")
+        return JSONResponse({"detail": str(exc)}, exc.status)
+    call = request.app.state.model(x)  # one row, batched with the rows of the requests made meanwhile
     scores = (await call)[0]  # this request's own row of its batch's output
     return JSONResponse({"digit": int(np.argmax(scores)), "scores": scores.tolist()})
 
@@ -129,18 +119,15 @@ async def stats(request: Request) -> JSONResponse:
 def create_app(config: ss.Config | None = None, *, max_batch: int = 256) -> Starlette:
     """The service: ``app.state.engine`` and ``app.state.model`` exist while its lifespan runs."""
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with ss.Engine(config) as eng:  # leaving it awaits eng.aclose(): in-flight calls finish
-            model = eng.compile(forward, batch_axis=0, max_batch=max_batch, name="digits")
-            await model(np.zeros((1, PIXELS)))  # traced and verified now, not on a request's time
-            app.state.engine, app.state.model = eng, model
-            yield
+    async def load(app: Starlette, eng: ss.Engine) -> None:
+        app.state.model = model = eng.compile(forward, batch_axis=0, max_batch=max_batch, name="digits")
+        await model(np.zeros((1, PIXELS)))  # traced and verified now, not on a request's time
 
     app = Starlette(
         routes=[Route("/predict", predict, methods=["POST"]), Route("/stats", stats, methods=["GET"])],
-        lifespan=lifespan,
+        lifespan=serving.lifespan(config, setup=load),
     )
+    serving.add_exception_handlers(app)
     app.state.max_batch = max_batch
     return app
 

@@ -39,4 +39,4 @@ async def assert_told(app: Any, body: bytes, status: int, says: str) -> None:
     async with client_of(app) as client:
         response = await within(client.post("/predict", content=body))
     assert response.status_code == status
-    assert says in response.json()["error"]
+    assert says in response.json()["detail"]

@@ -17,6 +17,7 @@ from tests.helpers import state, within
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
+serving = pytest.importorskip("schedsvc.serving")
 
 serve = load_example("serve_batch")
 
@@ -78,8 +79,8 @@ async def test_a_request_at_the_engines_limits_is_answered_503_with_retry_after(
         await within(held[0])
         admitted = await within(post(client, second))
     assert refused.status_code == 503
-    assert refused.headers["Retry-After"] == str(serve.RETRY_AFTER_S)
-    assert "busy" in refused.json()["error"]
+    assert refused.headers["Retry-After"] == str(serving.RETRY_AFTER_S)
+    assert "busy" in refused.json()["detail"]
     assert_own_row(admitted, second)
 
 

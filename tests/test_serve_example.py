@@ -18,6 +18,7 @@ from tests.helpers import Gate, state, until, within
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
+serving = pytest.importorskip("schedsvc.serving")
 
 serve = load_example("serve")
 
@@ -97,8 +98,8 @@ async def test_overload_is_answered_503_with_retry_after_and_the_admitted_get_th
     for i, (response, x) in enumerate(zip(responses, inputs, strict=True)):
         if i in refused:
             assert response.status_code == 503
-            assert response.headers["Retry-After"] == str(serve.RETRY_AFTER_S)
-            assert "busy" in response.json()["error"]
+            assert response.headers["Retry-After"] == str(serving.RETRY_AFTER_S)
+            assert "busy" in response.json()["detail"]
         else:
             assert_outputs(response, x)
 
@@ -143,8 +144,8 @@ async def test_shutdown_finishes_the_requests_in_flight_and_closes_the_engine() 
         responses: list[Any] = await within(asyncio.gather(*requests))
     for response, x in zip(responses, inputs, strict=True):
         assert_outputs(response, x)
-    assert late.status_code == 503 and "shutting down" in late.json()["error"]
-    assert late.headers["Retry-After"] == str(serve.RETRY_AFTER_S)
+    assert late.status_code == 503 and "shutting down" in late.json()["detail"]
+    assert late.headers["Retry-After"] == str(serving.RETRY_AFTER_S)
     assert eng.closed and eng.stats().completed == len(serve.BATCH_SIZES) + 1 + len(inputs)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("schedsvc-")]
 
@@ -163,10 +164,10 @@ def test_the_script_binds_127_0_0_1_with_its_lifespan_on() -> None:
 async def test_uvicorn_serves_it_on_127_0_0_1_and_shuts_down_cleanly() -> None:
     config = serve.server_config(["--port", "0", "--cpu-workers", "1"], log_config=None)
     server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
+    running = asyncio.ensure_future(server.serve())
     try:
-        await until(lambda: server.started or serving.done())
-        assert server.started, serving.result()
+        await until(lambda: server.started or running.done())
+        assert server.started, running.result()
         host, port = server.servers[0].sockets[0].getsockname()[:2]
         assert host == "127.0.0.1"
         x = rows(2, 5)
@@ -175,5 +176,5 @@ async def test_uvicorn_serves_it_on_127_0_0_1_and_shuts_down_cleanly() -> None:
             assert (await within(client.get("/stats"))).json()["engine"]["completed"] > 0
     finally:
         server.should_exit = True
-        await within(serving)
+        await within(running)
     assert config.app.state.engine.closed
