@@ -12,7 +12,7 @@ One ``CudaDevice`` per device (``cuda:N``), bound to CuPy or, with
   the task's kernels with that stream current, records an event after them,
   and reports ``rt.launched``.  It never waits for the device.
 - ``streams_per_device`` **compute streams**, an **H2D** and a **D2H** copy
-  stream, each with **one watcher thread** that sleeps in
+  stream, each with **one watcher thread** (``_streams``) that sleeps in
   ``Event(block=True).synchronize()`` on the oldest event of its stream, then
   sweeps the later ones with ``.done``, and reports ``rt.complete`` (the
   runtime wakes the event loop once per burst).  The watcher also lets go of
@@ -34,7 +34,6 @@ import contextlib
 import functools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +53,7 @@ from .._runtime import (
     tasks_and_scalars,
 )
 from ._cudaapi import CudaApi, load
+from ._streams import Flight, Track
 from ._transfer import to_device
 
 if TYPE_CHECKING:
@@ -114,72 +114,6 @@ class _LaunchFailed(Exception):
         self.event = event
         self.held = held
         self.t0 = t0
-
-
-class Flight:
-    """A task launched on a stream, until its event passed: what it holds alive meanwhile."""
-
-    __slots__ = ("error", "event", "held", "t0", "task", "track", "value")
-
-    def __init__(self, task: Task | None, track: Track, event: Any, value: Any, held: Any, t0: float) -> None:
-        self.task = task
-        self.track = track
-        self.event = event
-        self.value = value
-        self.held = held  # arguments, staging buffers: alive until the event passed
-        self.t0 = t0
-        self.error: BaseException | None = None  # it failed while launching
-
-
-class Track:
-    """One stream and the watcher thread that reports its tasks complete, in launch order."""
-
-    def __init__(self, owner: CudaDevice, stream: Any, name: str) -> None:
-        self.owner = owner
-        self.stream = stream
-        self.name = name  # "cuda:0/s0", "cuda:0/h2d", "cuda:0/d2h"
-        self.flights: deque[Flight] = deque()
-        self.more = threading.Condition(threading.Lock())
-        self.stopping = False
-        self.launches = 0
-        self.busy = 0.0
-        self.last_end = 0.0
-        self.thread = threading.Thread(target=self._watch, name=f"schedsvc-{name}", daemon=True)
-
-    def push(self, flight: Flight) -> None:
-        with self.more:
-            self.flights.append(flight)
-            self.launches += 1
-            if len(self.flights) == 1:
-                self.more.notify()
-
-    def _watch(self) -> None:
-        owner = self.owner
-        owner.api.use_device(owner.index)
-        flights = self.flights
-        while True:
-            with self.more:
-                while not flights and not self.stopping:
-                    self.more.wait()
-                if not flights:
-                    return
-                head = flights[0]
-            error: BaseException | None = None
-            try:
-                head.event.synchronize()  # sleeps (block=True), the GIL released
-            except Exception as exc:  # the device failed (a sticky error): every task in flight fails
-                error = exc
-            done = [head]
-            with self.more:
-                flights.popleft()
-                if error is None:
-                    while flights and flights[0].event.done:  # events of one stream pass in order
-                        done.append(flights.popleft())
-                else:
-                    done.extend(flights)
-                    flights.clear()
-            owner.completed(self, done, error)
-            del head, done  # holds nothing while it sleeps: a result lives as long as its users keep it
 
 
 class CudaDevice(Device):
