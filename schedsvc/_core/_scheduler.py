@@ -442,12 +442,15 @@ class Scheduler:
             self._admit_waiters()
         return True
 
-    def launch(self, task: Task) -> None:
+    def launch(self, task: Task, chain: bool = False) -> Task | None:
         """A running task's work is queued on its asynchronous device (running -> launched).
 
         Each dependent on the same device is no longer kept waiting by it: one
         whose unfinished parents are all launched on that device becomes ready,
         to be launched behind them.  The task stays pending until ``complete``.
+        ``chain``: the first dependent made ready is returned (already ``running``)
+        for the caller to launch at once, without a queue hand-off, unless a
+        queued task outranks it, as ``finish`` hands on one.
         """
         if self._check:
             assert task.device in self.asynchronous, f"launch of {task!r}: {task.device} is not asynchronous"
@@ -458,16 +461,32 @@ class Scheduler:
         dependents = task.dependents
         behind = [child for child in dependents if child.device == device] if dependents else []
         self._behind_of[task] = behind
-        if behind:
-            rest = [child for child in dependents if child.device != device]  # type: ignore[union-attr]
-            task.dependents = rest or None
-            ahead = self._ahead
-            for child in behind:
-                self._behind[child] = self._behind.get(child, 0) + 1
-                ahead.setdefault(child, []).append(task)
-                child.n_waiting -= 1
-                if child.n_waiting == 0 and child.state == "waiting":
+        if not behind:
+            return None
+        rest = [child for child in dependents if child.device != device]  # type: ignore[union-attr]
+        task.dependents = rest or None
+        ahead = self._ahead
+        inline: Task | None = None
+        for child in behind:
+            self._behind[child] = self._behind.get(child, 0) + 1
+            ahead.setdefault(child, []).append(task)
+            child.n_waiting -= 1
+            if child.n_waiting == 0 and child.state == "waiting":
+                if chain and inline is None and child.staged != self._epoch and not self._cancelling:
+                    inline = child  # launched next by the caller: no queue hand-off
+                else:
                     self._ready_behind(child)
+        if inline is None:
+            return None
+        self._move(inline, "ready")
+        inline.t_ready = self._clock()
+        top = self.queues[device].top_priority()
+        if top is not None and top > inline.priority:
+            self.queues[device].push(inline)
+            return None
+        self._move(inline, "running")
+        self.running += 1
+        return inline
 
     def ahead(self, task: Task) -> list[Task]:
         """The launched parents (on its device, not complete) that ``task`` was made ready behind: its

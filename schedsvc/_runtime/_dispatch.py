@@ -298,16 +298,18 @@ class Dispatch:
             after()
         return state
 
-    def launched(self, task: Task, value: Any) -> None:
+    def launched(self, task: Task, value: Any, chain: bool = False) -> Task | None:
         """An asynchronous device queued ``task``'s work (behind its parents' work):
         dependents on the same device may now be launched behind it, taking ``value`` (a device
-        array whose contents are still being computed) in its place."""
+        array whose contents are still being computed) in its place.  ``chain``: returns the
+        first dependent this made ready (running now), for the device to launch next itself."""
         with self.lock:
             task.value = value  # what a dependent launched behind it receives; final at complete
-            self.core.launch(task)
+            nxt = self.core.launch(task, chain)
             after = self.collect()
         if after is not None:
             after()
+        return nxt
 
     def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
         """A launched task's result is visible to the host (or its device reported ``error``)."""

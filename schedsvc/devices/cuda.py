@@ -10,7 +10,9 @@ One ``CudaDevice`` per device (``cuda:N``), bound to CuPy or, with
   with the least work in flight), makes it wait on the events of parents
   launched on other streams (``wait_event``: the host never waits), enqueues
   the task's kernels with that stream current, records an event after them,
-  and reports ``rt.launched``.  It never waits for the device.
+  and reports ``rt.launched``, which hands back the first dependent that launch
+  made ready, launched next without a queue hand-off (a chain of ops goes out
+  back to back).  It never waits for the device.
 - ``streams_per_device`` **compute streams**, an **H2D** and a **D2H** copy
   stream, each with **one watcher thread** (``_streams``) that sleeps in
   ``Event(block=True).synchronize()`` on the oldest event of its stream, then
@@ -238,40 +240,42 @@ class CudaDevice(Device):
                 if not self.wake.acquire(timeout=task) and not rt.unpark(self, self):
                     self.wake.acquire()  # notified as the time ran out: take that wake-up
                 continue
-            self._launch_task(task)
+            while task is not None:  # a dependent made ready by a launch is launched next, here
+                task = self._launch_task(task)
             del task  # (parked with no reference: a result lives as long as its users keep it)
 
-    def _launch_task(self, task: Task) -> None:
-        """Launch ``task``.  If the device is out of memory, wait for the work in flight on it to
-        complete (freeing what it held), then retry once on the same stream -- unless the task writes
-        memory in place (its first try may have), then it fails.  A launch that fails may have queued
-        work already: its failure is reported once an event after that work passed."""
+    def _launch_task(self, task: Task) -> Task | None:
+        """Launch ``task``; the dependent its launch made ready to launch next, if any.  If the device
+        is out of memory, wait for the work in flight on it to complete (freeing what it held), then
+        retry once on the same stream -- unless the task writes memory in place (its first try may
+        have), then it fails.  A launch that fails may have queued work already: its failure is
+        reported once an event after that work passed."""
         try:
-            self._launch(task, None)
-            return
+            return self._launch(task, None)
         except _LaunchFailed as failed:
             first = failed
         except BaseException as exc:  # before anything was queued (finding its parents, its stream)
             self._failed(task, exc)
-            return
+            return None
         oom = isinstance(first.error, self.api.OutOfMemoryError)
         if not oom or any(b[2] for b in task.buffers):  # a retry could apply in-place writes twice
             error = self._memory_error(task, first.error, retried=False) if oom else first.error
             self._fail_after(task, first, error)
-            return
+            return None
         first.track.push(Flight(None, first.track, first.event, None, first.held, first.t0))
         with self.completions:
             self.completions.wait_for(lambda: not self.flying, _OOM_WAIT_S)
         try:
-            self._launch(task, first.track)
+            return self._launch(task, first.track)
         except BaseException as exc:
             if not isinstance(exc, _LaunchFailed):
                 self._failed(task, exc)
-                return
+                return None
             error = exc.error
             if isinstance(error, self.api.OutOfMemoryError):
                 error = self._memory_error(task, error, retried=True)
             self._fail_after(task, exc, error)
+            return None
 
     def _fail_after(self, task: Task, failed: _LaunchFailed, error: BaseException) -> None:
         """``task`` failed while launching: it fails once what it may have queued has run."""
@@ -317,8 +321,9 @@ class CudaDevice(Device):
                 best = track
         return best
 
-    def _launch(self, task: Task, track: Track | None) -> None:
-        """Enqueue ``task`` (on ``track``, or the stream ``_pick`` chooses) and report it launched."""
+    def _launch(self, task: Task, track: Track | None) -> Task | None:
+        """Enqueue ``task`` (on ``track``, or the stream ``_pick`` chooses) and report it launched;
+        the dependent that made ready to launch next, if any."""
         api = self.api
         t0 = time.perf_counter()
         flying = self.flying
@@ -355,8 +360,9 @@ class CudaDevice(Device):
             raise _LaunchFailed(exc, track, keep, (args, kwargs, staged), t0) from exc
         flight = Flight(task, track, event, value, (args, kwargs, staged), t0)
         flying[task] = flight
-        self.rt.launched(task, value)
-        track.push(flight)
+        nxt = self.rt.launched(task, value, chain=True)
+        track.push(flight)  # (after: its watcher may report it complete at once)
+        return nxt
 
     def _onto_device(self, stream: Any, staged: list[Any], obj: Any) -> Any:
         """``obj`` (an argument) on this device: a host array copied in on the H2D stream (through

@@ -114,6 +114,71 @@ def test_a_chain_on_one_device_becomes_ready_launch_by_launch() -> None:
     assert s.pending == 0 and s.launched == 0 and s.completed == 3
 
 
+def test_a_chained_launch_hands_on_the_dependent_it_made_ready_running_with_no_queue_hand_off() -> None:
+    s = make()
+    a = task("a")
+    b = task("b", deps=(a,))
+    c = task("c", deps=(b,))
+    on_cpu = task("on_cpu", device="cpu", deps=(a,))
+    submit(s, a, b, c, on_cpu)
+    assert take(s) is a
+    assert s.launch(a, chain=True) is b
+    s.validate()
+    assert b.state == "running" and s.running == 1 and take(s) is None  # the device's to launch now
+    assert on_cpu.state == "waiting"  # elsewhere: it waits for a to complete
+    assert s.launch(b, chain=True) is c
+    assert s.launch(c, chain=True) is None  # nothing behind it
+    s.validate()
+    for t, value in ((a, 1), (b, 2), (c, 3)):
+        assert resolved(complete(s, t, value)) == [t]
+    assert s.pending == 1 and take(s, "cpu") is on_cpu  # ready once a completed
+
+
+def test_a_chained_launch_hands_on_one_dependent_and_queues_the_others() -> None:
+    s = make()
+    a = task("a")
+    first, second = task("first", deps=(a,)), task("second", deps=(a,))
+    submit(s, a, first, second)
+    assert take(s) is a
+    assert s.launch(a, chain=True) is first
+    s.validate()
+    assert second.state == "ready" and take(s) is second
+
+
+def test_a_chained_launch_queues_its_dependent_when_a_queued_task_outranks_it() -> None:
+    s = make()
+    a = task("a", priority=2)
+    low = task("low", deps=(a,), priority=0)
+    queued = task("queued", priority=1)
+    submit(s, a, low, queued)
+    assert take(s) is a
+    assert s.launch(a, chain=True) is None
+    s.validate()
+    assert take_all(s) == [queued, low]
+
+
+def test_a_chained_launch_hands_on_no_staged_or_cancelled_dependent() -> None:
+    s = make()
+    a = task("a")
+    submit(s, a)
+    assert take(s) is a
+    staged = task("staged", deps=(a,))
+    assert s.submit(staged, stage=True)
+    assert s.launch(a, chain=True) is None  # held back until the burst is published
+    s.validate()
+    assert staged.state == "ready" and take(s) is None
+    s.publish()
+    assert take(s) is staged
+    b = task("b")
+    behind = task("behind", deps=(b,))
+    submit(s, b, behind)
+    assert take(s) is b
+    assert s.cancel_pending() == []
+    assert s.launch(b, chain=True) is None
+    s.validate()
+    assert behind.state == "cancelled"
+
+
 def test_dependents_on_the_cpu_or_another_device_wait_for_completion() -> None:
     s = make()
     a = task("a")

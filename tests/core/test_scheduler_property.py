@@ -111,8 +111,10 @@ class Driver:
             return
         elif kind == "launch" and self.launching:
             task = self.launching.pop(n % len(self.launching))
-            s.launch(task)
+            nxt = s.launch(task, chain=n % 2 == 0)  # chained: a dependent it made ready comes back running
             self.launched.append(task)
+            if nxt is not None:
+                self.started(nxt)
         elif kind == "launch_fail" and self.launching:
             task = self.launching.pop(n % len(self.launching))
             nxt = s.finish(task, error=RuntimeError(f"launch of task {self.tasks.index(task)}"))
