@@ -19,9 +19,9 @@ from ._remote import Remote
 from ._runtime import Runtime
 from ._scan import (
     _KEYERS,
+    SCALAR_TYPES,
     buffer_of,
     replace_leaves,
-    replace_leaves_in,
     scan,
     substitute,
     substitute_args,
@@ -40,6 +40,7 @@ __all__ = [
     "NOW",
     "OVER",
     "QUEUE",
+    "SCALAR_TYPES",
     "Copies",
     "CopyTask",
     "Found",
@@ -57,7 +58,6 @@ __all__ = [
     "memory_of",
     "on_loop",
     "replace_leaves",
-    "replace_leaves_in",
     "scan",
     "set_worker",
     "substitute",

@@ -23,10 +23,10 @@ from .._errors import InvalidTask
 from ._memory import exports_memory, memory_of
 
 __all__ = [
+    "SCALAR_TYPES",
     "buffer_of",
     "register_buffer_types",
     "replace_leaves",
-    "replace_leaves_in",
     "scan",
     "substitute",
     "substitute_args",
@@ -40,6 +40,8 @@ _NONE: tuple[()] = ()
 # np.void can be a view into a structured array, so it is walked like other objects)
 _SCALARS = {kind for kind in np.sctypeDict.values() if kind not in (np.void, np.object_)}
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis), *_SCALARS})
+#: the types of arguments that hold no array and no Task: scalars (a device moves nothing in for them)
+SCALAR_TYPES = _LEAVES
 
 
 #: argument types devices understand as memory (a CuPy array, say), beyond NumPy arrays and the
@@ -209,20 +211,6 @@ def tasks_and_scalars(args: tuple[Any, ...]) -> bool:
         if type(arg) not in _LEAVES and not isinstance(arg, Task):
             return False
     return True
-
-
-def replace_leaves_in(args: list[Any], leaf: Callable[[Any], Any]) -> list[Any]:
-    """``replace_leaves`` on a list of arguments that is the caller's own, in place, for a ``leaf`` that
-    keeps scalars as they are: scalars are passed over, other arguments replaced (hot path of a launch)."""
-    for i, arg in enumerate(args):
-        kind = type(arg)
-        if kind in _LEAVES:
-            continue
-        if kind is list or kind is tuple or kind is dict or isinstance(arg, list | tuple | dict):
-            args[i] = replace_leaves(arg, leaf)
-        else:
-            args[i] = leaf(arg)
-    return args
 
 
 def replace_leaves(obj: Any, leaf: Callable[[Any], Any]) -> Any:

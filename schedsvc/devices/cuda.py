@@ -43,15 +43,14 @@ import numpy as np
 
 from .._errors import DeviceError, InvalidTask, MemoryLimitError
 from .._runtime import (
+    SCALAR_TYPES,
     Copies,
     CopyTask,
     Device,
     Runtime,
     Task,
     replace_leaves,
-    replace_leaves_in,
     substitute,
-    substitute_args,
     tasks_and_scalars,
 )
 from ._cudaapi import CudaApi, load
@@ -334,15 +333,14 @@ class CudaDevice(Device):
         for flight in parents:
             if flight.track is not track:
                 stream.wait_event(flight.event)
-        args = substitute_args(task.args) if task.deps else list(task.args)
+        args: list[Any] = []
         kwargs = substitute(task.kwargs) if task.kwargs else {}
         staged: list[Any] = []
         fn = task.fn
         try:
-            onto = functools.partial(self._onto_device, stream, staged)
-            replace_leaves_in(args, onto)
+            self._arguments(task.args, stream, staged, args)
             if kwargs:
-                kwargs = replace_leaves(kwargs, onto)
+                kwargs = replace_leaves(kwargs, functools.partial(self._onto_device, stream, staged))
             with stream:
                 if fn is to_device:
                     value = args[0]  # (copied in by _onto_device)
@@ -363,6 +361,27 @@ class CudaDevice(Device):
         nxt = self.rt.launched(task, value, chain=True)
         track.push(flight)  # (after: its watcher may report it complete at once)
         return nxt
+
+    def _arguments(self, given: tuple[Any, ...], stream: Any, staged: list[Any], args: list[Any]) -> None:
+        """The positional arguments ``given`` as the kernels take them, appended to ``args``: Tasks'
+        values, and every array on this device (``_onto_device``); in one pass (hot path)."""
+        api = self.api
+        onto = None
+        for arg in given:
+            kind = type(arg)
+            if kind in SCALAR_TYPES:
+                args.append(arg)
+                continue
+            if isinstance(arg, Task):
+                arg = arg.value
+            elif kind is not _ndarray:
+                arg = substitute(arg)
+            if isinstance(arg, api.ndarray) and api.device_of(arg) == self.index:  # already here
+                args.append(arg)
+                continue
+            if onto is None:
+                onto = functools.partial(self._onto_device, stream, staged)
+            args.append(replace_leaves(arg, onto))
 
     def _onto_device(self, stream: Any, staged: list[Any], obj: Any) -> Any:
         """``obj`` (an argument) on this device: a host array copied in on the H2D stream (through
