@@ -18,6 +18,7 @@ sequential NumPy would hold at that point of the program.
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Generator
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -143,6 +144,9 @@ class Tensor(ArrayOps, Future[Array]):
             return (yield from Future.__await__(self))
         if last.state not in FINAL_STATES:
             yield from last.wait().__await__()
+        if last.state != "done":  # it ended without running: writes queued before it may still run
+            while (write := self._port.tensors.unfinished(owner)) is not None:
+                yield from write.wait().__await__()
         try:
             value = yield from Future.__await__(self)
         finally:  # its writes are seen now, whatever this await raises (its own error first)
@@ -164,12 +168,20 @@ class Tensor(ArrayOps, Future[Array]):
         """Block this thread until the value (and every queued write to it) is there; return it."""
         owner = self.owner
         last = owner._last_write
+        if last is not None and last.state != "done":  # it may have ended while writes before it run
+            earlier = self._port.tensors.unfinished(owner)
+            if earlier is not None:  # (a Tensor may be a write: no truth test of it)
+                last = earlier
         pending = self.state not in FINAL_STATES or (last is not None and last.state not in FINAL_STATES)
         if pending and self._rt.on_loop_thread():
             raise blocks_the_loop(self, "wait_to_read()", "t")
         if last is not None:
-            if last.state not in FINAL_STATES and not self._rt.wait_blocking(last, timeout):
-                raise TimeoutError(f"the last write to {self!r} did not finish within {timeout} s")
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while last is not None and last.state not in FINAL_STATES:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                if not self._rt.wait_blocking(last, left):
+                    raise TimeoutError(f"the writes to {self!r} did not finish within {timeout} s")
+                last = self._port.tensors.unfinished(owner)
             try:
                 value = self.result(timeout)  # its own error first, as await does
             finally:  # its writes are seen now, whatever this raises

@@ -104,6 +104,17 @@ class TensorMemory:
                 if n >= 16 and n & (n - 1) == 0:  # at each power of two: amortised O(1) per write
                     owner._unseen = _unsettled(unseen)
 
+    def unfinished(self, owner: Tensor) -> Future[Any] | None:
+        """A write to ``owner``'s memory that an await has not seen and that has not finished, if any.
+        Writes to one memory finish in order, except one that ends without running (it failed or was
+        cancelled through an input) while the writes queued before it still run: when the last write
+        ended so, an await waits for these too."""
+        with self._lock:
+            for write in owner._unseen or ():
+                if write.state not in FINAL_STATES:
+                    return cast("Future[Any]", write)  # (every task the door takes is a Future)
+        return None
+
     def seen(self, owner: Tensor) -> BaseException | None:
         """An await of ``owner``'s memory has waited for its writes: the error of the first of them
         that failed since the last await, if any (reported once)."""

@@ -97,6 +97,13 @@ SEEDS: list[tuple[int, str, str, str | None]] = [
         None,
     ),
     (
+        9665,
+        "mixed",
+        "t5[0:1] = eng.asarray(<a task that fails later>) queued behind add_into(t5, 23, out=t5) on cuda:0 "
+        "failed through its input and, as the last write, let await t5 read while add_into still ran",
+        None,
+    ),
+    (
         3,
         "batched",
         "call = g(B0.reshape(2, 4)[1:2]) with x @ W, then mix(..., out=as_strided(B1)) and an add of B0[5:6]: the call sees the add",

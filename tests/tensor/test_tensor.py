@@ -694,6 +694,35 @@ async def test_a_write_that_fails_at_once_does_not_stop_await_waiting_for_the_wr
     np.testing.assert_array_equal(await within(t), np.arange(4) + 10)
 
 
+async def test_a_write_whose_input_fails_while_it_waits_does_not_stop_await_waiting_for_the_write_before_it(
+    engine: ss.Engine,
+) -> None:
+    """Regression (found by the differential tester, seed 9665): a Tensor write queued behind a write still
+    to run, whose own input failed meanwhile, became final through that input and was the last write, so
+    ``await t`` returned before the write queued before it had run, without its values (on a GPU: it read
+    memory a kernel was still writing)."""
+    first, second = Gate(), Gate()
+    t = engine.asarray(np.arange(4))
+    pending = engine.submit_nowait(held(first, lambda: np.full(4, 10)))
+    t += engine.asarray(pending, shape=(4,), dtype=np.int64)  # queued: it waits for the first gate
+    failing = engine.submit_nowait(held(second, boom))
+    t += engine.asarray(failing, shape=(4,), dtype=np.int64)  # queued: its input has not failed yet
+    await first.wait_started(1)
+    await second.wait_started(1)
+    second.open()
+    with pytest.raises(ValueError):
+        await within(failing)  # the second write fails through it now, while the first still waits
+    awaiting = asyncio.ensure_future(read(t))
+    in_thread = asyncio.ensure_future(asyncio.to_thread(t.wait_to_read, TIMEOUT))
+    done, _ = await asyncio.wait({awaiting, in_thread}, timeout=0.05)
+    assert not done, "t was read while the write queued before the failed one had not run"
+    awaiting.cancel()
+    first.open()
+    with pytest.raises(ss.DependencyError):
+        await within(in_thread)  # then the failed write's error, once
+    np.testing.assert_array_equal(await within(t), np.arange(4) + 10)
+
+
 # == bugs found: each test fails today ==========================================================================
 
 
