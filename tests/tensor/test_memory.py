@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import weakref
@@ -278,21 +279,27 @@ def expected_outputs() -> list[np.ndarray]:
 
 async def test_throttle_once_per_batch_bounds_the_peak_by_the_limit_plus_one_batch() -> None:
     """Ops are admitted over the limits; throttle() returns once the engine is under them. So the peak is
-    at most max_pending_bytes plus what one batch adds -- and without throttle it is far above that."""
+    at most max_pending_bytes plus what one batch adds -- and without throttle it is far above that.
+    Both workers are held until the producer has had to wait (or, without throttle, has queued every
+    batch): the limit is reached whatever the machine's speed."""
     assert ONE_BATCH < LIMIT // 3
     async with ss.Engine(cpu_workers=2, max_pending_bytes=LIMIT) as eng:
-        outputs = await produce(eng, throttle=True)
+        async with occupied(eng, 2):
+            producing = asyncio.ensure_future(produce(eng, throttle=True))
+            await until(lambda: eng.stats().waiting_admission == 1)  # its throttle() waits for room
+            assert not producing.done() and eng.stats().pending_bytes > LIMIT
+        outputs = await within(producing)
         values = [await within(y) for y in outputs]
         await within(eng.waitall())
         throttled = eng.stats()
     for got, want in zip(values, expected_outputs(), strict=True):
         np.testing.assert_allclose(got, want)
     assert throttled.pending_bytes == 0
-    assert throttled.peak_pending_bytes <= LIMIT + ONE_BATCH
-    assert throttled.peak_pending_bytes > LIMIT  # the limit was reached: throttle had to wait
+    assert LIMIT < throttled.peak_pending_bytes <= LIMIT + ONE_BATCH
 
     async with ss.Engine(cpu_workers=2, max_pending_bytes=LIMIT) as eng:
-        outputs = await produce(eng, throttle=False)
+        async with occupied(eng, 2):
+            outputs = await produce(eng, throttle=False)  # nothing waits: every batch is queued
         await within(eng.waitall())
         unthrottled = eng.stats()
     assert unthrottled.pending_bytes == 0
