@@ -19,7 +19,7 @@ PACKAGE = os.path.dirname(schedsvc.__file__) + os.sep
 #: CuPy and the GPU, whose work is not Python there)
 NOT_ENGINE = (PACKAGE + "cli" + os.sep, PACKAGE + os.path.join("devices", "cudasim") + os.sep)
 
-Counts = collections.Counter[tuple[str, str, bool]]
+Counts = collections.Counter[tuple[str, str, bool, bool]]
 
 
 class OpCounter:
@@ -34,7 +34,9 @@ class OpCounter:
 
     @property
     def counts(self) -> Counts:
-        """(thread's label, function, is it the engine's?) -> bytecodes, all threads summed."""
+        """(thread's label, function, is it the engine's?, does it run for the engine?) -> bytecodes, all
+        threads summed.  A function runs for the engine when the nearest of the package's functions on its
+        stack (itself included) is the engine's: the engine's own, and the library code it calls."""
         total: Counts = collections.Counter()
         for counts in list(self._per_thread.values()):
             total.update(counts)
@@ -47,8 +49,12 @@ class OpCounter:
         code = frame.f_code
         path = code.co_filename
         engine = path.startswith(PACKAGE) and not path.startswith(NOT_ENGINE)
+        caller: FrameType | None = frame
+        while caller is not None and not caller.f_code.co_filename.startswith(PACKAGE):
+            caller = caller.f_back
+        for_engine = caller is not None and not caller.f_code.co_filename.startswith(NOT_ENGINE)
         where = path[len(PACKAGE) :] if path.startswith(PACKAGE) else path.rsplit("site-packages/", 1)[-1]
-        key = (self.label(), f"{where}:{code.co_firstlineno}:{code.co_name}", engine)
+        key = (self.label(), f"{where}:{code.co_firstlineno}:{code.co_name}", engine, for_engine)
         ident = threading.get_ident()
         counts = self._per_thread.get(ident)
         if counts is None:
@@ -62,15 +68,22 @@ class OpCounter:
         return local
 
     def report(self, n: int, unit: str, threads: Iterable[str], top: int, skip: Iterable[str] = ()) -> None:
-        """Print, for each thread label, its bytecodes per ``unit`` (``n`` of them ran) and the engine's
-        share, then its ``top`` functions; functions whose name holds one of ``skip`` are left out."""
+        """Print, for each thread label, its bytecodes per ``unit`` (``n`` of them ran), the engine's share
+        and what ran for the engine, then its ``top`` functions; functions whose name holds one of ``skip``
+        are left out."""
         skip = tuple(skip)
-        kept = {k: v / n for k, v in self.counts.items() if not any(p in k[1] for p in skip)}
         for thread in threads:
-            mine = {k[1:]: v for k, v in kept.items() if k[0] == thread}
-            engine = sum(v for (_, own), v in mine.items() if own)
+            mine: collections.Counter[str] = collections.Counter()
+            engine = for_engine = 0.0
+            for (label, name, own, ran_for), count in self.counts.items():
+                if label != thread or any(p in name for p in skip):
+                    continue
+                mine[name] += count / n
+                engine += count / n if own else 0.0
+                for_engine += count / n if ran_for else 0.0
             print(
-                f"{thread}: {sum(mine.values()):,.0f} bytecodes per {unit}, {engine:,.0f} in the engine's modules"
+                f"{thread}: {sum(mine.values()):,.0f} bytecodes per {unit}, {engine:,.0f} in the engine's "
+                f"modules, {for_engine:,.0f} run for the engine"
             )
-            for (name, _), v in sorted(mine.items(), key=lambda kv: -kv[1])[:top]:
+            for name, v in mine.most_common(top):
                 print(f"  {v:8.1f}  {name}")

@@ -385,4 +385,6 @@ def test_serve_path_counts_the_engines_bytecodes_on_the_loop_and_the_workers() -
     engine_on_loop = int(loop.split(", ")[1].split()[0].replace(",", ""))
     assert engine_on_loop > 100  # a batched call is a task of the engine: admitted, awaited, woken
     none = _serve_path("ops", "none", "digits", "--top", "1").splitlines()
-    assert none[0].endswith(", 0 in the engine's modules") and none[2].startswith("workers: 0 bytecodes")
+    assert none[0].endswith(", 0 in the engine's modules, 0 run for the engine") and none[2].startswith(
+        "workers: 0 bytecodes"
+    )
