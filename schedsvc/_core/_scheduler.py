@@ -452,9 +452,10 @@ class Scheduler:
         for the caller to launch at once, without a queue hand-off, unless a
         queued task outranks it, as ``finish`` hands on one.
         """
-        if self._check:
+        if self._check:  # hot path: no call unless checking
             assert task.device in self.asynchronous, f"launch of {task!r}: {task.device} is not asynchronous"
-        self._move(task, "launched")
+            self._move(task, "launched")
+        task.state = "launched"
         self.running -= 1
         self.launched += 1
         device = task.device
@@ -478,13 +479,19 @@ class Scheduler:
                     self._ready_behind(child)
         if inline is None:
             return None
-        self._move(inline, "ready")
+        if self._check:  # hot path: no call unless checking
+            self._move(inline, "ready")
+        inline.state = "ready"
         inline.t_ready = self._clock()
-        top = self.queues[device].top_priority()
-        if top is not None and top > inline.priority:
-            self.queues[device].push(inline)
-            return None
-        self._move(inline, "running")
+        queue = self.queues[device]
+        if queue.count:  # (hot path: nothing else is ready)
+            top = queue.top_priority()
+            if top is not None and top > inline.priority:
+                queue.push(inline)
+                return None
+        if self._check:
+            self._move(inline, "running")
+        inline.state = "running"
         self.running += 1
         return inline
 

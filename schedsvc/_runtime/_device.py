@@ -66,7 +66,7 @@ class Device(abc.ABC):
     local: ClassVar[bool] = True
     #: does it launch work asynchronously (CUDA streams)?  Then its tasks have two completion
     #: points: ``rt.launched`` (queued on the device behind its parents, so a same-device dependent
-    #: may be launched behind it) and ``rt.complete`` (visible to the host)
+    #: may be launched behind it) and ``rt.complete`` (visible to the host; ``rt.complete_all`` for several)
     asynchronous: ClassVar[bool] = False
     #: does its device have memory of its own?  Then ``Config.max_device_bytes`` budgets it
     own_memory: ClassVar[bool] = False

@@ -298,18 +298,20 @@ class Dispatch:
             after()
         return state
 
-    def launched(self, task: Task, value: Any, chain: bool = False) -> Task | None:
+    def launched(self, task: Task, value: Any, chain: bool = False) -> tuple[Task, list[Task]] | None:
         """An asynchronous device queued ``task``'s work (behind its parents' work):
         dependents on the same device may now be launched behind it, taking ``value`` (a device
         array whose contents are still being computed) in its place.  ``chain``: returns the
-        first dependent this made ready (running now), for the device to launch next itself."""
+        first dependent this made ready (running now), for the device to launch next itself, with
+        what it launches behind (as ``ahead`` gives it)."""
         with self.lock:
             task.value = value  # what a dependent launched behind it receives; final at complete
             nxt = self.core.launch(task, chain)
+            behind = None if nxt is None else (nxt, list(self.core.ahead(nxt)))
             after = self.collect()
         if after is not None:
             after()
-        return nxt
+        return behind
 
     def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
         """A launched task's result is visible to the host (or its device reported ``error``)."""
@@ -317,6 +319,19 @@ class Dispatch:
             if self.rt.metered:
                 self.rt.meter()
             self.core.complete(task, value, error)
+            after = self.collect()
+        if after is not None:
+            after()
+
+    def complete_all(self, outcomes: list[tuple[Task, Any, BaseException | None]]) -> None:
+        """``complete`` for each ``(task, value, error)``, in order, under one hold of the lock (a
+        device's sweep of the tasks whose work passed together)."""
+        with self.lock:
+            if self.rt.metered:
+                self.rt.meter()
+            complete = self.core.complete
+            for task, value, error in outcomes:
+                complete(task, value, error)
             after = self.collect()
         if after is not None:
             after()

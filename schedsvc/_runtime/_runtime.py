@@ -112,6 +112,7 @@ _ENTRY_POINTS = (
     "finish",
     "launched",
     "complete",
+    "complete_all",
     "ahead",
     "data_parents",
     "run_inline",
@@ -226,6 +227,7 @@ class Runtime:
         self.finish = dispatch.finish
         self.launched = dispatch.launched
         self.complete = dispatch.complete
+        self.complete_all = dispatch.complete_all
         self.ahead = dispatch.ahead
         self.data_parents = dispatch.data_parents
         # -- waiting

@@ -38,14 +38,21 @@ class Flight:
 
 
 class Track:
-    """One stream and the watcher thread that reports its tasks complete, in launch order."""
+    """One stream and the watcher thread that reports its tasks complete, in launch order.
+
+    ``lock`` guards the flights; a watcher with none sleeps on ``_wake``, a lock held while it is not
+    signalled, which ``push`` (or ``stop``) releases once for it (what ``threading.Condition`` does per
+    waiter, without its Python frames on the launching thread's path)."""
 
     def __init__(self, owner: CudaDevice, stream: Any, name: str) -> None:
         self.owner = owner
         self.stream = stream
         self.name = name  # "cuda:0/s0", "cuda:0/h2d", "cuda:0/d2h"
         self.flights: deque[Flight] = deque()
-        self.more = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self._wake = threading.Lock()
+        self._wake.acquire()  # (not signalled)
+        self._asleep = False  # the watcher waits on _wake (with the lock held to change it)
         self.stopping = False
         self.launches = 0
         self.busy = 0.0
@@ -53,30 +60,47 @@ class Track:
         self.thread = threading.Thread(target=self._watch, name=f"schedsvc-{name}", daemon=True)
 
     def push(self, flight: Flight) -> None:
-        with self.more:
+        with self.lock:
             self.flights.append(flight)
             self.launches += 1
-            if len(self.flights) == 1:
-                self.more.notify()
+            if not self._asleep:
+                return
+            self._asleep = False
+        self._wake.release()
+
+    def stop(self) -> None:
+        """The watcher returns once no flight is left."""
+        with self.lock:
+            self.stopping = True
+            if not self._asleep:
+                return
+            self._asleep = False
+        self._wake.release()
 
     def _watch(self) -> None:
         owner = self.owner
         owner.api.use_device(owner.index)
         flights = self.flights
+        lock = self.lock
         while True:
-            with self.more:
-                while not flights and not self.stopping:
-                    self.more.wait()
+            with lock:
                 if not flights:
-                    return
-                head = flights[0]
+                    if self.stopping:
+                        return
+                    self._asleep = True
+                    head = None
+                else:
+                    head = flights[0]
+            if head is None:
+                self._wake.acquire()  # until push or stop release it
+                continue
             error: BaseException | None = None
             try:
                 head.event.synchronize()  # sleeps (block=True), the GIL released
             except Exception as exc:  # the device failed (a sticky error): every task in flight fails
                 error = exc
             done = [head]
-            with self.more:
+            with lock:
                 flights.popleft()
                 if error is None:
                     while flights and flights[0].event.done:  # events of one stream pass in order

@@ -139,6 +139,7 @@ class CudaDevice(Device):
         self.events: list[Any] = []  # recycled events, their last record passed
         self.flying: dict[Task, Flight] = {}  # launched, not complete (read by the launcher)
         self.completions = threading.Condition(threading.Lock())  # an OOM retry waits on it
+        self.oom_waiting = 0  # launches waiting on it (under its lock): only then is it notified
         self.translate = _translation(api.xp)
         # (streams are made on their device without making it current: the opening thread -- the
         # user's event loop -- keeps its own current device)
@@ -192,9 +193,7 @@ class CudaDevice(Device):
         self.stopping = True
         self.wake.release()
         for track in self.tracks:
-            with track.more:
-                track.stopping = True
-                track.more.notify()
+            track.stop()
 
     def join(self, timeout: float | None) -> list[threading.Thread]:
         threads = [self.launcher, *(t.thread for t in self.tracks)]
@@ -239,18 +238,20 @@ class CudaDevice(Device):
                 if not self.wake.acquire(timeout=task) and not rt.unpark(self, self):
                     self.wake.acquire()  # notified as the time ran out: take that wake-up
                 continue
-            while task is not None:  # a dependent made ready by a launch is launched next, here
-                task = self._launch_task(task)
+            nxt = self._launch_task(task, None)
+            while nxt is not None:  # a dependent made ready by a launch is launched next, here
+                nxt = self._launch_task(*nxt)
             del task  # (parked with no reference: a result lives as long as its users keep it)
 
-    def _launch_task(self, task: Task) -> Task | None:
-        """Launch ``task``; the dependent its launch made ready to launch next, if any.  If the device
+    def _launch_task(self, task: Task, ahead: list[Task] | None) -> tuple[Task, list[Task]] | None:
+        """Launch ``task`` (behind ``ahead``, its launched parents, if known); the dependent its launch
+        made ready to launch next, and what that launches behind, if any.  If the device
         is out of memory, wait for the work in flight on it to complete (freeing what it held), then
         retry once on the same stream -- unless the task writes memory in place (its first try may
         have), then it fails.  A launch that fails may have queued work already: its failure is
         reported once an event after that work passed."""
         try:
-            return self._launch(task, None)
+            return self._launch(task, None, ahead)
         except _LaunchFailed as failed:
             first = failed
         except BaseException as exc:  # before anything was queued (finding its parents, its stream)
@@ -263,7 +264,11 @@ class CudaDevice(Device):
             return None
         first.track.push(Flight(None, first.track, first.event, None, first.held, first.t0))
         with self.completions:
-            self.completions.wait_for(lambda: not self.flying, _OOM_WAIT_S)
+            self.oom_waiting += 1
+            try:
+                self.completions.wait_for(lambda: not self.flying, _OOM_WAIT_S)
+            finally:
+                self.oom_waiting -= 1
         try:
             return self._launch(task, first.track)
         except BaseException as exc:
@@ -320,13 +325,18 @@ class CudaDevice(Device):
                 best = track
         return best
 
-    def _launch(self, task: Task, track: Track | None) -> Task | None:
-        """Enqueue ``task`` (on ``track``, or the stream ``_pick`` chooses) and report it launched;
-        the dependent that made ready to launch next, if any."""
+    def _launch(
+        self, task: Task, track: Track | None, ahead: list[Task] | None = None
+    ) -> tuple[Task, list[Task]] | None:
+        """Enqueue ``task`` (on ``track``, or the stream ``_pick`` chooses; behind ``ahead``, or what
+        the runtime says it launches behind) and report it launched; the dependent that made ready
+        to launch next, and what that launches behind, if any."""
         api = self.api
         t0 = time.perf_counter()
         flying = self.flying
-        parents = [f for d in self.rt.ahead(task) if (f := flying.get(d)) is not None]
+        if ahead is None:
+            ahead = self.rt.ahead(task)
+        parents = [f for d in ahead if (f := flying.get(d)) is not None]
         if track is None:
             track = self._pick(task, parents)
         stream = track.stream
@@ -414,6 +424,7 @@ class CudaDevice(Device):
         now = time.perf_counter()
         rt = self.rt
         timeline = rt.timeline
+        outcomes: list[tuple[Task, Any, BaseException | None]] = []
         for flight in done:
             start = max(flight.t0, track.last_end)
             track.busy += now - start
@@ -422,17 +433,20 @@ class CudaDevice(Device):
             if timeline is not None and task is not None:
                 timeline.span(task, start, now, error or flight.error)
             if task is None:  # a failed launch's staging, kept until its copies passed
-                flight.held = None
                 continue
             self.flying.pop(task, None)
             if error is None and flight.error is None:
                 self.events.append(flight.event)
-                rt.complete(task, flight.value)
+                outcomes.append((task, flight.value, None))
             else:
-                rt.complete(task, None, error or flight.error)
-            flight.held = flight.value = flight.task = None  # let go of what it touched: its event passed
-        with self.completions:
-            self.completions.notify_all()
+                outcomes.append((task, None, error or flight.error))
+        rt.complete_all(outcomes)  # one hold of the runtime's lock for the sweep
+        for flight in done:  # let go of what they touched: their events passed
+            flight.held = flight.value = flight.task = None
+        del outcomes
+        if self.oom_waiting:  # (read without the lock: it is raised before the flights it waits on drop)
+            with self.completions:
+                self.completions.notify_all()
 
     # -- transfers -----------------------------------------------------------------
 
@@ -456,7 +470,7 @@ class CudaDevice(Device):
             event = api.event()
             event.record(stream)
         event.synchronize()  # (a CPU thread: it may wait; launching threads never do)
-        with track.more:
+        with track.lock:
             track.launches += 1
             track.busy += time.perf_counter() - t0
         return pinned
