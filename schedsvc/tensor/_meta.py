@@ -66,6 +66,15 @@ def _shape(meta: Any) -> Shape:
 
 def broadcast(*shapes: Shape) -> Shape:
     """The broadcast shape, or NumPy's ValueError naming every shape."""
+    common: Shape = ()
+    for shape in shapes:  # hot path: operands of one shape, and scalars (shape ()), need no rules
+        if not shape or shape == common:
+            continue
+        if common:
+            break  # two shapes: NumPy's rules
+        common = shape
+    else:
+        return tuple(common)
     try:
         return np.broadcast_shapes(*shapes)
     except ValueError:

@@ -703,3 +703,21 @@ async def test_item_assignment(
         x[index] = t_value if isinstance(x, Tensor) else value
 
     await check_write(write, a, o.eng.asarray(a), returns_target=False)
+
+
+SHAPES = st.lists(st.integers(0, 3), max_size=3).map(tuple)
+
+
+@SETTINGS
+@given(st.lists(SHAPES, min_size=1, max_size=4))
+def test_the_broadcast_shape_is_numpys(shapes: list[tuple[int, ...]]) -> None:
+    """Including its shortcut for operands of one shape and scalars: NumPy's shape, or its ValueError."""
+    from schedsvc.tensor._meta import broadcast
+
+    try:
+        want: Any = np.broadcast_shapes(*shapes)
+    except ValueError:
+        with pytest.raises(ValueError, match="could not be broadcast"):
+            broadcast(*shapes)
+        return
+    assert broadcast(*shapes) == want
