@@ -84,9 +84,27 @@ def broadcast(*shapes: Shape) -> Shape:
 
 def ufunc_meta(ufunc: np.ufunc, metas: Sequence[Any], dtype: Any = None) -> Meta:
     """An elementwise ufunc call: broadcast shape, NumPy's resolved output dtype."""
-    probes = [_probe(m) for m in metas]  # dtype first: NumPy reports a type error before a shape one
+    probes = []  # hot path: one pass for the probes and the common shape, no helper calls
+    common: Shape = ()
+    mixed = False
+    for meta in metas:
+        if type(meta) is not tuple:  # a scalar: itself, shape ()
+            probes.append(meta)
+            continue
+        shape, kind = meta
+        probe = _empty_probes.get(kind)
+        if probe is None:
+            probe = _empty_probes[kind] = np.empty(0, kind)
+        probes.append(probe)
+        if shape and shape != common:
+            if common:
+                mixed = True
+            else:
+                common = shape
+    # dtype first: NumPy reports a type error before a shape one
     result = ufunc(*probes) if dtype is None else ufunc(*probes, dtype=dtype)
-    return broadcast(*(_shape(m) for m in metas)), np.result_type(result)
+    shape = broadcast(*(_shape(m) for m in metas)) if mixed else tuple(common)
+    return shape, np.result_type(result)
 
 
 def matmul_meta(a: Any, b: Any) -> Meta:
