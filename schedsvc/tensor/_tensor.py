@@ -142,10 +142,8 @@ class Tensor(ArrayOps, Future[Array]):
         last = owner._last_write
         if last is None:
             return (yield from Future.__await__(self))
-        if last.state not in FINAL_STATES:
-            yield from last.wait().__await__()
-        if last.state != "done":  # it ended without running: writes queued before it may still run
-            while (write := self._port.tensors.unfinished(owner)) is not None:
+        if last.state != "done":  # the writes queued so far: the last, and any before it still running
+            for write in self._port.tensors.unfinished(owner):
                 yield from write.wait().__await__()
         try:
             value = yield from Future.__await__(self)
@@ -168,20 +166,17 @@ class Tensor(ArrayOps, Future[Array]):
         """Block this thread until the value (and every queued write to it) is there; return it."""
         owner = self.owner
         last = owner._last_write
-        if last is not None and last.state != "done":  # it may have ended while writes before it run
-            earlier = self._port.tensors.unfinished(owner)
-            if earlier is not None:  # (a Tensor may be a write: no truth test of it)
-                last = earlier
-        pending = self.state not in FINAL_STATES or (last is not None and last.state not in FINAL_STATES)
-        if pending and self._rt.on_loop_thread():
+        writes = self._port.tensors.unfinished(owner) if last is not None and last.state != "done" else []
+        if (self.state not in FINAL_STATES or writes) and self._rt.on_loop_thread():
             raise blocks_the_loop(self, "wait_to_read()", "t")
         if last is not None:
             deadline = None if timeout is None else time.monotonic() + timeout
-            while last is not None and last.state not in FINAL_STATES:
+            for write in writes:  # the writes queued so far, in order
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                if not self._rt.wait_blocking(last, left):
+                if not self._rt.wait_blocking(write, left):
                     raise TimeoutError(f"the writes to {self!r} did not finish within {timeout} s")
-                last = self._port.tensors.unfinished(owner)
+            if deadline is not None:
+                timeout = max(deadline - time.monotonic(), 0.0)
             try:
                 value = self.result(timeout)  # its own error first, as await does
             finally:  # its writes are seen now, whatever this raises

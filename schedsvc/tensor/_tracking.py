@@ -104,16 +104,18 @@ class TensorMemory:
                 if n >= 16 and n & (n - 1) == 0:  # at each power of two: amortised O(1) per write
                     owner._unseen = _unsettled(unseen)
 
-    def unfinished(self, owner: Tensor) -> Future[Any] | None:
-        """A write to ``owner``'s memory that an await has not seen and that has not finished, if any.
-        Writes to one memory finish in order, except one that ends without running (it failed or was
-        cancelled through an input) while the writes queued before it still run: when the last write
-        ended so, an await waits for these too."""
+    def unfinished(self, owner: Tensor) -> list[Future[Any]]:
+        """The writes to ``owner``'s memory queued so far that have not finished, oldest first: what an
+        await of it waits for (a snapshot: writes queued later are not waited for).  Writes to one
+        memory finish in order, except one that ends without running (failed or cancelled through an
+        input) while those queued before it still run: so an await waits for these too, not only for
+        the last write."""
         with self._lock:
-            for write in owner._unseen or ():
-                if write.state not in FINAL_STATES:
-                    return cast("Future[Any]", write)  # (every task the door takes is a Future)
-        return None
+            writes = [w for w in owner._unseen or () if w.state not in FINAL_STATES]
+        last = owner._last_write
+        if last is not None and last.state not in FINAL_STATES and not any(w is last for w in writes):
+            writes.append(last)  # (seen by an await meanwhile, before it was queued)
+        return cast("list[Future[Any]]", writes)  # (every task the door takes is a Future)
 
     def seen(self, owner: Tensor) -> BaseException | None:
         """An await of ``owner``'s memory has waited for its writes: the error of the first of them
@@ -416,9 +418,16 @@ def _tensors_in(obj: Any) -> list[Tensor]:
 
 
 def shape_arg(shape: Any) -> tuple[int, ...]:
-    if isinstance(shape, int | np.integer):
-        return (operator.index(shape),)
-    return tuple(operator.index(d) for d in shape)
+    """A shape given by a user as NumPy takes it (an int or a sequence of them), as a tuple of ints."""
+    dims = (
+        (operator.index(shape),)
+        if isinstance(shape, int | np.integer)
+        else tuple(operator.index(d) for d in shape)
+    )
+    for d in dims:
+        if d < 0:
+            raise ValueError("negative dimensions are not allowed")  # (NumPy's words)
+    return dims
 
 
 def _checked(value: Any, shape: tuple[int, ...], dtype: np.dtype[Any], host: bool = False) -> Any:

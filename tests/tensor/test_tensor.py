@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import schedsvc as ss
 from schedsvc.tensor import Tensor
 
-from ..helpers import TIMEOUT, Gate, occupied, probe, within
+from ..helpers import TIMEOUT, Gate, occupied, probe, state, within
 
 
 def held(gate: Gate, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -721,6 +721,33 @@ async def test_a_write_whose_input_fails_while_it_waits_does_not_stop_await_wait
     with pytest.raises(ss.DependencyError):
         await within(in_thread)  # then the failed write's error, once
     np.testing.assert_array_equal(await within(t), np.arange(4) + 10)
+
+
+async def test_wait_to_read_waits_for_the_writes_queued_before_it_not_after(engine: ss.Engine) -> None:
+    """A reader in a thread sees the memory as the writes queued before its call left it; writes queued
+    while it waits are not its to wait for (a steady writer would keep it waiting for ever)."""
+    first, second = Gate(), Gate()
+    t = engine.asarray(np.zeros(4))
+    w1 = engine.submit_nowait(held(first, np.add), t, 1.0, out=t)
+    await first.wait_started(1)
+    reading = asyncio.ensure_future(asyncio.to_thread(t.wait_to_read, TIMEOUT))
+    await state(engine, lambda: bool(w1.watchers))  # the reader waits for the first write now
+    w2 = engine.submit_nowait(held(second, np.add), t, 1.0, out=t)
+    first.open()
+    np.testing.assert_array_equal(await within(reading), np.ones(4))  # the second write is held
+    await second.wait_started(1)
+    second.open()
+    await within(w2)
+    np.testing.assert_array_equal(await within(t), np.full(4, 2.0))
+
+
+async def test_a_tensor_of_a_negative_declared_shape_is_refused_at_the_call(engine: ss.Engine) -> None:
+    future = engine.submit_nowait(np.zeros, 3)
+    with pytest.raises(ValueError, match="negative dimensions are not allowed"):
+        engine.asarray(future, shape=(-1,), dtype=np.float64)
+    with pytest.raises(ValueError, match="negative dimensions are not allowed"):
+        engine.zeros((2, -3))
+    await within(future)
 
 
 # == bugs found: each test fails today ==========================================================================
