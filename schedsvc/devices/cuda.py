@@ -105,6 +105,14 @@ def check(index: int, simulated: bool = False) -> None:
 _OOM_WAIT_S = 30.0  # the longest an allocation that failed waits for the device's work in flight
 
 
+class _NotLaunched(Exception):
+    """Making a task's arguments raised ``error`` before anything was queued."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _LaunchFailed(Exception):
     """A launch raised ``error`` on ``track``; ``event`` passes after whatever it queued."""
 
@@ -362,6 +370,8 @@ class CudaDevice(Device):
                     value = fn(*args, **kwargs)
                 event = self.events.pop() if self.events else api.event()
                 event.record(stream)
+        except _NotLaunched as exc:
+            raise exc.error from None
         except BaseException as exc:  # what it queued may still run: keep what that reads alive
             keep = api.event()
             keep.record(stream)
@@ -385,7 +395,12 @@ class CudaDevice(Device):
             if isinstance(arg, Task):
                 arg = arg.value
             elif kind is not _ndarray:
-                arg = substitute(arg)
+                try:
+                    arg = substitute(arg)
+                except (
+                    BaseException
+                ) as exc:  # before anything was queued: the task fails, as at finding its parents
+                    raise _NotLaunched(exc) from exc
             if isinstance(arg, api.ndarray) and api.device_of(arg) == self.index:  # already here
                 args.append(arg)
                 continue
@@ -440,9 +455,9 @@ class CudaDevice(Device):
                 outcomes.append((task, flight.value, None))
             else:
                 outcomes.append((task, None, error or flight.error))
-        rt.complete_all(outcomes)  # one hold of the runtime's lock for the sweep
-        for flight in done:  # let go of what they touched: their events passed
+        for flight in done:  # let go of what they touched (their events passed), before the memory is metered
             flight.held = flight.value = flight.task = None
+        rt.complete_all(outcomes)  # one hold of the runtime's lock for the sweep
         del outcomes
         if self.oom_waiting:  # (read without the lock: it is raised before the flights it waits on drop)
             with self.completions:

@@ -392,6 +392,25 @@ async def test_a_cpu_result_taken_by_a_device_task_is_copied_in_when_it_launches
         np.testing.assert_array_equal(host(value), np.arange(5.0) + 1)
 
 
+class _Refuses:
+    """An argument whose substitution hook raises (a value the task cannot take)."""
+
+    def __schedsvc_substitute__(self) -> Any:
+        raise LookupError("no value to give")
+
+
+async def test_an_argument_that_cannot_be_substituted_fails_its_task_before_anything_is_launched() -> None:
+    async with cuda_engine() as eng:
+        x = eng.submit_nowait(np.arange, 4.0, device="cuda:0")
+        bad = eng.submit_nowait(lambda a, r: a, x, _Refuses(), device="cuda:0")
+        behind = eng.submit_nowait(np.add, bad, 1.0, device="cuda:0")
+        with pytest.raises(LookupError, match="no value to give"):
+            await within(bad)
+        with pytest.raises(ss.DependencyError, match="did not run"):  # not launched behind it
+            await within(behind)
+        np.testing.assert_array_equal(host(await within(x)), np.arange(4.0))
+
+
 @two_devices
 @pytest.mark.usefixtures("delays")
 async def test_future_of_another_device_is_copied_across() -> None:
