@@ -20,6 +20,9 @@ batched.fast   batched in the default mode (exact=False): one BLAS product per m
                within rounding
 unbatched      the same concurrent calls through eng.compile(fn): one engine task per call
 threadpool     the same through loop.run_in_executor on a ThreadPoolExecutor of as many threads as workers
+
+The target (a throughput over the loop's) is checked for batched.fast, batched and batched.tasks; the verdict
+is batched.fast's: the default mode, what ``eng.compile(fn, batch_axis=0)`` gives.
 """
 
 from __future__ import annotations
@@ -248,11 +251,11 @@ async def _threadpool(run: _Run) -> None:
 
 # -- the report ------------------------------------------------------------------------------------------
 
-#: (label, figure) of the cases the target applies to
+#: (label, figure) of the cases the target applies to; the first, the default mode, is the verdict's
 TARGETS: list[tuple[str, str]] = [
+    ("batched, the default (exact=False), one coroutine", "fast_ratio"),
     ("batched, exact=True, one coroutine", "batched_ratio"),
     ("batched, exact=True, a task per call", "tasks_ratio"),
-    ("batched, the default (exact=False), one coroutine", "fast_ratio"),
 ]
 
 
@@ -296,12 +299,14 @@ def run(
 
 
 def _verdict(headline: dict[str, Any], checks: dict[str, Any]) -> str:
-    """Whether batching with exact results (exact=True) reached the target, in one sentence."""
+    """Whether batching in its default mode reached the target, in one sentence."""
     met = "met" if headline["met"] else "NOT met"
-    exact = "every row equal to the loop's" if checks["batched equal"] else "rows NOT equal to the loop's"
+    rows = (
+        "every row the loop's to within rounding" if checks["batched.fast close"] else "rows NOT the loop's"
+    )
     return (
-        f"target {headline['target']}x the plain loop's throughput with exact results: {met} "
-        f"({headline['value']:.2f}x, {exact})"
+        f"target {headline['target']}x the plain loop's throughput in the default mode: {met} "
+        f"({headline['value']:.2f}x, {rows})"
     )
 
 
