@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command for a GPU machine that reaches no package index: the CUDA conformance suite on CuPy,
-# every gpu-marked test, the CUDA executor's tests on real CuPy, `schedsvc bench gpu`, and the demo.
+# every gpu-marked test, the CUDA executor's tests on real CuPy, `schedsvc bench gpu`, G1's chain per op
+# (scripts/gpu_probe.py), and the demo.
 # Every output goes under $OUT when it is set (else ./gpu-check-out).  Exit status: non-zero if any step failed.
 #
 # The machine needs Python >= 3.11 with CuPy, NumPy, anyio, pytest, hypothesis; the other dependencies
@@ -51,6 +52,8 @@ step executor-on-cupy env SCHEDSVC_TEST_CUDA=cupy "$PY" -m pytest -p no:cachepro
 step info "$PY" -m schedsvc.cli info
 # G1-G6 against raw CuPy (its table in bench-gpu.log, its figures in bench-gpu.json)
 step bench-gpu "$PY" -m schedsvc.cli bench gpu --reps 5 --json "$OUT/bench-gpu.json"
+# G1's chain timed per op on the CPU and the GPU: what a GPU op costs beyond CuPy's launch
+step gpu-probe "$PY" scripts/gpu_probe.py chain 2000
 step demo "$PY" -m schedsvc.cli demo --quick --json "$OUT/demo.json"
 cat "$OUT/summary.txt"
 exit "$status"
