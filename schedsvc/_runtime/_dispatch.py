@@ -315,13 +315,7 @@ class Dispatch:
 
     def complete(self, task: Task, value: Any, error: BaseException | None = None) -> None:
         """A launched task's result is visible to the host (or its device reported ``error``)."""
-        with self.lock:
-            if self.rt.metered:
-                self.rt.meter()
-            self.core.complete(task, value, error)
-            after = self.collect()
-        if after is not None:
-            after()
+        self.complete_all([(task, value, error)])
 
     def complete_all(self, outcomes: list[tuple[Task, Any, BaseException | None]]) -> None:
         """``complete`` for each ``(task, value, error)``, in order, under one hold of the lock (a
