@@ -59,8 +59,11 @@ def take_all(s: Scheduler, device: str = GPU) -> list[Task]:
     return taken
 
 
-def launch(s: Scheduler, t: Task) -> list[tuple[str, Any]]:
-    s.launch(t)
+def launch(s: Scheduler, t: Task, chain: bool = False) -> list[tuple[str, Any]]:
+    """Launch ``t`` (``chain``: as a device that launches what it makes ready itself, where it hands on
+    nothing): what it produced."""
+    assert s.launch(t, chain) is None
+    s.validate()
     return out_of(s)
 
 
@@ -143,40 +146,6 @@ def test_a_chained_launch_hands_on_one_dependent_and_queues_the_others() -> None
     assert s.launch(a, chain=True) is first
     s.validate()
     assert second.state == "ready" and take(s) is second
-
-
-def test_a_chained_launch_queues_its_dependent_when_a_queued_task_outranks_it() -> None:
-    s = make()
-    a = task("a", priority=2)
-    low = task("low", deps=(a,), priority=0)
-    queued = task("queued", priority=1)
-    submit(s, a, low, queued)
-    assert take(s) is a
-    assert s.launch(a, chain=True) is None
-    s.validate()
-    assert take_all(s) == [queued, low]
-
-
-def test_a_chained_launch_hands_on_no_staged_or_cancelled_dependent() -> None:
-    s = make()
-    a = task("a")
-    submit(s, a)
-    assert take(s) is a
-    staged = task("staged", deps=(a,))
-    assert s.submit(staged, stage=True)
-    assert s.launch(a, chain=True) is None  # held back until the burst is published
-    s.validate()
-    assert staged.state == "ready" and take(s) is None
-    s.publish()
-    assert take(s) is staged
-    b = task("b")
-    behind = task("behind", deps=(b,))
-    submit(s, b, behind)
-    assert take(s) is b
-    assert s.cancel_pending() == []
-    assert s.launch(b, chain=True) is None
-    s.validate()
-    assert behind.state == "cancelled"
 
 
 def test_dependents_on_the_cpu_or_another_device_wait_for_completion() -> None:
@@ -407,7 +376,8 @@ def test_a_launched_task_holds_its_max_pending_slot_and_bytes_until_it_completes
     assert s.pending_bytes == 0
 
 
-def test_dependents_made_ready_by_a_launch_go_by_priority() -> None:
+@pytest.mark.parametrize("chain", [False, True])
+def test_dependents_made_ready_by_a_launch_go_by_priority(chain: bool) -> None:
     s = make()
     a = task("a", priority=2)
     low = task("low", deps=(a,), priority=0)
@@ -415,32 +385,34 @@ def test_dependents_made_ready_by_a_launch_go_by_priority() -> None:
     queued = task("queued", priority=1)
     submit(s, a, low, high, queued)
     assert take(s) is a
-    launch(s, a)
+    launch(s, a, chain)  # chained: low, made ready first, is outranked: not handed on
     assert take_all(s) == [high, queued, low]
 
 
-def test_a_staged_dependent_made_ready_by_a_launch_waits_for_publish() -> None:
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_staged_dependent_made_ready_by_a_launch_waits_for_publish(chain: bool) -> None:
     s = make()
     a = task("a")
     submit(s, a)
     assert take(s) is a
     b = task("b", deps=(a,))
     assert s.submit(b, stage=True)
-    launch(s, a)
+    launch(s, a, chain)  # chained: a staged dependent is not handed on
     assert b.state == "ready" and take(s) is None
     s.publish()
     s.validate()
     assert take(s) is b
 
 
-def test_cancel_pending_cancels_what_a_launch_makes_ready() -> None:
+@pytest.mark.parametrize("chain", [False, True])
+def test_cancel_pending_cancels_what_a_launch_makes_ready(chain: bool) -> None:
     s = make()
     a = task("a")
     b = task("b", deps=(a,))
     submit(s, a, b)
     assert take(s) is a
     assert s.cancel_pending() == []
-    launch(s, a)
+    launch(s, a, chain)  # chained: a cancelled dependent is not handed on
     assert b.state == "cancelled" and take(s) is None
     complete(s, a, 1)
     assert a.state == "done" and s.pending == 0
