@@ -388,3 +388,59 @@ def test_serve_path_counts_the_engines_bytecodes_on_the_loop_and_the_workers() -
     assert none[0].endswith(", 0 in the engine's modules, 0 run for the engine") and none[2].startswith(
         "workers: 0 bytecodes"
     )
+
+
+# -- scripts/serve_timeline.py: when the loop waits under wrk, and what runs meanwhile --------------------
+
+SERVE_TIMELINE = Path(__file__).resolve().parents[3] / "scripts" / "serve_timeline.py"
+
+
+def _timeline_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serve_timeline", SERVE_TIMELINE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_serve_timeline_reads_the_middle_of_a_run_and_the_loops_waits_during_batches() -> None:
+    timeline = _timeline_module()
+    # requests span 0..10 s: the middle is 2..8 s (6 s); 30 requests end there
+    requests = [[0.0, 0.1], [9.9, 10.0]] + [[2.0 + 0.2 * i, 2.1 + 0.2 * i] for i in range(30)]
+    waits = [[1.0, 3.0], [4.0, 4.5], [7.5, 9.0]]  # in the middle: 2..3, 4..4.5, 7.5..8 = 2 s
+    # two workers' batches: 2.5..3.5 and 3..4 overlap (2.5..4 covered), 6..7 alone; 9..9.5 is outside
+    batches = [[2.5, 3.5, 10], [3.0, 4.0, 20], [6.0, 7.0, 30], [9.0, 9.5, 40]]
+    figures = timeline.analyse({"request": requests, "wait": waits, "batch": batches})
+    assert figures["seconds"] == pytest.approx(6.0)
+    assert figures["answered_per_s"] == pytest.approx(30 / 6)
+    assert figures["loop_waits"] == pytest.approx(2.0 / 6)
+    assert figures["batch_runs"] == pytest.approx(2.5 / 6)  # 2.5..4 and 6..7, each instant once
+    assert figures["loop_waits_while_batch"] == pytest.approx(0.5 / 6)  # 2.5..3 only
+    assert figures["batches"] == 3 and figures["calls_per_batch"] == 20
+    assert figures["batch_ms"] == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="no request"):
+        timeline.analyse({"request": [], "wait": waits, "batch": batches})
+
+
+@pytest.mark.slow
+@needs_wrk
+def test_serve_timeline_records_a_batched_server_under_wrk() -> None:
+    import subprocess
+    import sys
+
+    options = ["--seconds", "1", "--rounds", "1", "--connections", "8", "--max-batch", "4"]
+    done = subprocess.run(
+        [sys.executable, str(SERVE_TIMELINE), "run", "digits", "batched", "handmade", *options],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["digits batched round 1", "digits handmade round 1"]
+    for line in lines:
+        calls = float(line.split("median ")[1].split(" calls")[0])
+        assert 1 <= calls <= 4  # --max-batch caps the batches of both batchers
+        assert " 0 batches" not in line and "answered 0/s" not in line

@@ -1,0 +1,321 @@
+"""When the event loop of a served model waits, and what runs meanwhile: the timeline of a server under wrk.
+
+    .venv/bin/python scripts/serve_timeline.py run wide batched handmade        # wrk, then the figures
+    .venv/bin/python scripts/serve_timeline.py run wide batched --max-batch 32  # smaller batches
+    .venv/bin/python scripts/serve_timeline.py serve batched wide               # one recording server
+
+``serve`` runs the server of ``schedsvc bench serve`` (``schedsvc.cli.bench._serve_app``) with three things
+recorded, each as a (start, end) interval of ``time.perf_counter``: the event loop's waits in its selector
+(the loop has nothing to do), each batch's run (the engine's ``Group._replay``, or the hand-written
+batcher's ``forward``) with its number of calls, and each request's time in the app.  ``GET /timeline``
+answers what was recorded since the last one (and forgets it).  Recording costs the loop two clock reads
+per wait: the figures are the server's own, not an idle server's.
+
+``run`` starts a recording server per variant, then for each round and variant: wrk for 1 s (warm-up,
+forgotten), wrk for ``--seconds`` s, and the record of that run.  It prints wrk's req/s and, over the
+middle 60% of the run (no ramp at either end): the requests answered, the share of the time the loop
+waited, the share of the time a batch ran, and the share of the time the loop waited *while* a batch ran
+(one batch or more) -- with 64 connections and batches of 64 calls every client waits for the batch, so the loop does too;
+and the batches' calls and duration.  ``--max-batch N`` caps a batch at N calls (the engine's and the
+hand-written batcher's alike), so that a burst is split and the loop has work while a batch runs.
+Needs wrk on PATH; binds 127.0.0.1 only; the servers stop when this script ends (they watch their parent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+#: the share of a run looked at: its middle (wrk's connections open at its start and close at its end)
+MIDDLE = (0.2, 0.8)
+Interval = list[float]  # [start, end, ...]: perf_counter seconds, then what the kind records
+
+
+# -- the recording server ---------------------------------------------------------------------------------
+
+
+class Record:
+    """Intervals by kind: ``wait`` (the loop in its selector), ``batch`` (a batch's run, then its calls),
+    ``request`` (a request in the app).  Appended to from the loop and the batch's thread."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, list[Interval]] = {"wait": [], "batch": [], "request": []}
+
+    def take(self) -> dict[str, list[Interval]]:
+        taken, self.kinds = self.kinds, {"wait": [], "batch": [], "request": []}
+        return taken
+
+
+def _instrument(record: Record, max_batch: int | None) -> None:
+    """Record the loop's waits, the batches and the requests of the bench's app (patched in place)."""
+    from schedsvc.cli.bench import _serve_app as app
+    from schedsvc.compile import _fused
+
+    clock = time.perf_counter
+    loop_thread = threading.get_ident()
+    select = selectors.DefaultSelector.select
+
+    def waits(self: Any, timeout: float | None = None) -> Any:
+        if threading.get_ident() != loop_thread:
+            return select(self, timeout)
+        start = clock()
+        ready = select(self, timeout)
+        record.kinds["wait"].append([start, clock()])
+        return ready
+
+    selectors.DefaultSelector.select = waits  # type: ignore[method-assign]
+
+    replay = _fused.Group._replay
+
+    def engine_batch(self: Any, args: list[Any], rows: list[int]) -> Any:
+        start = clock()
+        out = replay(self, args, rows)
+        record.kinds["batch"].append([start, clock(), len(rows)])
+        return out
+
+    _fused.Group._replay = engine_batch  # type: ignore[method-assign]
+
+    hand_init = app.HandBatcher.__init__
+
+    def hand(self: Any, forward: Any, max_batch_: int = 256) -> None:
+        def timed(x: Any) -> Any:
+            start = clock()
+            out = forward(x)
+            record.kinds["batch"].append([start, clock(), len(x)])
+            return out
+
+        hand_init(self, timed, max_batch if max_batch is not None else max_batch_)
+
+    app.HandBatcher.__init__ = hand  # type: ignore[method-assign, assignment]
+    if max_batch is not None:
+        for options in app.ENGINE_VARIANTS.values():
+            if options is not None:
+                options["max_batch"] = max_batch
+
+    predictor = app._predictor
+
+    def timed_predictor(variant: str, forward: Any, n_out: int) -> Any:
+        run = predictor(variant, forward, n_out)
+
+        async def timed(request: Any, x: Any) -> Any:
+            start = clock()
+            out = await run(request, x)
+            record.kinds["request"].append([start, clock()])
+            return out
+
+        return timed
+
+    app._predictor = timed_predictor
+
+    create_app = app.create_app
+
+    def with_timeline(variant: str, model: str, **options: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        served = create_app(variant, model, **options)
+
+        async def timeline(request: Any) -> Any:
+            return JSONResponse(record.take())
+
+        served.add_route("/timeline", timeline, methods=["GET"])
+        return served
+
+    app.create_app = with_timeline
+
+
+def serve(variant: str, model: str, max_batch: int | None) -> int:
+    """Run the bench's server of ``variant`` and ``model``, recording (``_instrument``)."""
+    from schedsvc.cli.bench import _serve_app as app
+
+    _instrument(Record(), max_batch)
+    return app.main([variant, model])
+
+
+# -- reading a record -------------------------------------------------------------------------------------
+
+
+def _clip(intervals: list[Interval], start: float, end: float) -> list[Interval]:
+    return [[max(i[0], start), min(i[1], end), *i[2:]] for i in intervals if i[1] > start and i[0] < end]
+
+
+def _total(intervals: list[Interval]) -> float:
+    return sum(i[1] - i[0] for i in intervals)
+
+
+def _union(intervals: list[Interval]) -> list[Interval]:
+    """The time covered by at least one of ``intervals`` (batches of two workers may run at once)."""
+    merged: list[Interval] = []
+    for start, end, *_ in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def _overlap(a: list[Interval], b: list[Interval]) -> float:
+    """The time covered by an interval of ``a`` and one of ``b`` at once; neither list's intervals
+    overlap one another."""
+    a, b = sorted(a), sorted(b)
+    total, j = 0.0, 0
+    for start, end, *_ in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            total += max(0.0, min(end, b[k][1]) - max(start, b[k][0]))
+            k += 1
+    return total
+
+
+def analyse(kinds: dict[str, list[Interval]]) -> dict[str, float]:
+    """The figures of one run's record, over the middle of the time its requests span (``MIDDLE``)."""
+    requests = kinds["request"]
+    if not requests:
+        raise ValueError("no request was answered in this run")
+    first, last = min(r[0] for r in requests), max(r[1] for r in requests)
+    start, end = first + (last - first) * MIDDLE[0], first + (last - first) * MIDDLE[1]
+    span = end - start
+    waits, batches = _clip(kinds["wait"], start, end), _clip(kinds["batch"], start, end)
+    whole = [b for b in kinds["batch"] if start <= b[0] and b[1] <= end]
+    return {
+        "seconds": span,
+        "answered_per_s": sum(1 for r in requests if start <= r[1] < end) / span,
+        "loop_waits": _total(waits) / span,
+        "batch_runs": _total(_union(batches)) / span,
+        "loop_waits_while_batch": _overlap(waits, _union(batches)) / span,
+        "batches": len(whole),
+        "calls_per_batch": statistics.median(b[2] for b in whole) if whole else 0.0,
+        "batch_ms": statistics.median((b[1] - b[0]) * 1e3 for b in whole) if whole else 0.0,
+    }
+
+
+def describe(figures: dict[str, float]) -> str:
+    return (
+        f"answered {figures['answered_per_s']:,.0f}/s; loop waits {figures['loop_waits']:.1%} of the time, "
+        f"{figures['loop_waits_while_batch']:.1%} while a batch runs; batches run {figures['batch_runs']:.1%} "
+        f"of the time: {figures['batches']} batches, median {figures['calls_per_batch']:g} calls, "
+        f"{figures['batch_ms']:.2f} ms"
+    )
+
+
+# -- driving servers under wrk ------------------------------------------------------------------------------
+
+
+def _start(variant: str, model: str, max_batch: int | None, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    command = [sys.executable, str(Path(__file__).resolve()), "serve", variant, model]
+    if max_batch is not None:
+        command += ["--max-batch", str(max_batch)]
+    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("ready "):
+                return process, int(line.split()[1])
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"the {variant} server did not start:\n{log.read_text(errors='replace')}")
+
+
+def _wrk(port: int, seconds: int, connections: int, script: Path) -> float:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{port}/predict",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
+        check=True,
+    ).stdout
+    for line in out.splitlines():
+        if line.startswith("Requests/sec:"):
+            return float(line.split()[1])
+    raise RuntimeError(f"wrk gave no req/s:\n{out}")
+
+
+def _timeline(port: int) -> dict[str, list[Interval]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/timeline", timeout=30) as answer:
+        return json.loads(answer.read())  # type: ignore[no-any-return]
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedsvc.cli.bench._serve_app import request_row
+
+    if shutil.which("wrk") is None:
+        print("wrk is not on PATH (Debian, Ubuntu: apt-get install wrk)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "body.json").write_text(json.dumps({"x": request_row(args.model)}))
+        script = work / "post.lua"
+        script.write_text(
+            'wrk.method = "POST"\n'
+            f'local f = io.open("{work / "body.json"}"); wrk.body = f:read("*a"); f:close()\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+        servers = {}
+        try:
+            for variant in args.variants:
+                servers[variant] = _start(variant, args.model, args.max_batch, work / f"{variant}.log")
+            for round_ in range(1, args.rounds + 1):
+                for variant, (_, port) in servers.items():
+                    _wrk(port, 1, args.connections, script)
+                    _timeline(port)  # (the warm-up's record, forgotten)
+                    rps = _wrk(port, args.seconds, args.connections, script)
+                    figures = analyse(_timeline(port))
+                    print(f"{args.model} {variant} round {round_}: wrk {rps:,.0f} req/s; {describe(figures)}")
+        finally:
+            for process, _ in servers.values():
+                process.terminate()
+            for process, _ in servers.values():
+                process.wait(timeout=30)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("serve", help="one recording server (prints 'ready PORT')")
+    one.add_argument("variant")
+    one.add_argument("model")
+    many = commands.add_parser("run", help="recording servers under wrk, and their figures")
+    many.add_argument("model")
+    many.add_argument("variants", nargs="+")
+    many.add_argument("--seconds", type=int, default=3, help="of load per variant and round (default 3)")
+    many.add_argument("--rounds", type=int, default=2, help="rounds, the variants interleaved (default 2)")
+    many.add_argument("--connections", type=int, default=64, help="wrk's connections (default 64)")
+    for command in (one, many):
+        command.add_argument("--max-batch", type=int, default=None, help="the most calls a batch takes")
+    args = parser.parse_args(argv)
+    if args.max_batch is not None and args.max_batch < 1:
+        parser.error("--max-batch must be at least 1")
+    if args.command == "serve":
+        return serve(args.variant, args.model, args.max_batch)
+    return run(args)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
