@@ -187,6 +187,8 @@ def analyse(kinds: dict[str, list[Interval]]) -> dict[str, float]:
     requests = kinds["request"]
     if not requests:
         raise ValueError("no request was answered in this run")
+    if not kinds["wait"]:
+        raise ValueError("the event loop's waits were not recorded: is the server on asyncio's own loop?")
     first, last = min(r[0] for r in requests), max(r[1] for r in requests)
     start, end = first + (last - first) * MIDDLE[0], first + (last - first) * MIDDLE[1]
     span = end - start

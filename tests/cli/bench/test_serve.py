@@ -422,6 +422,8 @@ def test_serve_timeline_reads_the_middle_of_a_run_and_the_loops_waits_during_bat
     assert figures["batch_ms"] == pytest.approx(1000.0)
     with pytest.raises(ValueError, match="no request"):
         timeline.analyse({"request": [], "wait": waits, "batch": batches})
+    with pytest.raises(ValueError, match="waits were not recorded"):
+        timeline.analyse({"request": requests, "wait": [], "batch": batches})
 
 
 @pytest.mark.slow
