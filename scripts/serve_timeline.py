@@ -8,30 +8,28 @@
 recorded, each as a (start, end) interval of ``time.perf_counter``: the event loop's waits in its selector
 (the loop has nothing to do), each batch's run (the engine's ``Group._replay``, or the hand-written
 batcher's ``forward``) with its number of calls, and each request's time in the app.  ``GET /timeline``
-answers what was recorded since the last one (and forgets it).  Recording costs the loop two clock reads
-per wait: the figures are the server's own, not an idle server's.
+answers what was recorded since the last one (and forgets it).  Recording costs two clock reads and an
+append per wait, batch and request: little beside the loop's 100 µs or more per request.
 
-``run`` starts a recording server per variant, then for each round and variant: wrk for 1 s (warm-up,
-forgotten), wrk for ``--seconds`` s, and the record of that run.  It prints wrk's req/s and, over the
-middle 60% of the run (no ramp at either end): the requests answered, the share of the time the loop
-waited, the share of the time a batch ran, and the share of the time the loop waited *while* a batch ran
-(one batch or more) -- with 64 connections and batches of 64 calls every client waits for the batch, so the loop does too;
-and the batches' calls and duration.  ``--max-batch N`` caps a batch at N calls (the engine's and the
+``run`` starts a recording server per variant (as ``schedsvc bench serve`` starts its own), then for each
+round and variant: wrk for 1 s (warm-up, forgotten), wrk for ``--seconds`` s, and the record of that run.
+It prints the req/s of answers that carry the model's output (wrk with the bench's checking script) and,
+over the middle 60% of the run (no ramp at either end): the requests answered, the share of the time the
+loop waited, the share of the time a batch ran (one batch or more), and the share of the time the loop
+waited *while* a batch ran -- with 64 connections and batches of 64 calls every client waits for the
+batch, so the loop does too; and the batches' calls and duration.  ``--max-batch N`` caps a batch at N calls (the engine's and the
 hand-written batcher's alike), so that a burst is split and the loop has work while a batch runs.
-Needs wrk on PATH; binds 127.0.0.1 only; the servers stop when this script ends (they watch their parent).
+Needs wrk on PATH; binds 127.0.0.1 only; the servers stop when this script ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import selectors
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -218,43 +216,16 @@ def describe(figures: dict[str, float]) -> str:
 # -- driving servers under wrk ------------------------------------------------------------------------------
 
 
-def _start(variant: str, model: str, max_batch: int | None, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    command = [sys.executable, str(Path(__file__).resolve()), "serve", variant, model]
-    if max_batch is not None:
-        command += ["--max-batch", str(max_batch)]
-    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("ready "):
-                return process, int(line.split()[1])
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"the {variant} server did not start:\n{log.read_text(errors='replace')}")
+def _recording(variant: str, model: str, max_batch: int | None) -> Any:
+    """The bench's ``Server`` of ``variant``, started as a recording server of this script."""
+    from schedsvc.cli.bench.serve import Server
 
+    class Recording(Server):
+        def command(self) -> list[str]:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "serve", self.variant, self.model]
+            return cmd if max_batch is None else [*cmd, "--max-batch", str(max_batch)]
 
-def _wrk(port: int, seconds: int, connections: int, script: Path) -> float:
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            f"-c{connections}",
-            f"-d{seconds}s",
-            "-s",
-            str(script),
-            f"http://127.0.0.1:{port}/predict",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=seconds + 30,
-        check=True,
-    ).stdout
-    for line in out.splitlines():
-        if line.startswith("Requests/sec:"):
-            return float(line.split()[1])
-    raise RuntimeError(f"wrk gave no req/s:\n{out}")
+    return Recording(variant, model)
 
 
 def _timeline(port: int) -> dict[str, list[Interval]]:
@@ -263,36 +234,27 @@ def _timeline(port: int) -> dict[str, list[Interval]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedsvc.cli.bench._serve_app import request_row
+    from schedsvc.cli.bench._serve_app import MODELS, request_row
+    from schedsvc.cli.bench._serve_load import wrk_load
+    from schedsvc.cli.bench.serve import running
 
-    if shutil.which("wrk") is None:
+    wrk = shutil.which("wrk")
+    if wrk is None:
         print("wrk is not on PATH (Debian, Ubuntu: apt-get install wrk)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        (work / "body.json").write_text(json.dumps({"x": request_row(args.model)}))
-        script = work / "post.lua"
-        script.write_text(
-            'wrk.method = "POST"\n'
-            f'local f = io.open("{work / "body.json"}"); wrk.body = f:read("*a"); f:close()\n'
-            'wrk.headers["Content-Type"] = "application/json"\n'
-        )
-        servers = {}
-        try:
-            for variant in args.variants:
-                servers[variant] = _start(variant, args.model, args.max_batch, work / f"{variant}.log")
-            for round_ in range(1, args.rounds + 1):
-                for variant, (_, port) in servers.items():
-                    _wrk(port, 1, args.connections, script)
-                    _timeline(port)  # (the warm-up's record, forgotten)
-                    rps = _wrk(port, args.seconds, args.connections, script)
-                    figures = analyse(_timeline(port))
-                    print(f"{args.model} {variant} round {round_}: wrk {rps:,.0f} req/s; {describe(figures)}")
-        finally:
-            for process, _ in servers.values():
-                process.terminate()
-            for process, _ in servers.values():
-                process.wait(timeout=30)
+    body, n_out = json.dumps({"x": request_row(args.model)}).encode(), MODELS[args.model][-1]
+    servers = [_recording(variant, args.model, args.max_batch) for variant in args.variants]
+    with running(servers):
+        for round_ in range(1, args.rounds + 1):
+            for server in servers:
+                wrk_load(wrk, server.port, body, n_out, 1, args.connections)  # warm-up
+                _timeline(server.port)  # (the warm-up's record, forgotten)
+                load = wrk_load(wrk, server.port, body, n_out, args.seconds, args.connections)
+                figures = analyse(_timeline(server.port))
+                rps = load.figures()["rps"]
+                print(
+                    f"{args.model} {server.variant} round {round_}: wrk {rps:,.0f} req/s; {describe(figures)}"
+                )
     return 0
 
 
@@ -319,5 +281,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())

@@ -107,13 +107,19 @@ class Server:
     def name(self) -> str:
         return f"{self.model}/{self.variant}"
 
-    def start(self) -> None:
-        """Start the process (do not wait for it: ``wait_ready``)."""
+    def command(self) -> list[str]:
+        """The server's command line: the bench's app of this variant and model."""
         cmd = [sys.executable, "-m", app.__name__, self.variant, self.model]
         if self.max_pending is not None:
             cmd += ["--max-pending", str(self.max_pending)]
+        return cmd
+
+    def start(self) -> None:
+        """Start the process (do not wait for it: ``wait_ready``)."""
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - its stderr, kept until stop() closes it
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log)
+        self.proc = subprocess.Popen(
+            self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log
+        )
 
     def wait_ready(self, deadline: float) -> None:
         """Wait (until ``deadline``, a ``time.monotonic()``) for the server's ``ready PORT`` line."""
