@@ -17,8 +17,9 @@ It prints the req/s of answers that carry the model's output (wrk with the bench
 over the middle 60% of the run (no ramp at either end): the requests answered, the share of the time the
 loop waited, the share of the time a batch ran (one batch or more), and the share of the time the loop
 waited *while* a batch ran -- with 64 connections and batches of 64 calls every client waits for the
-batch, so the loop does too; and the batches' calls and duration.  ``--max-batch N`` caps a batch at N calls (the engine's and the
-hand-written batcher's alike), so that a burst is split and the loop has work while a batch runs.
+batch, so the loop does too; and the batches' calls and duration.  ``--max-batch N`` caps a batch at N
+calls (the engine's and the hand-written batcher's alike), so that a burst is split and the loop has work
+while a batch runs.
 Needs wrk on PATH; binds 127.0.0.1 only; the servers stop when this script ends.
 """
 
@@ -37,7 +38,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
 #: the share of a run looked at: its middle (wrk's connections open at its start and close at its end)
 MIDDLE = (0.2, 0.8)
 Interval = list[float]  # [start, end, ...]: perf_counter seconds, then what the kind records
