@@ -6,7 +6,7 @@
 
 ``serve`` runs the server of ``schedsvc bench serve`` (``schedsvc.cli.bench._serve_app``) with three things
 recorded, each as a (start, end) interval of ``time.perf_counter``: the event loop's waits in its selector
-(the loop has nothing to do), each batch's run (the engine's ``Group._replay``, or the hand-written
+(the loop has nothing to do; with the loop thread's CPU time at both ends), each batch's run (the engine's ``Group._replay``, or the hand-written
 batcher's ``forward``) with its number of calls, and each request's time in the app.  ``GET /timeline``
 answers what was recorded since the last one (and forgets it).  Recording costs two clock reads and an
 append per wait, batch and request: little beside the loop's 100 µs or more per request.
@@ -17,7 +17,9 @@ It prints the req/s of answers that carry the model's output (wrk with the bench
 over the middle 60% of the run (no ramp at either end): the requests answered, the share of the time the
 loop waited, the share of the time a batch ran (one batch or more), and the share of the time the loop
 waited *while* a batch ran -- with 64 connections and batches of 64 calls every client waits for the
-batch, so the loop does too; and the batches' calls and duration.  ``--max-batch N`` caps a batch at N
+batch, so the loop does too; the batches' calls and duration; and the loop's work per request (its time out
+of the selector), as wall time and as its thread's CPU time: where they differ, the loop waited for the GIL
+or for a core.  ``--max-batch N`` caps a batch at N
 calls (the engine's and the hand-written batcher's alike), so that a burst is split and the loop has work
 while a batch runs.
 Needs wrk on PATH; binds 127.0.0.1 only; the servers stop when this script ends.
@@ -47,7 +49,8 @@ Interval = list[float]  # [start, end, ...]: perf_counter seconds, then what the
 
 
 class Record:
-    """Intervals by kind: ``wait`` (the loop in its selector), ``batch`` (a batch's run, then its calls),
+    """Intervals by kind: ``wait`` (the loop in its selector, then the loop thread's CPU time at its start
+    and end), ``batch`` (a batch's run, then its calls),
     ``request`` (a request in the app).  Appended to from the loop and the batch's thread."""
 
     def __init__(self) -> None:
@@ -63,16 +66,16 @@ def _instrument(record: Record, max_batch: int | None) -> None:
     from schedsvc.cli.bench import _serve_app as app
     from schedsvc.compile import _fused
 
-    clock = time.perf_counter
+    clock, cpu = time.perf_counter, time.thread_time
     loop_thread = threading.get_ident()
     select = selectors.DefaultSelector.select
 
     def waits(self: Any, timeout: float | None = None) -> Any:
         if threading.get_ident() != loop_thread:
             return select(self, timeout)
-        start = clock()
+        start, cpu_start = clock(), cpu()
         ready = select(self, timeout)
-        record.kinds["wait"].append([start, clock()])
+        record.kinds["wait"].append([start, clock(), cpu_start, cpu()])
         return ready
 
     selectors.DefaultSelector.select = waits  # type: ignore[method-assign]
@@ -201,7 +204,25 @@ def analyse(kinds: dict[str, list[Interval]]) -> dict[str, float]:
         "batches": len(whole),
         "calls_per_batch": statistics.median(b[2] for b in whole) if whole else 0.0,
         "batch_ms": statistics.median((b[1] - b[0]) * 1e3 for b in whole) if whole else 0.0,
+        **_loop_busy(kinds["wait"], requests, start, end),
     }
+
+
+def _loop_busy(waits: list[Interval], requests: list[Interval], start: float, end: float) -> dict[str, float]:
+    """The loop's time out of its selector per request answered, as wall time and as the loop thread's
+    CPU time, between the first and the last wait that lie whole in ``start``..``end``.  Where the two
+    differ, the loop was ready to run but did not: it waited for the GIL, or for a core."""
+    inside = sorted(w for w in waits if start <= w[0] and w[1] <= end)
+    if len(inside) < 2:
+        return {"loop_wall_us": 0.0, "loop_cpu_us": 0.0}
+    first, last = inside[0], inside[-1]
+    answered = sum(1 for r in requests if first[1] <= r[1] < last[0])
+    if not answered:
+        return {"loop_wall_us": 0.0, "loop_cpu_us": 0.0}
+    between = inside[1:-1]
+    wall = last[0] - first[1] - sum(w[1] - w[0] for w in between)
+    cpu = last[2] - first[3] - sum(w[3] - w[2] for w in between)
+    return {"loop_wall_us": wall / answered * 1e6, "loop_cpu_us": cpu / answered * 1e6}
 
 
 def describe(figures: dict[str, float]) -> str:
@@ -209,7 +230,8 @@ def describe(figures: dict[str, float]) -> str:
         f"answered {figures['answered_per_s']:,.0f}/s; loop waits {figures['loop_waits']:.1%} of the time, "
         f"{figures['loop_waits_while_batch']:.1%} while a batch runs; batches run {figures['batch_runs']:.1%} "
         f"of the time: {figures['batches']} batches, median {figures['calls_per_batch']:g} calls, "
-        f"{figures['batch_ms']:.2f} ms"
+        f"{figures['batch_ms']:.2f} ms; the loop's work per request: {figures['loop_wall_us']:.0f} µs wall, "
+        f"{figures['loop_cpu_us']:.0f} µs CPU"
     )
 
 

@@ -420,10 +420,23 @@ def test_serve_timeline_reads_the_middle_of_a_run_and_the_loops_waits_during_bat
     assert figures["loop_waits_while_batch"] == pytest.approx(0.5 / 6)  # 2.5..3 only
     assert figures["batches"] == 3 and figures["calls_per_batch"] == 20
     assert figures["batch_ms"] == pytest.approx(1000.0)
+    assert figures["loop_wall_us"] == figures["loop_cpu_us"] == 0.0  # one wait lies whole in the middle
     with pytest.raises(ValueError, match="no request"):
         timeline.analyse({"request": [], "wait": waits, "batch": batches})
     with pytest.raises(ValueError, match="waits were not recorded"):
         timeline.analyse({"request": requests, "wait": [], "batch": batches})
+
+
+def test_serve_timeline_gives_the_loops_work_per_request_as_wall_and_cpu_time() -> None:
+    timeline = _timeline_module()
+    requests = [[0.0, 0.1], [9.9, 10.0]] + [[2.0 + 0.2 * i, 2.1 + 0.2 * i] for i in range(30)]
+    # [start, end, loop CPU at start, at end]; the middle is 2..8 s, and these three lie whole in it
+    waits = [[1.0, 2.2, 9.0, 9.1], [2.5, 3.0, 10.0, 10.1], [4.0, 4.5, 10.6, 10.65], [7.0, 7.5, 11.5, 11.55]]
+    figures = timeline.analyse({"request": requests, "wait": waits, "batch": []})
+    # from the end of the first whole wait (3.0 s) to the start of the last (7.0 s): 4 s less the 0.5 s
+    # wait between, and 1.4 s of CPU less the 0.05 s spent in that wait; 20 requests end in 3.0..7.0 s
+    assert figures["loop_wall_us"] == pytest.approx(3.5 / 20 * 1e6)
+    assert figures["loop_cpu_us"] == pytest.approx(1.35 / 20 * 1e6)
 
 
 @pytest.mark.slow
@@ -446,3 +459,5 @@ def test_serve_timeline_records_a_batched_server_under_wrk() -> None:
         calls = float(line.split("median ")[1].split(" calls")[0])
         assert 1 <= calls <= 4  # --max-batch caps the batches of both batchers
         assert " 0 batches" not in line and "answered 0/s" not in line
+        cpu = float(line.split("µs wall, ")[1].split(" µs CPU")[0])
+        assert cpu > 0  # the loop's CPU time per request was read
