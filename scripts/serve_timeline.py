@@ -193,14 +193,14 @@ def analyse(kinds: dict[str, list[Interval]]) -> dict[str, float]:
     first, last = min(r[0] for r in requests), max(r[1] for r in requests)
     start, end = first + (last - first) * MIDDLE[0], first + (last - first) * MIDDLE[1]
     span = end - start
-    waits, batches = _clip(kinds["wait"], start, end), _clip(kinds["batch"], start, end)
+    waits, batches = _clip(kinds["wait"], start, end), _union(_clip(kinds["batch"], start, end))
     whole = [b for b in kinds["batch"] if start <= b[0] and b[1] <= end]
     return {
         "seconds": span,
         "answered_per_s": sum(1 for r in requests if start <= r[1] < end) / span,
         "loop_waits": _total(waits) / span,
-        "batch_runs": _total(_union(batches)) / span,
-        "loop_waits_while_batch": _overlap(waits, _union(batches)) / span,
+        "batch_runs": _total(batches) / span,
+        "loop_waits_while_batch": _overlap(waits, batches) / span,
         "batches": len(whole),
         "calls_per_batch": statistics.median(b[2] for b in whole) if whole else 0.0,
         "batch_ms": statistics.median((b[1] - b[0]) * 1e3 for b in whole) if whole else 0.0,

@@ -1,4 +1,5 @@
-"""Loading an example script as a module, and an ASGI client of its app (the web-service examples' tests)."""
+"""Loading a script (an example, a tool of scripts/) as a module, and an ASGI client of an app (the web-service
+examples' tests)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from typing import Any
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def load_example(name: str) -> ModuleType:
-    """``examples/<name>.py`` as a module (the examples are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
+def load_script(path: Path, name: str) -> ModuleType:
+    """The script at ``path`` as a module named ``name`` (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module."""
+    return load_script(EXAMPLES / f"{name}.py", f"{name}_example")
 
 
 @asynccontextmanager

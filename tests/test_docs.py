@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from types import ModuleType
 
 import schedsvc as ss
+from tests.examples import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "scripts" / "docs_hooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "scripts" / "docs_hooks.py", "docs_hooks")
 
 
 def test_the_configuration_page_asks_for_the_generated_settings() -> None:

@@ -396,13 +396,9 @@ SERVE_TIMELINE = Path(__file__).resolve().parents[3] / "scripts" / "serve_timeli
 
 
 def _timeline_module() -> Any:
-    import importlib.util
+    from tests.examples import load_script
 
-    spec = importlib.util.spec_from_file_location("serve_timeline", SERVE_TIMELINE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SERVE_TIMELINE, "serve_timeline")
 
 
 def test_serve_timeline_reads_the_middle_of_a_run_and_the_loops_waits_during_batches() -> None:
