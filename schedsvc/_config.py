@@ -130,6 +130,11 @@ class Config(BaseSettings):
     inline_threshold_us: float = Field(default=20.0, ge=0.0, allow_inf_nan=False)
     """An awaited task of a kind known to take less than this runs in the awaiting
     coroutine, since handing it to a thread and back costs more; 0 turns this off."""
+    cuda_launch_inline_us: float = Field(default=1000.0, ge=0.0, allow_inf_nan=False)
+    """A task on a CUDA device is launched on the thread that made it ready (the event loop's, for a Tensor
+    op) once the last launch of its kind -- its function, and its arguments' dtypes and ranks -- took less
+    than this; a kind not launched before (CuPy compiles a kernel at its first use), a slower one, and the
+    wait for device memory go to the device's own thread.  0: every launch on the device's thread."""
     sync_mode: bool = False
     """Debugging: run each task in the caller at submission and raise its error there."""
     latency_histograms: bool = False
@@ -235,7 +240,7 @@ class Config(BaseSettings):
                 raise ValueError(f"{value!r} is not a number of threads; {how}")
         return _whole(value, how) if isinstance(value, float) else value
 
-    @field_validator("inline_threshold_us", "dask_timeout_s", mode="before")
+    @field_validator("inline_threshold_us", "cuda_launch_inline_us", "dask_timeout_s", mode="before")
     @classmethod
     def _number(cls, value: Any) -> Any:
         if isinstance(value, bool):  # pydantic would take True for 1.0

@@ -411,6 +411,7 @@ class Engine:
             queue_wait_p99_s=p99,
             worker_busy_s=MappingProxyType(rt.busy_seconds()),
             stream_launches=MappingProxyType(rt.launches()),
+            stream_sweeps=MappingProxyType(rt.sweeps()),
             compile_traces=self._port.compile_counts.traces,
             compile_replays=self._port.compile_counts.replays,
             batches=self._port.compile_counts.batches,

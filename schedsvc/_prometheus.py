@@ -63,9 +63,13 @@ HISTOGRAMS = {
 #: Stats fields not exported: Prometheus computes them, and any other quantile, from the histograms
 #: (``histogram_quantile(0.99, rate(schedsvc_queue_wait_seconds_bucket[5m]))``)
 FROM_HISTOGRAMS = ("queue_wait_p50_s", "queue_wait_p99_s")
-#: Stats fields exported with a label: busy seconds by worker, launches by stream, batches by rows.
+#: Stats fields exported with a label: busy seconds by worker, launches and sweeps by stream, batches by rows.
 WORKER_BUSY = ("worker_busy_seconds", "Seconds each worker spent running tasks.")
 STREAM_LAUNCHES = ("stream_launches", "Tasks launched on each CUDA stream.")
+STREAM_SWEEPS = (
+    "stream_sweeps",
+    "Completion reports of each CUDA stream (each covers every task that passed).",
+)
 BATCH_SIZES = ("batches_by_rows", "Batches sent, by how many rows they held.")
 
 
@@ -134,6 +138,9 @@ def _families(labelled: bool) -> dict[str, Any]:
     families[STREAM_LAUNCHES[0]] = CounterMetricFamily(
         PREFIX + STREAM_LAUNCHES[0], STREAM_LAUNCHES[1], labels=[*engine, "stream"]
     )
+    families[STREAM_SWEEPS[0]] = CounterMetricFamily(
+        PREFIX + STREAM_SWEEPS[0], STREAM_SWEEPS[1], labels=[*engine, "stream"]
+    )
     families[BATCH_SIZES[0]] = CounterMetricFamily(
         PREFIX + BATCH_SIZES[0], BATCH_SIZES[1], labels=[*engine, "rows"]
     )
@@ -150,6 +157,8 @@ def _add(families: dict[str, Any], stats: Stats, engine: list[str]) -> None:
         families[WORKER_BUSY[0]].add_metric([*engine, worker], seconds)
     for stream, launches in stats.stream_launches.items():
         families[STREAM_LAUNCHES[0]].add_metric([*engine, stream], launches)
+    for stream, sweeps in stats.stream_sweeps.items():
+        families[STREAM_SWEEPS[0]].add_metric([*engine, stream], sweeps)
     for rows, batches in stats.batch_sizes.items():
         families[BATCH_SIZES[0]].add_metric([*engine, str(rows)], batches)
 

@@ -107,6 +107,9 @@ class Stats:
     """Tasks launched on each CUDA stream (``cuda:0/s0``, ``cuda:0/h2d``...); their busy seconds, from
     launch (or the stream's previous completion) to completion as the host saw it, are in
     ``worker_busy_s``."""
+    stream_sweeps: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Completion reports of each CUDA stream: each reports at once every task of the stream whose work had
+    passed, so a burst of launches that nobody awaited in between takes one or a few."""
     compile_traces: int = 0
     """Traces of compiled functions (one per new signature, and after an eviction)."""
     compile_replays: int = 0
@@ -142,6 +145,7 @@ class Stats:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["worker_busy_s"] = dict(self.worker_busy_s)
         out["stream_launches"] = dict(self.stream_launches)
+        out["stream_sweeps"] = dict(self.stream_sweeps)
         out["batch_sizes"] = dict(self.batch_sizes)  # (JSON makes its keys strings: from_dict reads them)
         for name in ("queue_wait_histogram", "run_time_histogram"):  # bounds as JSON keys: "0.0025", "inf"
             out[name] = {str(bound): count for bound, count in getattr(self, name).items()}
@@ -157,6 +161,7 @@ class Stats:
         values = dict(figures)
         values["worker_busy_s"] = MappingProxyType(dict(values.get("worker_busy_s", {})))
         values["stream_launches"] = MappingProxyType(dict(values.get("stream_launches", {})))
+        values["stream_sweeps"] = MappingProxyType(dict(values.get("stream_sweeps", {})))
         values["batch_sizes"] = MappingProxyType(
             {int(k): v for k, v in values.get("batch_sizes", {}).items()}
         )

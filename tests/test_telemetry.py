@@ -81,6 +81,7 @@ def test_from_dict_without_worker_times() -> None:
     mappings = (
         "worker_busy_s",
         "stream_launches",
+        "stream_sweeps",
         "batch_sizes",
         "queue_wait_histogram",
         "run_time_histogram",
@@ -100,6 +101,7 @@ def test_str_is_one_figure_a_line_with_units() -> None:
         "queue_wait_p99_s": 0.0042,
         "worker_busy_s": {"cpu-0": 1.5, "cpu-1": 0.0},
         "stream_launches": {},
+        "stream_sweeps": {},
         "batch_sizes": {},
         "queue_wait_histogram": {"1e-05": 0, "2.5e-05": 3, "0.0025": 3, "inf": 4},
         "run_time_histogram": {},
@@ -122,6 +124,7 @@ def test_from_dict_rejects_unknown_figures() -> None:
     figures = {name: 0 for name in STATS_FIELDS} | {
         "worker_busy_s": {},
         "stream_launches": {},
+        "stream_sweeps": {},
         "batch_sizes": {},
         "queue_wait_histogram": {},
         "run_time_histogram": {},
@@ -215,6 +218,7 @@ def test_every_stats_field_is_exported() -> None:
         | {
             "worker_busy_s",
             "stream_launches",
+            "stream_sweeps",
             "batch_sizes",
         }
     )

@@ -74,6 +74,8 @@ class Admission:
         #: takes staged tasks itself once the loop has not come round to it for a while)
         self.flush_scheduled = False
         self.eager_left = 0  # submissions of this loop iteration still handed to the workers at once
+        #: devices whose tasks are never staged (``Device.staged``): they launch on the submitting thread
+        self.unstaged: set[str] = set()
 
     # -- the door: every submission enters here ------------------------------------
 
@@ -119,7 +121,7 @@ class Admission:
             elif task.priority or self.eager_left:  # (stage_next's common answer, without a call)
                 stage = self.stage_next(task.priority)
             else:
-                stage = True
+                stage = task.device not in self.unstaged
             core = self.core
             if force:
                 admitted = core.submit(task, True, stage, along)

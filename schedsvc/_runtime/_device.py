@@ -6,17 +6,22 @@ It never touches the scheduling core or its lock: it calls the runtime
 
 1. ``await Kind.open(rt, name, config)`` builds it (a remote kind connects
    here); ``start()`` starts its threads.
-2. Whenever tasks of its device are ready and it is ``hungry``, the runtime
-   calls ``notify(ready)`` with its lock held; the device returns what to do
-   once the lock is released (release a parked thread), or None.  A thread
-   device's workers ask ``rt.next_task`` for work; one that finds none is
-   parked in ``idle`` (the device is hungry again) until ``notify``.
-3. It takes ready tasks from the runtime (``rt.next_task``, ``rt.take_all``),
-   runs or launches them, and reports each outcome through the runtime:
-   ``rt.execute`` for a task run on the calling thread (the CPU path: a task
-   is launched and complete at once), ``rt.finish`` for one that ended
-   elsewhere, ``rt.launched``/``rt.complete`` for a device that queues work
-   asynchronously (CUDA streams).
+2. Whenever tasks of its device become ready and it is ``hungry``, the runtime
+   calls ``dispatch(ready)`` with its lock held, on the thread that made them
+   ready (the event loop for a submission or a Tensor op, a worker for a task's
+   dependents, a stream's watcher for what a completion freed).  This is the
+   one verb that says which thread runs or launches a ready task: the device
+   returns what to do on that thread once the lock is released, or None.  A
+   thread device releases a parked worker, which takes its tasks from the
+   runtime (``rt.next_task``) and parks in ``idle`` again when there are none
+   (the device is hungry again).  A device that launches work asynchronously
+   (CUDA streams) launches them right there (``rt.launch_first``,
+   ``rt.launched``), handing only what may block to a thread of its own.
+3. It reports each outcome through the runtime: ``rt.execute`` for a task run
+   on the calling thread (the CPU path: a task is launched and complete at
+   once), ``rt.finish`` for one that ended elsewhere, ``rt.launched`` and
+   ``rt.complete_all`` for a device that queues work asynchronously (its
+   completions in bulk: every task of a stream up to the last event passed).
 4. ``cancel(task)`` cancels one task it was sent and has not started, and
    ``cancel_all()`` every such task (a close that cancels pending work);
    ``stop()`` says no more work will come; ``join(timeout)`` and ``aclose()``
@@ -57,7 +62,7 @@ Keyer = Callable[[Any], tuple[int, int]]
 
 
 class Device(abc.ABC):
-    """Base of every kind of device; the methods below are the whole interface (``open`` and ``notify``
+    """Base of every kind of device; the methods below are the whole interface (``open`` and ``dispatch``
     each kind must write; the others have defaults that suit a kind that does not need them)."""
 
     #: the kind's name in ``Config`` (``backend=``) and in messages
@@ -74,6 +79,10 @@ class Device(abc.ABC):
     #: ``rt.unpark`` when it runs out)?  Then they take the tasks a busy event loop has staged and not
     #: handed over; without it a parked worker waits for the loop to hand them over
     parks_timed: ClassVar[bool] = False
+    #: may its tasks submitted on the event loop's thread be staged -- held, then handed over together when
+    #: the submitting coroutine yields (``Admission``)?  Not for a device that launches on the thread that
+    #: made the work ready: a held task would only be launched later, by the flush
+    staged: ClassVar[bool] = True
     #: argument types it understands as memory, beyond NumPy arrays and the buffer protocol
     #: (which every engine scans), with how to key them
     buffer_types: Mapping[type, Keyer] = {}
@@ -81,14 +90,14 @@ class Device(abc.ABC):
     def __init__(self, rt: Runtime, name: str) -> None:
         self.rt = rt
         self.name = name  # the device it serves
-        #: does it want to be told of ready work (``notify``)?  The runtime reads this with its lock
+        #: does it want to be told of ready work (``dispatch``)?  The runtime reads this with its lock
         #: held at every scheduling event, so it is a plain attribute the device keeps true
         self.hungry = True
         #: submissions of one event-loop iteration handed to it at once, before the rest are staged
         #: (held, then handed over together when the submitting coroutine yields)
         self.eager = 1
         #: its workers parked waiting for work (a thread device's): ``rt.next_task`` appends a
-        #: worker that found none and makes the device ``hungry``; ``notify`` takes them out
+        #: worker that found none and makes the device ``hungry``; ``dispatch`` takes them out
         self.idle: list[Any] = []
 
     @classmethod
@@ -117,7 +126,7 @@ class Device(abc.ABC):
     runs_anywhere: ClassVar[bool] = False
 
     def start(self) -> None:
-        """Start the threads it runs on (after ``open``, before the first ``notify``)."""
+        """Start the threads it runs on (after ``open``, before the first ``dispatch``)."""
 
     def leaving(self, worker: Any, ready: int) -> bool:
         """With the runtime's lock held (``rt.next_task``): should ``worker`` end now, with ``ready``
@@ -125,9 +134,10 @@ class Device(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def notify(self, ready: int) -> Callable[[], None] | None:
-        """With the runtime's lock held: ``ready`` tasks of its device wait; return the wake-up to call
-        once the lock is released, or None."""
+    def dispatch(self, ready: int) -> Callable[[], None] | None:
+        """With the runtime's lock held, on the thread that made them ready: ``ready`` tasks of its device
+        wait in its queue.  Return what to do on this thread once the lock is released (wake a parked
+        worker, launch them here), or None."""
 
     def admitted(self, task: Task) -> None:
         """A task of its device was admitted waiting for parents (called when ``forwards`` is true):
@@ -189,6 +199,11 @@ class Device(abc.ABC):
 
     def launches(self) -> dict[str, int]:
         """Tasks launched per stream (an asynchronous device's)."""
+        return {}
+
+    def sweeps(self) -> dict[str, int]:
+        """Completion reports per stream (an asynchronous device's): each reports every task of the stream
+        whose work passed."""
         return {}
 
     def used_bytes(self) -> int:

@@ -117,7 +117,7 @@ class Dispatch:
                     after = self.collect()  # (the other devices' workers, for what was theirs)
                 else:
                     park = _STALE_S * 5  # (until the loop stages, or its flush comes)
-            if task is None:  # parked: notify() wakes it
+            if task is None:  # parked: dispatch() wakes it
                 device.idle.append(worker)
                 device.hungry = True
         if after is not None:
@@ -298,16 +298,44 @@ class Dispatch:
             after()
         return state
 
-    def launched(self, task: Task, value: Any, chain: bool = False) -> tuple[Task, list[Task]] | None:
-        """An asynchronous device queued ``task``'s work (behind its parents' work):
-        dependents on the same device may now be launched behind it, taking ``value`` (a device
-        array whose contents are still being computed) in its place.  ``chain``: returns the
-        first dependent this made ready (running now), for the device to launch next itself, with
-        what it launches behind (as ``ahead`` gives it)."""
+    def launch_first(self, device: Device) -> tuple[Task, list[Task] | None] | None:
+        """A device that launches on the thread its ``dispatch`` ran on starts its launches: the next ready
+        task of ``device`` (running now), with the launched parents it goes behind (as ``ahead`` gives
+        them); or None, and the device is ``hungry`` again under the same lock hold, so a task made ready
+        later is dispatched anew."""
+        with self.lock:
+            core = self.core
+            task = core.take(device.name)
+            if task is None:
+                device.hungry = True
+                return None
+            return task, list(core.ahead(task))
+
+    def launched(
+        self, task: Task, value: Any, device: Device | None = None
+    ) -> tuple[Task, list[Task] | None] | None:
+        """An asynchronous device queued ``task``'s work (behind its parents' work): dependents on the
+        same device may now be launched behind it, taking ``value`` (a device array whose contents are
+        still being computed) in its place.
+
+        Given the ``device`` whose launches this thread is making, returns what it launches next, under
+        the same lock hold: the first dependent this launch made ready, else the next ready task of the
+        device (running now, with what it goes behind); or None, and the device is ``hungry`` again."""
         with self.lock:
             task.value = value  # what a dependent launched behind it receives; final at complete
-            nxt = self.core.launch(task, chain)
-            behind = None if nxt is None else (nxt, list(self.core.ahead(nxt)))
+            core = self.core
+            if device is None:
+                core.launch(task, False)
+                behind = None
+            else:
+                nxt = core.launch(task, True)
+                if nxt is None and core.queues[device.name].count:
+                    nxt = core.take(device.name)
+                if nxt is None:
+                    device.hungry = True
+                    behind = None
+                else:
+                    behind = (nxt, list(core.ahead(nxt)))
             after = self.collect()
         if after is not None:
             after()

@@ -110,6 +110,7 @@ _ENTRY_POINTS = (
     "claim",
     "execute",
     "finish",
+    "launch_first",
     "launched",
     "complete",
     "complete_all",
@@ -139,6 +140,7 @@ _ENTRY_POINTS = (
     "writer_of",
     "limits_text",
     "launches",
+    "sweeps",
     "busy_seconds",
     "latency_histograms",
     "attach",
@@ -225,6 +227,7 @@ class Runtime:
         self.claim = dispatch.claim
         self.execute = dispatch.execute
         self.finish = dispatch.finish
+        self.launch_first = dispatch.launch_first
         self.launched = dispatch.launched
         self.complete = dispatch.complete
         self.complete_all = dispatch.complete_all
@@ -257,6 +260,7 @@ class Runtime:
         self.writer_of = status.writer_of
         self.limits_text = status.limits_text
         self.launches = status.launches
+        self.sweeps = status.sweeps
         self.busy_seconds = status.busy_seconds
         self.latency_histograms = status.latency_histograms
         self.attach = status.attach
@@ -268,6 +272,8 @@ class Runtime:
             self.metered.append((name, device))
         self._pools.append((device, self.core.queues[name]))
         self.door.eager_left += device.eager
+        if not device.staged:
+            self.door.unstaged.add(name)
         register_buffer_types(device.buffer_types)
         if device.runs_anywhere:
             self.anywhere.add(name)
@@ -331,7 +337,7 @@ class Runtime:
         for device, queue in self._pools:
             if not device.hungry or not queue.count:
                 continue
-            wake = device.notify(queue.count)
+            wake = device.dispatch(queue.count)
             if wake is not None:
                 if wakes is None:
                     wakes = []

@@ -83,6 +83,13 @@ class Status:
             found.update(device.launches())
         return found
 
+    def sweeps(self) -> dict[str, int]:
+        """Completion reports per stream, of every device."""
+        found: dict[str, int] = {}
+        for device in self.rt.devices.values():
+            found.update(device.sweeps())
+        return found
+
     def busy_seconds(self) -> dict[str, float]:
         """Seconds spent running tasks per worker track, of every device."""
         busy: dict[str, float] = {}

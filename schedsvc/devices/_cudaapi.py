@@ -96,6 +96,21 @@ class CudaApi:
         """This thread launches work: it must never wait for the device (the simulator can forbid and
         counts its host syncs; CuPy: nothing)."""
 
+    def begin_launches(self, device: int) -> Any:
+        """This thread launches work on ``device`` until ``end_launches``: make it current (what to restore
+        is returned).  The simulator counts this thread's host syncs as a launching thread's meanwhile, and
+        may forbid them."""
+        raise NotImplementedError
+
+    def end_launches(self, device: int, began: Any) -> None:
+        """This thread's launches on ``device`` are over: its current device is again the one it had at
+        ``begin_launches`` (which returned ``began``)."""
+        raise NotImplementedError
+
+    def host_syncs(self) -> int:
+        """Host syncs this thread has made (the simulator counts them; on CuPy nothing can: 0)."""
+        return 0
+
     def device_of(self, array: Any) -> int:
         """The device a device array lives on."""
         return int(array.device.id)

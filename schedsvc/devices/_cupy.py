@@ -69,6 +69,19 @@ class CupyApi(CudaApi):
         """Make ``device`` current on this thread."""
         cupy.cuda.Device(device).use()
 
+    def begin_launches(self, device: int) -> int:
+        """Make ``device`` current on this thread (only if it is not: a call into the runtime either way);
+        the device that was current."""
+        previous = int(cupy.cuda.runtime.getDevice())
+        if previous != device:
+            cupy.cuda.runtime.setDevice(device)
+        return previous
+
+    def end_launches(self, device: int, began: Any) -> None:
+        """Make current again the device that was at ``begin_launches``."""
+        if began != device:
+            cupy.cuda.runtime.setDevice(began)
+
     # -- streams and events ------------------------------------------------------
 
     def stream(self, device: int) -> Any:

@@ -1,11 +1,14 @@
 """The streams of a CUDA device: each a ``Track`` of the tasks launched on it, in launch order, and the
 watcher thread that reports them complete.
 
-A watcher sleeps in ``Event(block=True).synchronize()`` on the oldest event of its stream (the GIL
-released), then sweeps the later ones with ``.done`` -- the events of one stream pass in order -- and hands
-what passed to its device (``CudaDevice.completed``), which reports them complete to the runtime.  Each
-``Flight`` keeps what its task touched alive (its arguments, result and staging buffers) until its event
-passed, so the pool never hands a block to new work while a stream still uses it (cupy#8068).
+A watcher sleeps in ``Event(block=True).synchronize()`` (the GIL released) on the event of the oldest
+task somebody waits for (an await, a thread's ``result()``, a task on another device), or else on the
+newest event of its stream; the events of one stream pass in order, so when it wakes every task up to
+that one is complete, and those after it whose events passed too.  It hands them all to its device
+(``CudaDevice.completed``), which reports them to the runtime in one call: a burst of launches that
+nobody awaited in between costs one wake-up, not one per task.  Each ``Flight`` keeps what its task
+touched alive (its arguments, result and staging buffers) until its event passed, so the pool never
+hands a block to new work while a stream still uses it (cupy#8068).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Track:
         self._asleep = False  # the watcher waits on _wake (with the lock held to change it)
         self.stopping = False
         self.launches = 0
+        self.sweeps = 0  # completion reports: each covers every flight whose event had passed
         self.busy = 0.0
         self.last_end = 0.0
         self.thread = threading.Thread(target=self._watch, name=f"schedsvc-{name}", daemon=True)
@@ -88,25 +92,40 @@ class Track:
                     if self.stopping:
                         return
                     self._asleep = True
-                    head = None
+                    target = None
                 else:
-                    head = flights[0]
-            if head is None:
+                    target = _target(flights)
+            if target is None:
                 self._wake.acquire()  # until push or stop release it
                 continue
             error: BaseException | None = None
             try:
-                head.event.synchronize()  # sleeps (block=True), the GIL released
+                target.event.synchronize()  # sleeps (block=True), the GIL released
             except Exception as exc:  # the device failed (a sticky error): every task in flight fails
                 error = exc
-            done = [head]
+            done = []
             with lock:
-                flights.popleft()
                 if error is None:
-                    while flights and flights[0].event.done:  # events of one stream pass in order
+                    while flights:  # events of one stream pass in order: up to the target, all passed
+                        flight = flights.popleft()
+                        done.append(flight)
+                        if flight is target:
+                            break
+                    while flights and flights[0].event.done:  # and what passed since
                         done.append(flights.popleft())
                 else:
                     done.extend(flights)
                     flights.clear()
+            self.sweeps += 1
             owner.completed(self, done, error)
-            del head, done  # holds nothing while it sleeps: a result lives as long as its users keep it
+            del target, done  # holds nothing while it sleeps: a result lives as long as its users keep it
+
+
+def _target(flights: deque[Flight]) -> Flight:
+    """The flight a watcher waits for: the oldest one whose task somebody waits for (read without the
+    runtime's lock: one read of a field), else the newest."""
+    for flight in flights:
+        task = flight.task
+        if task is not None and (task.watchers is not None or task.dependents is not None):
+            return flight
+    return flights[-1]

@@ -81,7 +81,7 @@ class CpuWorker:
 class CpuPool(Device):
     """``size`` worker threads, plus stand-ins while workers block.
 
-    Its bookkeeping (parked and live workers) is read by ``notify`` and
+    Its bookkeeping (parked and live workers) is read by ``dispatch`` and
     ``leaving`` with the runtime's lock held, so it changes only under that
     lock too: in those calls, or through ``rt.under_lock``.
     """
@@ -167,7 +167,7 @@ class CpuPool(Device):
         self.retired = [t for t in self.retired if t.is_alive()]
         self.retired.append(worker.thread)
 
-    def notify(self, ready: int) -> Callable[[], None] | None:
+    def dispatch(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: take parked workers for ``ready`` tasks; return their wake-up."""
         idle = self.idle
         if not idle:  # (the runtime asks only while hungry, which is kept equal to bool(idle))

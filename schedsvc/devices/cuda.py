@@ -3,24 +3,37 @@
 One ``CudaDevice`` per device (``cuda:N``), bound to CuPy or, with
 ``Config(cuda_simulator=True)``, to the CUDA simulator.  Per device:
 
-- **one launching thread** (switching the current stream per task: measured
-  faster on an H100 than a thread per stream, ``docs/cuda-facts.md``).  It
-  takes ready tasks from the runtime and, for each, picks a stream (a
-  same-device parent's, so FIFO orders them for free; else the compute stream
-  with the least work in flight), makes it wait on the events of parents
-  launched on other streams (``wait_event``: the host never waits), enqueues
-  the task's kernels with that stream current, records an event after them,
-  and reports ``rt.launched``, which hands back the first dependent that launch
-  made ready, launched next without a queue hand-off (a chain of ops goes out
-  back to back).  It never waits for the device.
+- **launched where they are made ready**, as CuPy and PyTorch launch on the
+  caller's thread: the runtime's ``dispatch`` of a ready task runs on the
+  thread that made it ready (the event loop for a submission or a Tensor op, a
+  worker for a CPU task's dependents, a watcher for what a completion freed),
+  and that thread launches it once the runtime's lock is released, with the
+  device current (the caller's current device is given back afterwards).  For
+  each task it picks a stream (a same-device parent's, so FIFO orders them for
+  free; else the compute stream with the least work in flight), makes it wait
+  on the events of parents launched on other streams (``wait_event``: the host
+  never waits), enqueues the task's kernels with that stream current (the
+  caller's current stream is given back), records an event after them, and
+  reports ``rt.launched``, which hands back what to launch next: the first
+  dependent that launch made ready, else the next ready task.  One thread
+  launches at a time on a device; the others only queue.
+- **one thread of its own** for launches that may block: a kind of launch (the
+  function, its arguments' dtypes and ranks) not launched before here -- CuPy
+  compiles a kernel at its first use --, one whose last launch took
+  ``Config.cuda_launch_inline_us`` or more (1 ms by default) or waited for the
+  device, and the wait for memory and retry of an allocation that failed.  The
+  launch goes there with the turn to launch, and that thread launches what is
+  ready after it.  So the event loop is held by a launch for about that bound
+  at most, except when a launch of a kind that was quick blocks this time.
 - ``streams_per_device`` **compute streams**, an **H2D** and a **D2H** copy
   stream, each with **one watcher thread** (``_streams``) that sleeps in
-  ``Event(block=True).synchronize()`` on the oldest event of its stream, then
-  sweeps the later ones with ``.done``, and reports ``rt.complete`` (the
-  runtime wakes the event loop once per burst).  The watcher also lets go of
-  what the task touched -- its arguments, result and staging buffers -- only
-  once its event passed, so the pool never hands a block to new work while a
-  stream still uses it (cupy#8068).
+  ``Event(block=True).synchronize()`` on the newest event of its stream (or the
+  oldest one somebody waits for), then reports every task of the stream up to
+  the last event that passed in one call (``rt.complete_all``: the runtime
+  wakes the event loop once per burst, only for futures somebody awaits).  The
+  watcher also lets go of what the tasks touched -- their arguments, results
+  and staging buffers -- only once their events passed, so the pool never
+  hands a block to new work while a stream still uses it (cupy#8068).
 
 Transfers: a host array handed to a cuda task is copied to the device on the
 H2D stream through pinned staging; ``prepare`` makes that copy a task of its
@@ -37,6 +50,8 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from math import inf
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -104,6 +119,8 @@ def check(index: int, simulated: bool = False) -> None:
 
 _OOM_WAIT_S = 30.0  # the longest an allocation that failed waits for the device's work in flight
 
+_MAX_KINDS = 4096  # kinds whose last launch time is remembered (past it, the table starts again)
+
 
 class _NotLaunched(Exception):
     """Making a task's arguments raised ``error`` before anything was queued."""
@@ -125,30 +142,43 @@ class _LaunchFailed(Exception):
         self.t0 = t0
 
 
+#: what a thread launches next: a running task of the device, and the launched parents it goes behind
+#: (None: asked of the runtime at launch)
+Next = tuple[Task, "list[Task] | None"]
+
+
 class CudaDevice(Device):
-    """The streams of one CUDA device, fed by one launching thread."""
+    """The streams of one CUDA device: launched on by the thread that makes work ready, and by a thread of
+    its own for what may block."""
 
     kind = "cuda"
     asynchronous = True
     own_memory = True
-    parks_timed = True
     prepares = True
+    staged = False  # launched by the submitting thread: never held for a flush
 
-    def __init__(self, rt: Runtime, name: str, api: CudaApi, streams: int) -> None:
+    def __init__(self, rt: Runtime, name: str, api: CudaApi, streams: int, inline_s: float = 0.001) -> None:
         super().__init__(rt, name)
         self.api = api
         self.index = int(name.partition(":")[2])
         self.buffer_types = {api.ndarray: api.buffer_key}
-        self.hungry = False  # no launcher is parked until its thread has started
         self.concurrency = streams
-        self.eager = streams
+        self.eager = 0  # (its tasks are never staged: none counts against a burst's hand-over)
+        #: the launches handed to the device's own thread, with the turn to launch (``_hand_over``)
+        self.handed: Callable[[], Next | None] | None = None
+        self.handing = threading.Lock()  # (guards handed and ended)
+        self.ended = False  # the device's thread has ended (closing)
         self.wake = threading.Semaphore(0)
         self.stopping = False
         self.events: list[Any] = []  # recycled events, their last record passed
-        self.flying: dict[Task, Flight] = {}  # launched, not complete (read by the launcher)
+        self.flying: dict[Task, Flight] = {}  # launched, not complete (read by the launching thread)
         self.completions = threading.Condition(threading.Lock())  # an OOM retry waits on it
         self.oom_waiting = 0  # launches waiting on it (under its lock): only then is it notified
         self.translate = _translation(api.xp)
+        #: kind of launch -> how long its last launch took (``_kind``): a kind whose last launch took less
+        #: than ``inline_s`` is launched on the thread that made it ready (``Config.cuda_launch_inline_us``)
+        self.launch_s: dict[Any, float] = {}
+        self.inline_s = inline_s
         # (streams are made on their device without making it current: the opening thread -- the
         # user's event loop -- keeps its own current device)
         self.compute = [Track(self, api.stream(self.index), f"{name}/s{i}") for i in range(streams)]
@@ -156,7 +186,9 @@ class CudaDevice(Device):
         self.d2h = Track(self, api.stream(self.index), f"{name}/d2h")
         self.tracks = [*self.compute, self.h2d, self.d2h]
         self.next_stream = 0
-        self.launcher = threading.Thread(target=self._launch_loop, name=f"schedsvc-{name}", daemon=True)
+        self.thread = threading.Thread(target=self._thread_main, name=f"schedsvc-{name}", daemon=True)
+        self._launch_here = self._launch_ready  # (bound once: dispatch returns it at every ready task)
+        self._first = functools.partial(rt.launch_first, self)
 
     # -- the plugin interface -------------------------------------------------------
 
@@ -177,7 +209,7 @@ class CudaDevice(Device):
     @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> CudaDevice:
         api = api_for(config.cuda_simulator)
-        device = cls(rt, name, api, config.streams_per_device)
+        device = cls(rt, name, api, config.streams_per_device, config.cuda_launch_inline_us / 1e6)
         if config.max_device_bytes is not None:
             api.set_pool_limit(device.index, config.max_device_bytes)
         return device
@@ -185,17 +217,12 @@ class CudaDevice(Device):
     def start(self) -> None:
         for track in self.tracks:
             track.thread.start()
-        self.launcher.start()
+        self.thread.start()
 
-    def leaving(self, worker: Any, ready: int) -> bool:
-        return self.stopping and not ready
-
-    def notify(self, ready: int) -> Callable[[], None] | None:
-        if not self.idle:
-            return None
-        self.idle.clear()
+    def dispatch(self, ready: int) -> Callable[[], None] | None:
+        """With the lock held: tasks are ready and no thread launches on this device: this one will."""
         self.hungry = False
-        return self.wake.release
+        return self._launch_here
 
     def stop(self) -> None:
         self.stopping = True
@@ -204,7 +231,7 @@ class CudaDevice(Device):
             track.stop()
 
     def join(self, timeout: float | None) -> list[threading.Thread]:
-        threads = [self.launcher, *(t.thread for t in self.tracks)]
+        threads = [self.thread, *(t.thread for t in self.tracks)]
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             if thread.is_alive():
@@ -227,49 +254,148 @@ class CudaDevice(Device):
     def launches(self) -> dict[str, int]:
         return {track.name: track.launches for track in self.tracks}
 
-    # -- launching -----------------------------------------------------------------
+    def sweeps(self) -> dict[str, int]:
+        return {track.name: track.sweeps for track in self.tracks}
 
-    def _launch_loop(self) -> None:
+    # -- launching where work is made ready ---------------------------------------------
+    #
+    # One thread at a time launches on the device: the one whose ``dispatch`` found it hungry.  It takes
+    # the ready tasks one by one (``rt.launch_first``, then what each ``rt.launched`` hands on) until none is
+    # left, and the device is hungry again.  A task whose launch may block goes to the device's thread
+    # together with the turn to launch (``_hand_over``), which launches it and what is ready after it.
+
+    def _launch_ready(self) -> None:
+        """On the thread that made tasks ready, once the runtime's lock is released: launch them here."""
+        rt = self.rt
+        nxt = rt.launch_first(self)
+        if nxt is None:
+            return
+        api = self.api
+        ident = get_ident()
+        guest = ident not in rt.worker_threads  # (a task launched here that submits work submits it nested)
+        if guest:
+            rt.worker_threads.add(ident)
+        began = api.begin_launches(self.index)
+        try:
+            while nxt is not None:
+                task, ahead = nxt
+                try:
+                    kind: Any = self._kind(task)
+                    quick = self.launch_s.get(kind, inf) < self.inline_s
+                except TypeError:  # an unhashable callable: never timed, always on the device's thread
+                    kind, quick = None, False
+                if not quick:
+                    self._hand_over(functools.partial(_given, nxt))
+                    return
+                nxt = None  # (from here on the task is _launch_task's: launched, or failed)
+                nxt = self._launch_task(task, ahead, kind, True)
+        except BaseException:  # an interrupt of this thread (Ctrl-C): the device's thread carries on
+            self._hand_over(functools.partial(_given, nxt) if nxt is not None else self._first)
+            raise
+        finally:
+            api.end_launches(self.index, began)
+            if guest:
+                rt.worker_threads.discard(ident)
+
+    def _hand_over(self, launch: Callable[[], Next | None]) -> None:
+        """Give the turn to launch to the device's thread, which starts with ``launch()`` (or, once that
+        thread has ended, closing, launch here)."""
+        with self.handing:
+            if not self.ended:
+                self.handed = launch
+                self.wake.release()
+                return
+        self._launch_all(launch)
+
+    def _thread_main(self) -> None:
+        """The device's thread: the launches that may block, and what is ready after them."""
         api = self.api
         api.use_device(self.index)
-        api.launching_thread()
-        rt = self.rt
-        rt.worker_started()
+        self.rt.worker_started()
         while True:
-            task = rt.next_task(self, self)
-            if task is None:
-                self.wake.acquire()
-                continue
-            if task is False:  # the engine is closing
-                return
-            if not isinstance(task, Task):  # staged work the busy loop has not handed over: look again soon
-                if not self.wake.acquire(timeout=task) and not rt.unpark(self, self):
-                    self.wake.acquire()  # notified as the time ran out: take that wake-up
-                continue
-            nxt = self._launch_task(task, None)
-            while nxt is not None:  # a dependent made ready by a launch is launched next, here
-                nxt = self._launch_task(*nxt)
-            del task  # (parked with no reference: a result lives as long as its users keep it)
+            self.wake.acquire()
+            with self.handing:
+                launch, self.handed = self.handed, None
+                if launch is None and self.stopping:
+                    self.ended = True
+                    return
+            if launch is not None:
+                self._launch_all(launch)
+            del launch  # (holds nothing while it sleeps: a result lives as long as its users keep it)
 
-    def _launch_task(self, task: Task, ahead: list[Task] | None) -> tuple[Task, list[Task]] | None:
-        """Launch ``task`` (behind ``ahead``, its launched parents, if known); the dependent its launch
-        made ready to launch next, and what that launches behind, if any.  If the device
-        is out of memory, wait for the work in flight on it to complete (freeing what it held), then
-        retry once on the same stream -- unless the task writes memory in place (its first try may
-        have), then it fails.  A launch that fails may have queued work already: its failure is
-        reported once an event after that work passed."""
+    def _launch_all(self, launch: Callable[[], Next | None]) -> None:
+        """Launch ``launch()`` and every task ready after it (this thread has the turn), timing each."""
+        nxt = launch()
+        while nxt is not None:
+            task, ahead = nxt
+            try:
+                kind: Any = self._kind(task)
+            except TypeError:
+                kind = None
+            nxt = self._launch_task(task, ahead, kind, False)
+
+    def _kind(self, task: Task) -> Any:
+        """What launches alike: the function, and its arguments' dtypes and ranks (a kernel is compiled per
+        such signature; host arrays by their size too: they are staged by a copy).  TypeError if unhashable."""
+        ndarray = self.api.ndarray
+        key: list[Any] = [task.fn]
+        for arg in task.args:
+            if isinstance(arg, Task):
+                arg = arg.value
+            kind = type(arg)
+            if kind is ndarray:
+                key += (arg.dtype, arg.ndim)
+            elif kind is _ndarray:
+                key += (arg.dtype, arg.ndim, arg.nbytes.bit_length())
+            else:
+                key.append(kind)
+        if task.kwargs:
+            key.append(tuple((k, v if type(v) in SCALAR_TYPES else type(v)) for k, v in task.kwargs.items()))
+        kind_key = tuple(key)
+        hash(kind_key)
+        return kind_key
+
+    def _learn(self, kind: Any, seconds: float) -> None:
+        if kind is None:
+            return
+        launch_s = self.launch_s
+        if len(launch_s) >= _MAX_KINDS and kind not in launch_s:
+            launch_s.clear()
+        launch_s[kind] = seconds
+
+    def _launch_task(self, task: Task, ahead: list[Task] | None, kind: Any, here: bool) -> Next | None:
+        """Launch ``task`` (behind ``ahead``, its launched parents, if known); what to launch next (None: the
+        device is hungry again, or the device's thread took over).  ``here``: on the thread that made it ready,
+        which must not wait: if the device is out of memory, the wait for the work in flight to complete
+        (freeing what it held) and the retry go to the device's thread.  There, the retry is made once, on the
+        same stream -- unless the task writes memory in place (its first try may have): then it fails.  A
+        launch that fails may have queued work already: its failure is reported once an event after that
+        work passed."""
+        syncs = -1 if here else self.api.host_syncs()
         try:
-            return self._launch(task, None, ahead)
+            return self._launch(task, None, ahead, kind, syncs)
         except _LaunchFailed as failed:
             first = failed
         except BaseException as exc:  # before anything was queued (finding its parents, its stream)
             self._failed(task, exc)
-            return None
+            if here and not isinstance(exc, Exception):  # an interrupt of this thread: it is raised here
+                raise
+            return self.rt.launch_first(self)
+        if here and not isinstance(first.error, Exception):
+            self._fail_after(task, first, first.error, None)
+            raise first.error
         oom = isinstance(first.error, self.api.OutOfMemoryError)
         if not oom or any(b[2] for b in task.buffers):  # a retry could apply in-place writes twice
             error = self._memory_error(task, first.error, retried=False) if oom else first.error
-            self._fail_after(task, first, error)
+            return self._fail_after(task, first, error, self)
+        if here:
+            self._hand_over(functools.partial(self._retry, task, first))
             return None
+        return self._retry(task, first)
+
+    def _retry(self, task: Task, first: _LaunchFailed) -> Next | None:
+        """On the device's thread: ``task`` ran out of device memory; wait for the work in flight on the
+        device to complete, then launch it again, once."""
         first.track.push(Flight(None, first.track, first.event, None, first.held, first.t0))
         with self.completions:
             self.oom_waiting += 1
@@ -282,22 +408,25 @@ class CudaDevice(Device):
         except BaseException as exc:
             if not isinstance(exc, _LaunchFailed):
                 self._failed(task, exc)
-                return None
+                return self.rt.launch_first(self)
             error = exc.error
             if isinstance(error, self.api.OutOfMemoryError):
                 error = self._memory_error(task, error, retried=True)
-            self._fail_after(task, exc, error)
-            return None
+            return self._fail_after(task, exc, error, self)
 
-    def _fail_after(self, task: Task, failed: _LaunchFailed, error: BaseException) -> None:
-        """``task`` failed while launching: it fails once what it may have queued has run."""
+    def _fail_after(
+        self, task: Task, failed: _LaunchFailed, error: BaseException, device: CudaDevice | None
+    ) -> Next | None:
+        """``task`` failed while launching: it fails once what it may have queued has run.  What to launch
+        next (as ``rt.launched`` hands it on, given ``device``)."""
         if error.__traceback__ is not None:
             error.__traceback__ = error.__traceback__.tb_next
         flight = Flight(task, failed.track, failed.event, None, failed.held, failed.t0)
         flight.error = error
         self.flying[task] = flight
-        self.rt.launched(task, None)
+        nxt = self.rt.launched(task, None, device)
         failed.track.push(flight)
+        return nxt
 
     def _failed(self, task: Task, exc: BaseException) -> None:
         if exc.__traceback__ is not None:
@@ -334,11 +463,17 @@ class CudaDevice(Device):
         return best
 
     def _launch(
-        self, task: Task, track: Track | None, ahead: list[Task] | None = None
-    ) -> tuple[Task, list[Task]] | None:
+        self,
+        task: Task,
+        track: Track | None,
+        ahead: list[Task] | None = None,
+        kind: Any = None,
+        syncs: int = -1,
+    ) -> Next | None:
         """Enqueue ``task`` (on ``track``, or the stream ``_pick`` chooses; behind ``ahead``, or what
-        the runtime says it launches behind) and report it launched; the dependent that made ready
-        to launch next, and what that launches behind, if any."""
+        the runtime says it launches behind) and report it launched; what to launch next (``rt.launched``).
+        Its ``kind``'s launch time is learned; ``syncs``, if not -1, is this thread's count of host syncs
+        before it: a launch that made one is never made where work is made ready."""
         api = self.api
         t0 = time.perf_counter()
         flying = self.flying
@@ -368,7 +503,10 @@ class CudaDevice(Device):
                     except TypeError:  # an unhashable callable is not NumPy's
                         pass
                     value = fn(*args, **kwargs)
-                event = self.events.pop() if self.events else api.event()
+                try:
+                    event = self.events.pop()
+                except IndexError:  # (none to recycle)
+                    event = api.event()
                 event.record(stream)
         except _NotLaunched as exc:
             raise exc.error from None
@@ -378,7 +516,12 @@ class CudaDevice(Device):
             raise _LaunchFailed(exc, track, keep, (args, kwargs, staged), t0) from exc
         flight = Flight(task, track, event, value, (args, kwargs, staged), t0)
         flying[task] = flight
-        nxt = self.rt.launched(task, value, chain=True)
+        if kind is not None:
+            took = time.perf_counter() - t0
+            if syncs != -1 and api.host_syncs() != syncs:
+                took = inf  # it waited for the device: always on the device's thread
+            self._learn(kind, took)
+        nxt = self.rt.launched(task, value, self)
         track.push(flight)  # (after: its watcher may report it complete at once)
         return nxt
 
@@ -566,6 +709,11 @@ class CudaDevice(Device):
             )
 
     vets_tasks = True
+
+
+def _given(nxt: Next) -> Next:
+    """What a launch handed over starts with: the task it had taken (``CudaDevice._hand_over``)."""
+    return nxt
 
 
 def _flat(obj: Any) -> list[Any]:

@@ -75,7 +75,7 @@ class DaskDevice(Device):
         self.client = client
         self.cluster = cluster
         self.concurrency = threads  # the cluster's worker threads at start: eng.map's window is twice this
-        # hungry (true) while no pump is scheduled: the runtime calls notify() when tasks become ready
+        # hungry (true) while no pump is scheduled: the runtime calls dispatch() when tasks become ready
         self.sent: dict[Task, DaskFuture] = {}  # tasks on the cluster, until the core records their end
         # ended before the core ran them: (value, error, cancelled on the cluster)
         self.early: dict[Task, tuple[Any, BaseException | None, bool]] = {}
@@ -132,7 +132,7 @@ class DaskDevice(Device):
 
     # -- the Device interface -------------------------------------------------
 
-    def notify(self, ready: int) -> Callable[[], None] | None:
+    def dispatch(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: schedule one pump on the loop for the ready tasks."""
         self.hungry = False
         return self._schedule_pump

@@ -918,7 +918,9 @@ async def test_traced_plans_are_bounded_by_max_signatures(anyio_backend: str) ->
             x = rows(1 + i % 3, i)
             w = W1 * (1.0 + i)  # a new array each call
             weights.append(w)
-            assert_rows_close(await within(f(x, w, B1)), affine(x, w, B1))  # (a call of 3 rows runs padded to 4)
+            assert_rows_close(
+                await within(f(x, w, B1)), affine(x, w, B1)
+            )  # (a call of 3 rows runs padded to 4)
             assert f.stats()["plans"] <= 4, f.stats()
         assert f.stats()["signatures"] <= 4
 

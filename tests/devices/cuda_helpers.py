@@ -80,6 +80,15 @@ def xp() -> Any:
     return cuda_api().xp
 
 
+def current_device() -> int:
+    """This thread's current CUDA device."""
+    if ON_CUPY:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDevice())
+    return int(sim().local.device)
+
+
 def host(x: Any) -> np.ndarray[Any, Any]:
     """A device array's values, on the host (a host sync: never on a launching thread)."""
     if type(x) is np.ndarray:

@@ -24,6 +24,7 @@ from tests.devices.cuda_helpers import (
     checked_simulator,
     cuda_api,
     cuda_engine,
+    current_device,
     host,
     sim,
     simulator_only,
@@ -577,7 +578,158 @@ async def test_mixed_workload_makes_no_host_sync_on_launching_threads() -> None:
     np.testing.assert_array_equal(results[2], a + 1)
 
 
-# -- 5. memory ---------------------------------------------------------------------------------------
+# -- 5. where a launch is made ----------------------------------------------------------------------
+#
+# A bound of 1,000 s (``cuda_launch_inline_us=1e9``) makes "its kind was launched before" the whole rule, so
+# that where a launch is made does not depend on how fast this machine launched the first one.
+
+QUICK = 1e9
+
+
+class Launches:
+    """A cuda task body that records the thread each of its launches ran on, then adds ``1``."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def __call__(self, x: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        return x + 1
+
+
+async def test_a_kind_launched_before_is_launched_by_the_call_that_makes_it_ready() -> None:
+    launches = Launches()
+    here = threading.get_ident()
+    async with cuda_engine(cuda_launch_inline_us=QUICK) as eng:
+        x = eng.asarray(np.arange(4.0), device="cuda:0")
+        await within(eng.run(launches, x, device="cuda:0"))  # a new kind: on the device's own thread
+        assert launches.threads == [launches.threads[0]] and launches.threads[0] != here
+        second = eng.submit_nowait(launches, x, device="cuda:0")
+        assert launches.threads[1:] == [here]  # launched before the call returned, on this thread
+        np.testing.assert_array_equal(host(await within(second)), np.arange(4.0) + 1)
+
+
+async def test_a_tensor_op_on_cuda_is_launched_by_the_operator_call() -> None:
+    async with cuda_engine(cuda_launch_inline_us=QUICK) as eng:
+        x = eng.asarray(np.arange(4.0), device="cuda:0")
+        await within(x + 1)  # the kind (add of a float64 vector and an int) is launched once
+        before = sum(eng.stats().stream_launches.values())
+        y = x + 1
+        z = y + 1
+        assert sum(eng.stats().stream_launches.values()) == before + 2  # no await in between
+        np.testing.assert_array_equal(host(await within(z)), np.arange(4.0) + 2)
+
+
+async def test_with_cuda_launch_inline_us_0_every_launch_is_made_on_the_device_thread() -> None:
+    launches = Launches()
+    async with cuda_engine(cuda_launch_inline_us=0) as eng:
+        x = eng.asarray(np.arange(4.0), device="cuda:0")
+        for _ in range(3):
+            await within(eng.run(launches, x, device="cuda:0"))
+    assert len(set(launches.threads)) == 1 and launches.threads[0] != threading.get_ident()
+
+
+@simulator_only
+async def test_a_kind_that_waited_for_the_device_stays_on_the_device_thread() -> None:
+    """A launch that makes a host sync is never made where work is made ready: the event loop would wait."""
+    threads: list[int] = []
+
+    def synchronising(x: Any) -> Any:
+        threads.append(threading.get_ident())
+        float(x.sum())  # a host sync
+        return x + 1
+
+    async with cuda_engine(cuda_launch_inline_us=QUICK) as eng:
+        x = eng.asarray(np.arange(4.0), device="cuda:0")
+        for _ in range(3):
+            await within(eng.run(synchronising, x, device="cuda:0"))
+    assert threading.get_ident() not in threads
+    assert sim().launcher_syncs() == 0
+
+
+@two_devices
+async def test_a_launch_made_here_gives_back_this_threads_current_device_and_stream() -> None:
+    api = cuda_api()
+    async with cuda_engine(cuda_launch_inline_us=QUICK) as eng:
+        x = eng.asarray(np.arange(4.0), device="cuda:0")
+        await within(x + 1)
+        api.use_device(1)
+        mine = api.stream(1)
+        try:
+            with mine:
+                y = x + 1  # launched here, on cuda:0 and one of its streams
+                assert (current_device(), api.current_stream()) == (1, mine)
+        finally:
+            api.use_device(0)
+        assert eng.stats().stream_launches["cuda:0/s0"] + eng.stats().stream_launches["cuda:0/s1"] >= 2
+        np.testing.assert_array_equal(host(await within(y)), np.arange(4.0) + 1)
+
+
+@simulator_only
+async def test_out_of_memory_at_a_launch_made_here_waits_and_retries_off_this_thread() -> None:
+    """The wait for the work in flight to free memory is the device thread's: the event loop goes on (it opens
+    the gate that the work in flight waits for)."""
+    gate = StreamGate()
+    async with cuda_engine(cuda_launch_inline_us=QUICK) as eng:
+        x = await within(await eng.submit(np.arange, 4.0, device="cuda:0"))
+        await within(await eng.submit(np.multiply, x, 2.0, device="cuda:0"))  # the kind, launched once
+        held = await eng.submit(gate.hold, x, device="cuda:0")
+        await gate.wait_reached()
+        sim().fail_allocations(1)
+        retried = eng.submit_nowait(np.multiply, x, 3.0, device="cuda:0")  # fails here, is handed over
+        gate.open()  # the loop was not held by the wait
+        np.testing.assert_array_equal(host(await within(retried)), np.arange(4.0) * 3)
+        np.testing.assert_array_equal(host(await within(held)), np.arange(4.0))
+
+
+class Interrupting:
+    """A cuda task body whose launches after the first raise KeyboardInterrupt (Ctrl-C during a launch)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x: Any) -> Any:
+        self.calls += 1
+        if self.calls > 1:
+            raise KeyboardInterrupt
+        return x + 1
+
+
+async def test_an_interrupt_during_a_launch_made_here_reaches_the_caller_and_the_device_goes_on() -> None:
+    body = Interrupting()
+    async with cuda_engine(cuda_launch_inline_us=QUICK) as eng:
+        x = eng.asarray(np.arange(4.0), device="cuda:0")
+        await within(eng.run(body, x, device="cuda:0"))
+        with pytest.raises(KeyboardInterrupt):
+            eng.submit_nowait(body, x, device="cuda:0")
+        after = await eng.submit(np.add, x, 5.0, device="cuda:0")  # the device still launches
+        np.testing.assert_array_equal(host(await within(after)), np.arange(4.0) + 5)
+        await within(eng.waitall())
+        assert eng.stats().failed == 1  # the interrupted task
+
+
+async def test_a_burst_nobody_awaited_is_reported_complete_in_a_few_sweeps() -> None:
+    """The watcher sleeps on the newest event of its stream, not on each one: the tasks that passed while it
+    slept are reported in one call."""
+    gate = StreamGate()
+    async with cuda_engine(cuda_launch_inline_us=QUICK, streams_per_device=1) as eng:
+        x = eng.asarray(np.arange(4.0), device="cuda:0")
+        await within(eng.run(np.add, x, 1.0, device="cuda:0"))  # the kind, launched once
+        y = await eng.submit(gate.hold, x, device="cuda:0")
+        try:
+            await gate.wait_reached()
+            before = eng.stats()
+            for _ in range(50):
+                y = eng.submit_nowait(np.add, y, 1.0, device="cuda:0")
+            launched = eng.stats().stream_launches["cuda:0/s0"] - before.stream_launches["cuda:0/s0"]
+            assert launched == 50  # each by its call, behind the gate
+        finally:
+            gate.open()
+        np.testing.assert_array_equal(host(await within(y)), np.arange(4.0) + 50)
+        assert eng.stats().stream_sweeps["cuda:0/s0"] - before.stream_sweeps["cuda:0/s0"] <= 3
+
+
+# -- 6. memory ---------------------------------------------------------------------------------------
 
 
 async def test_declared_bytes_over_the_device_limit_is_refused_at_submission() -> None:

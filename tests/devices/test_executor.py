@@ -117,14 +117,14 @@ class OneThread(Device):
                     self.ran.append(task.name)
                     task = rt.execute(task)
             elif found is None:
-                self.park.acquire()  # parked: notify() wakes it
+                self.park.acquire()  # parked: dispatch() wakes it
             else:
                 return
 
     def leaving(self, worker: Any, ready: int) -> bool:
         return self.stopping and not ready
 
-    def notify(self, ready: int) -> Callable[[], None] | None:
+    def dispatch(self, ready: int) -> Callable[[], None] | None:
         self.idle.clear()
         self.hungry = False
         return self.park.release

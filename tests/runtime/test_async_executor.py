@@ -82,7 +82,7 @@ class FakeStream(Device):
     def leaving(self, worker: Any, ready: int) -> bool:
         return self.stopping and not ready
 
-    def notify(self, ready: int) -> Any:
+    def dispatch(self, ready: int) -> Any:
         self.idle.clear()
         self.hungry = False
         return self.wake.release

@@ -99,6 +99,22 @@ class SimApi(CudaApi):
     def launching_thread(self) -> None:
         simulator().mark_launcher()
 
+    def begin_launches(self, device: int) -> Any:
+        sim = simulator()
+        previous = sim.local.device
+        sim.use_device(device)
+        return previous, sim.mark_launcher()
+
+    def end_launches(self, device: int, began: Any) -> None:
+        previous, marked = began
+        sim = simulator()
+        sim.local.device = previous
+        if marked:
+            sim.unmark_launcher()
+
+    def host_syncs(self) -> int:
+        return simulator().syncs_here()
+
     def stream(self, device: int) -> Stream:
         return Stream(non_blocking=True, device=device)
 

@@ -281,10 +281,20 @@ class Simulator:
         self.device(device)
         self.local.device = device
 
-    def mark_launcher(self) -> None:
-        """This thread launches work: its host syncs are counted apart and may be forbidden."""
+    def mark_launcher(self) -> bool:
+        """This thread launches work: its host syncs are counted apart and may be forbidden.  False if it
+        was marked already."""
+        ident = threading.get_ident()
         with self.lock:
-            self._launchers.add(threading.get_ident())
+            if ident in self._launchers:
+                return False
+            self._launchers.add(ident)
+            return True
+
+    def unmark_launcher(self) -> None:
+        """This thread no longer launches work."""
+        with self.lock:
+            self._launchers.discard(threading.get_ident())
 
     def fault(self, device: int, message: str) -> None:
         """A kernel failed at run time: record it and put the device in the sticky failed state."""
@@ -327,6 +337,11 @@ class Simulator:
         """Host syncs counted since the last reset, by thread name."""
         with self.lock:
             return dict(self._syncs)
+
+    def syncs_here(self) -> int:
+        """Host syncs this thread made since the last reset (counted by its name)."""
+        with self.lock:
+            return self._syncs[threading.current_thread().name]
 
     def launcher_syncs(self) -> int:
         """Host syncs made on launching threads since the last reset."""
