@@ -15,8 +15,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _meta
-from ._meta import Shape
+from ._meta import (
+    Shape,
+    _shape,
+    concat_meta,
+    dot_meta,
+    elementwise_meta,
+    matmul_meta,
+    reduce_meta,
+    stack_meta,
+    ufunc_meta,
+    view_meta,
+)
 
 __all__ = ["OPS", "REDUCTIONS", "Op", "op_for_ufunc"]
 
@@ -47,14 +57,14 @@ def _ufunc_infer(ufunc: np.ufunc) -> Infer:
     def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
         if len(metas) != ufunc.nin:
             raise TypeError(f"{ufunc.__name__}() takes {ufunc.nin} operands but {len(metas)} were given")
-        shape, dtype = _meta.ufunc_meta(ufunc, metas, attrs.get("dtype"))
+        shape, dtype = ufunc_meta(ufunc, metas, attrs.get("dtype"))
         return shape, dtype, False
 
     return infer
 
 
 def _matmul_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
-    shape, dtype = _meta.matmul_meta(*metas)
+    shape, dtype = matmul_meta(*metas)
     return shape, dtype, False
 
 
@@ -80,9 +90,7 @@ def op_for_ufunc(ufunc: np.ufunc) -> Op | None:
 def _reduction(fn: Callable[..., Any]) -> Infer:
     def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
         options = {k: v for k, v in attrs.items() if k not in ("axis", "keepdims")}
-        shape, dtype = _meta.reduce_meta(
-            fn, metas[0], attrs.get("axis"), attrs.get("keepdims", False), **options
-        )
+        shape, dtype = reduce_meta(fn, metas[0], attrs.get("axis"), attrs.get("keepdims", False), **options)
         return shape, dtype, False
 
     return infer
@@ -107,7 +115,7 @@ for _name, _fn in REDUCTIONS.items():
 
 
 def _dot_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
-    shape, dtype = _meta.dot_meta(*metas)
+    shape, dtype = dot_meta(*metas)
     return shape, dtype, False
 
 
@@ -120,12 +128,12 @@ def _stack(*arrays: Any, axis: int = 0) -> Any:
 
 
 def _concat_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
-    shape, dtype = _meta.concat_meta(metas, attrs.get("axis", 0))
+    shape, dtype = concat_meta(metas, attrs.get("axis", 0))
     return shape, dtype, False
 
 
 def _stack_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
-    shape, dtype = _meta.stack_meta(metas, attrs.get("axis", 0))
+    shape, dtype = stack_meta(metas, attrs.get("axis", 0))
     return shape, dtype, False
 
 
@@ -133,7 +141,7 @@ def _broadcasting(fn: Callable[..., Any], nin: int) -> Infer:
     def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
         if len(metas) != nin:
             raise TypeError(f"{fn.__name__}() takes {nin} operands but {len(metas)} were given")
-        shape, dtype = _meta.elementwise_meta(fn, metas)
+        shape, dtype = elementwise_meta(fn, metas)
         return shape, dtype, False
 
     return infer
@@ -187,7 +195,7 @@ def _transpose(x: Any, axes: Shape | None = None) -> Any:
 
 def _view(fn: Callable[..., Any], attr: str) -> Infer:
     def infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
-        return _meta.view_meta(metas[0], fn, attrs.get(attr))
+        return view_meta(metas[0], fn, attrs.get(attr))
 
     return infer
 
@@ -207,8 +215,8 @@ def _setitem(x: Any, value: Any, index: Any) -> Any:
 
 def _setitem_infer(metas: Sequence[Any], attrs: dict[str, Any]) -> tuple[Shape, np.dtype[Any], bool]:
     target, value = metas
-    selected, _, is_view = _meta.view_meta(target, _getitem, attrs["index"])
-    shape = _meta._shape(value)
+    selected, _, is_view = view_meta(target, _getitem, attrs["index"])
+    shape = _shape(value)
     if type(value) is not tuple:  # a scalar: NumPy converts it at the call ("abc" into floats raises)
         np.empty((), target[1])[()] = value
     elif value[1].kind in "USO":  # text or objects: NumPy parses them at the call

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import numpy as np
 
@@ -82,6 +82,9 @@ class Tensor(ArrayOps, Future[Array]):
     #: on the root: the writes to its memory an await has not seen yet (those not final, and the first
     #: that failed: the next await raises its error), kept by ``TensorMemory``
     _unseen: list[Task] | None
+    #: what queues an op's task and gives its Tensor (``_tracking.queue_op``, which makes Tensors: it sets
+    #: this when it is imported, so that this module does not import it back)
+    _queue_op: ClassVar[Callable[..., Tensor]]
 
     @property
     def _asyncio_future_blocking(self) -> bool | None:
@@ -128,12 +131,12 @@ class Tensor(ArrayOps, Future[Array]):
         if target is not None:
             check_out(op, shape, dtype, target)
             kwargs = attrs if op.name == "setitem" else {**attrs, "out": target}
-            queue_op(engine, op, args, kwargs, target.shape, target.dtype, target.owner, target)
+            cls._queue_op(engine, op, args, kwargs, target.shape, target.dtype, target.owner, target)
             return target
         base = args[0].owner if view and isinstance(args[0], Tensor) else None
         if view and base is None:  # a view of a plain ndarray operand: that array's memory
-            return queue_op(engine, op, args, attrs, shape, dtype, None, None, memory=buffer_of(args[0]))
-        return queue_op(engine, op, args, attrs, shape, dtype, base, None)
+            return cls._queue_op(engine, op, args, attrs, shape, dtype, None, None, memory=buffer_of(args[0]))
+        return cls._queue_op(engine, op, args, attrs, shape, dtype, base, None)
 
     # -- sync points -------------------------------------------------------------
 
@@ -276,7 +279,3 @@ def concrete(port: Port, array: Any, device: str, memory: tuple[int, int] | None
     t._root = None
     t._last_write = t._unseen = None
     return t
-
-
-# queue_op builds a Tensor's task; it needs the Tensor class above, so it is imported last
-from ._tracking import queue_op  # noqa: E402

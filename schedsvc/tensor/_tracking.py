@@ -387,6 +387,9 @@ def queue_op(
     return task
 
 
+Tensor._queue_op = queue_op
+
+
 def pending_write(tensor: Any) -> Task | None:
     """The last queued write to a Tensor's memory, unless it finished (a failed one counts)."""
     last = tensor.owner._last_write if type(tensor) is Tensor else None

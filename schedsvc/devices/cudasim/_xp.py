@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from . import _array
-from ._array import Device, empty, launch, ndarray
+from ._array import Device, _reject_host, empty, launch, ndarray
 from ._errors import CUDARuntimeError, OutOfMemoryError
 from ._sim import simulator
 from ._stream import Event, Graph, Stream, current_stream
@@ -51,7 +50,7 @@ class ufunc:
             raise TypeError(
                 f"{self.__name__}() takes {self.nin} positional arguments but {len(args)} were given"
             )
-        _array._reject_host(args)
+        _reject_host(args)
         shape = np.broadcast_shapes(*(_shape_of(a) for a in args))
         dummies = [_tiny(a) for a in args]
         out_dummy = None if out is None else np.ones((1,) * builtins.max(out.ndim, len(shape)), out.dtype)
@@ -99,7 +98,7 @@ def __getattr__(name: str) -> Any:
 def _require(a: Any) -> ndarray:
     if isinstance(a, ndarray):
         return a
-    _array._reject_host([a])
+    _reject_host([a])
     return asarray(a)
 
 
@@ -240,7 +239,7 @@ def _zero_strided(value: Any) -> Any:
 
 def _generic(np_fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> ndarray:
     """A kernel whose output shape and dtype come from running ``np_fn`` on zero-strided dummies."""
-    _array._reject_host(list(args) + list(kwargs.values()))
+    _reject_host(list(args) + list(kwargs.values()))
     with np.errstate(all="ignore"):
         probe = np.asarray(
             np_fn(*_zero_strided(tuple(args)), **{k: _zero_strided(v) for k, v in kwargs.items()})
