@@ -99,6 +99,10 @@ class Port:
             )
         return device
 
+    def own_memory(self, device: str) -> bool:
+        """Has ``device`` memory of its own (a CUDA device), so that its tasks take arrays there?"""
+        return device_class_for(device, self.config, check=False).own_memory
+
     def local(self, what: str) -> None:
         """Raise unless tasks run in this process (Tensors and compiled functions need that)."""
         rt = self.rt

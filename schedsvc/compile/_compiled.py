@@ -53,7 +53,7 @@ _EVICTED_KEPT = 1024
 class _Entry:
     """One signature's optimised graph and its replay function.
 
-    A signature whose calls run on a cuda device (``_cuda_device``) replays there (``_cuda.CudaReplay``:
+    A signature whose calls run on a device with memory of its own (a cuda device, ``_device_of``) replays there (``_cuda.CudaReplay``:
     CUDA graphs where CuPy can capture); its constant arrays are copied to that device once, by tasks of
     their own, and passed to every replay after the arguments.
     """
@@ -71,10 +71,10 @@ class _Entry:
         "tensors",
     )
 
-    def __init__(self, signature: Any, graph: Graph, counts: GraphCounts, default_device: str) -> None:
+    def __init__(self, signature: Any, graph: Graph, counts: GraphCounts, port: Port) -> None:
         self.signature = signature
         self.graph = graph
-        self.device = _cuda_device(signature, default_device)
+        self.device = _device_of(signature, port)
         self.consts: list[int] = []
         self.device_consts: list[Tensor] | None = None
         if self.device is None:
@@ -180,18 +180,19 @@ _PICK = Op("output", _pick, _no_infer)
 _OBJECT = np.dtype(object)
 
 
-def _cuda_device(signature: Any, default_device: str) -> str | None:
-    """The cuda device the calls of this signature run on, or None.
+def _device_of(signature: Any, port: Port) -> str | None:
+    """The device with memory of its own (a cuda device) the calls of this signature run on, or None.
 
     A call runs on its first Tensor's device, else on the engine's default device (``queue_op``).  A
-    signature says "cpu" for a NumPy array and for a cpu Tensor alike, so: its first other device, else
-    the default device (cpu whenever the engine has a cpu device, the only case a cpu Tensor exists).
-    The replay is queued on this device, so a cpu Tensor before the first cuda one is copied to it.
+    signature names the host for a NumPy array and for a host Tensor alike, so: its first device with
+    memory of its own, else the default device (the host whenever the engine has one, the only case a
+    host Tensor exists).  The replay is queued on this device, so a host Tensor before the first device
+    one is copied to it.
     """
     parts = signature if isinstance(signature, tuple) else ()
     devices = [str(p[4]) for p in parts if isinstance(p, tuple) and len(p) == 5 and p[1] == "array"]
-    device = next((d for d in devices if d != "cpu"), default_device)
-    return device if device.startswith("cuda") else None
+    device = next((d for d in devices if port.own_memory(d)), port.default_device)
+    return device if port.own_memory(device) else None
 
 
 def _input_of(graph: Graph, node: int) -> int | None:
@@ -325,7 +326,7 @@ class Compiled(Generic[P, R]):
                 f"saved with:\n  {known}\nThis call's signature is:\n  {signature}"
             )
         graph = trace(self._fn, self.name, list(args), kwargs, slots, self._constants)
-        entry = _Entry(signature, graph, self._graph_counts, self._port.default_device)
+        entry = _Entry(signature, graph, self._graph_counts, self._port)
         with self._lock:
             self.traces += 1
             thrashing = self._retraced(signature)
@@ -438,7 +439,7 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled[..., Any]:
         for item in doc["entries"]:
             signature, graph = decode_entry(item)
             compiled._constants.share(graph)
-            entry = _Entry(signature, graph, compiled._graph_counts, compiled._port.default_device)
+            entry = _Entry(signature, graph, compiled._graph_counts, compiled._port)
             compiled._store(signature, entry)
     except RecursionError as exc:
         raise LoadError(f"{where!r} nests its values too deeply to be a saved compiled function") from exc
