@@ -15,9 +15,7 @@ import functools
 import math
 import os
 import sys
-import time
 import warnings
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
@@ -27,18 +25,16 @@ import anyio
 import numpy as np
 
 from ._asyncdef import async_generator_function, refused_while_tracing
-from ._core import Scheduler
 from ._errors import EngineClosed, InvalidTask, QueueFull
-from ._future import Future, stop_through_await
+from ._future import Future
 from ._lifecycle import STARTED, finish, watch_loop_end
 from ._options import given, refuse_taken
 from ._port import LOOP_CLOSED, Port
-from ._runtime import NOW, QUEUE, Runtime, is_cancellation
+from ._runtime import NOW, QUEUE, is_cancellation
 from ._submission import NO_WRITES, PLAIN, build_task
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._validate import check_fn, refuse_submit_while_tracing
-from .devices import Device, resolve, scheduler_options
 from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
@@ -73,14 +69,13 @@ class Engine:
             config = config.replace(**overrides)
         self.config = config
         self._port = Port(config, TensorMemory())
-        self._vet: list[Device] = []  # devices that check each task at submission (check_task)
         self._closing: anyio.Event | None = None  # set once the first aclose has finished
         self._waits_cache: tuple[int, float, float] = (-1, 0.0, 0.0)  # (samples seen, p50, p99)
 
     @property
-    def _rt(self) -> Runtime | None:
-        """The runtime while started (for tests and tools that look inside)."""
-        return self._port.rt
+    def _rt(self) -> Any:
+        """The runtime once started (for tests and tools that look inside; the frontend uses the Port)."""
+        return self._port._rt
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -89,33 +84,9 @@ class Engine:
         port = self._port
         if port.state != "new":
             raise EngineClosed(f"{self!r} was already started; create a new Engine")
-        kinds = resolve(self.config)
-        timeline = None if self.config.trace_path is None else Timeline(self.config.trace_path)
-        core = Scheduler(
-            max_pending=self.config.max_pending,
-            max_pending_bytes=self.config.max_pending_bytes,
-            devices=self.config.devices,
-            clock=time.perf_counter,
-            **scheduler_options(kinds, self.config),
-        )
-        rt = Runtime(
-            core,
-            self.config.inline_threshold_us / 1e6,
-            _refusal(port),
-            self.config.sync_mode,
-            latency_histograms=self.config.latency_histograms,
-        )
-        rt.claim_writes = port.tensors.claim
-        for name, kind in kinds.items():
-            rt.add_device(name, await kind.open(rt, name, self.config))
-        for executor in rt.devices.values():
-            executor.start()
-        self._vet = [e for e in rt.devices.values() if e.vets_tasks]
-        port.rt, port.state = rt, "running"
+        await port.start(None if self.config.trace_path is None else Timeline(self.config.trace_path))
         STARTED.add(port)  # for a fork: the child's copy refuses work
         port.loop_watch = watch_loop_end(port)
-        if timeline is not None:  # the engine's whole life, written at aclose()
-            rt.attach(timeline)
         return self
 
     async def aclose(self, *, cancel_pending: bool = False) -> None:
@@ -126,26 +97,25 @@ class Engine:
         cancelled, unstarted work is cancelled and the threads are told to stop.
         """
         port = self._port
-        rt = port.rt
         if self._closing is not None:
             await self._closing.wait()
-            if rt is not None:  # a close that was cancelled left threads finishing up
-                await rt.join(_JOIN_TIMEOUT_S)
+            if port.started:  # a close that was cancelled left threads finishing up
+                await port.join(_JOIN_TIMEOUT_S)
             return
-        if rt is not None and rt.bridge.closed() and port.state == "running":  # closed late, elsewhere
+        if port.loop_closed() and port.state == "running":  # closed late, elsewhere
             port.abandon(LOOP_CLOSED, warn=False)  # being closed now: nothing to warn about
-        if rt is None or port.state != "running":
+        if not port.open:
             port.state = "closed"
-            if rt is not None and port.abandoned == LOOP_CLOSED:  # its threads were told to stop
-                await rt.join(_JOIN_TIMEOUT_S)
+            if port.started and port.abandoned == LOOP_CLOSED:  # its threads were told to stop
+                await port.join(_JOIN_TIMEOUT_S)
             return
         port.state = "closing"
         self._closing = anyio.Event()
         try:
             try:
-                stuck = await rt.shutdown(cancel_pending, _JOIN_TIMEOUT_S)
+                stuck = await port.shutdown(cancel_pending, _JOIN_TIMEOUT_S)
             finally:  # (a cancelled close writes the tasks finished so far: a later aclose adds none)
-                self._write_life_trace(rt)
+                self._write_life_trace()
             if stuck:
                 warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
         finally:
@@ -153,10 +123,10 @@ class Engine:
             self._closing.set()
             finish(port.loop_watch)
 
-    def _write_life_trace(self, rt: Runtime) -> None:
+    def _write_life_trace(self) -> None:
         """Write ``Config(trace_path=...)``'s trace of the engine's whole life (once)."""
-        if self.config.trace_path is not None and rt.timeline is not None:
-            rt.detach().write()
+        if self.config.trace_path is not None and self._port.tracing_life():
+            self._port.detach().write()
 
     async def __aenter__(self) -> Engine:
         return await self.start()
@@ -165,10 +135,9 @@ class Engine:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         interrupted = exc is not None and (isinstance(exc, KeyboardInterrupt) or is_cancellation(exc))
-        rt = self._port.rt
         notice = None
-        if interrupted and rt is not None:
-            notice = rt.bridge.spawn(
+        if interrupted and self._port.started:
+            notice = self._port.spawn(
                 functools.partial(_say_what_close_waits_for, self._port), "schedsvc notice"
             )
         try:
@@ -211,9 +180,6 @@ class Engine:
         ``functools.partial(fn, name=...)`` instead.
         """
         port = self._port
-        rt = port.rt  # Port.running(), inlined: this runs at every submission
-        if rt is None or port.state != "running" or rt.bridge.closed():
-            raise port.refusal()
         # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission)
         if (
             name is not None
@@ -229,14 +195,10 @@ class Engine:
             options = PLAIN
         tid = get_ident()
         task: Future[T]
-        task, written = build_task(port, self._vet, fn, args, kwargs, tid, options)
-        token = rt.door.admit(task, tid, QUEUE, written)
+        task, written = build_task(port, fn, args, kwargs, tid, options)
+        token = port.admit(task, tid, QUEUE, written)
         if token is not True:  # queued: wait for room (cancelled meanwhile: the task is cancelled)
-            await rt.door.admission(task, token)
-        elif rt.sync_mode and task.state == "failed" and task.error is not None:  # its error at the call
-            if isinstance(task.error, StopIteration):  # PEP 479 would make it a bare RuntimeError here
-                raise stop_through_await(task, task.error) from task.error
-            raise task.error
+            await port.admission(task, token)
         return task
 
     def submit_nowait(
@@ -260,9 +222,6 @@ class Engine:
         """
         tid = get_ident()
         port = self._port
-        rt = port.rt  # Port.accepting(tid), inlined: this runs at every submission
-        if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
-            raise port.refusal()
         # an option given: does fn declare it too?  (as few tests as can tell: this runs at every submission)
         if (
             name is not None
@@ -277,11 +236,9 @@ class Engine:
         else:
             options = PLAIN
         task: Future[T]
-        task, written = build_task(port, self._vet, fn, args, kwargs, tid, options)
-        if not rt.door.admit(task, tid, NOW, written):
+        task, written = build_task(port, fn, args, kwargs, tid, options)
+        if not port.admit(task, tid, NOW, written):
             raise QueueFull(port.full_message(task))
-        if rt.sync_mode and task.state == "failed" and task.error is not None:  # its error at the call
-            raise task.error
         return task
 
     def executor(self, *, device: str | None = None, priority: int = 0) -> EngineExecutor:
@@ -309,10 +266,7 @@ class Engine:
 
     async def waitall(self) -> None:
         """Wait until every task submitted so far is final (at once on a closed engine)."""
-        rt = self._port.rt
-        if rt is None:
-            raise self._port.closed_error()
-        await rt.barrier()
+        await self._port.barrier()
 
     async def throttle(self) -> None:
         """Wait until the engine is under its limits (room for one more task), first come first served.
@@ -325,7 +279,8 @@ class Engine:
         device results still referenced: a producer of device Tensors that
         throttles stays within the budget as its consumer drops what it read.
         """
-        await self._port.running().throttle()
+        self._port.running()
+        await self._port.throttle()
 
     @async_generator_function  # what it returns; it checks its arguments at the call
     def map(
@@ -379,29 +334,30 @@ class Engine:
         ``FileNotFoundError`` or ``PermissionError`` here, before recording
         (a directory: ``IsADirectoryError``; an empty path or ``max_spans < 1``: ``ValueError``).
         """
-        rt = self._port.running()
+        port = self._port
+        port.running()
         timeline = Timeline(path, max_spans)
-        rt.attach(timeline)
+        port.attach(timeline)
         try:
             yield timeline
         finally:
-            rt.detach()
+            port.detach()
             timeline.write()
 
     def stats(self) -> Stats:
         """A snapshot of the counters."""
-        rt = self._port.rt
-        if rt is None:
+        port = self._port
+        if not port.started:
             raise EngineClosed(f"{self!r} has not started; use 'async with Engine(...)'")
-        counts = rt.counts()
+        counts = port.counts()
         ended = counts[1] + counts[2]  # at least the queue-wait samples taken so far
         seen, p50, p99 = self._waits_cache
         # the percentiles are sorted out of the window again once an eighth of it is new: a
         # per-request stats() then costs microseconds, not a sort of 8,192 samples
-        if ended - seen >= max(1, len(rt.queue_waits) >> 3):
-            p50, p99 = percentiles(list(rt.queue_waits), (0.5, 0.99))
+        if ended - seen >= max(1, len(port.queue_waits) >> 3):
+            p50, p99 = percentiles(list(port.queue_waits), (0.5, 0.99))
             self._waits_cache = (ended, p50, p99)
-        waits, wait_sum, runs, run_sum = rt.latency_histograms()
+        waits, wait_sum, runs, run_sum = port.latency_histograms()
         return Stats(
             *counts[:9],
             copies=counts[9],
@@ -409,9 +365,9 @@ class Engine:
             max_pending_bytes=self.config.max_pending_bytes,
             queue_wait_p50_s=p50,
             queue_wait_p99_s=p99,
-            worker_busy_s=MappingProxyType(rt.busy_seconds()),
-            stream_launches=MappingProxyType(rt.launches()),
-            stream_sweeps=MappingProxyType(rt.sweeps()),
+            worker_busy_s=MappingProxyType(port.busy_seconds()),
+            stream_launches=MappingProxyType(port.launches()),
+            stream_sweeps=MappingProxyType(port.sweeps()),
             compile_traces=self._port.compile_counts.traces,
             compile_replays=self._port.compile_counts.replays,
             batches=self._port.compile_counts.batches,
@@ -426,8 +382,7 @@ class Engine:
     @property
     def pending(self) -> int:
         """Tasks admitted and not yet final (0 before start): a cheap load figure to read per request."""
-        rt = self._port.rt
-        return 0 if rt is None else rt.pending
+        return self._port.pending
 
     def has_room(self, nbytes: int = 0) -> bool:
         """Would a submission holding ``nbytes`` new bytes be admitted now, without waiting?
@@ -437,10 +392,9 @@ class Engine:
         """
         if type(nbytes) is not int or nbytes < 0:
             raise InvalidTask(f"has_room(nbytes=...) needs a non-negative int of bytes, got {nbytes!r}")
-        rt = self._port.rt
-        if rt is None or self._port.state != "running":
+        if not self._port.open:
             return False
-        return rt.has_room(nbytes)
+        return self._port.has_room(nbytes)
 
     # -- tensors ---------------------------------------------------------------
 
@@ -571,10 +525,9 @@ class Engine:
 async def _say_what_close_waits_for(port: Port) -> None:
     """After Ctrl-C, a close that waits for running tasks says so once, and how to stop waiting."""
     await anyio.sleep(_INTERRUPT_GRACE_S)  # tasks about to finish need no word
-    rt = port.rt
-    if rt is None or port.state != "closing":
+    if not port.started or port.state != "closing":
         return
-    running = rt.running()
+    running = port.running_tasks()
     if running:
         tasks = "task" if running == 1 else "tasks"
         print(
@@ -583,15 +536,3 @@ async def _say_what_close_waits_for(port: Port) -> None:
             file=sys.stderr,
             flush=True,
         )
-
-
-def _refusal(port: Port) -> Callable[[], EngineClosed]:
-    """Why the engine takes no work, for the runtime to raise with its lock held: the port's
-    side-effect-free message, through a weak reference (the runtime does not keep the port alive)."""
-    ref = weakref.ref(port)
-
-    def refusal() -> EngineClosed:
-        alive = ref()
-        return EngineClosed("the engine is closed") if alive is None else alive.closed_error()
-
-    return refusal

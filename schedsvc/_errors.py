@@ -40,6 +40,7 @@ __all__ = [
     "SchedsvcError",
     "TaskCancelled",
     "TraceError",
+    "stop_through_await",
 ]
 
 
@@ -114,3 +115,16 @@ FORKED = (
     "this process was forked from the one that started the engine, and the engine's threads did not "
     "come along, so its work would never run here; create a new Engine in the child process"
 )
+
+
+def stop_through_await(fut: object, exc: BaseException) -> RuntimeError:
+    """A task's StopIteration (or StopAsyncIteration) cannot pass through ``await`` (PEP 479): say so.
+
+    Python would raise a bare ``RuntimeError('generator raised StopIteration')``; this one names the task
+    and says where the exception itself is (``__cause__``, ``fut.exception()``, ``fut.result()``).
+    """
+    return RuntimeError(
+        f"{fut!r} raised {type(exc).__name__}({exc}), which Python cannot raise through 'await' or an "
+        "async generator (PEP 479); "
+        "it is this error's __cause__, and fut.exception() returns it (fut.result() raises it unchanged)"
+    )

@@ -95,18 +95,18 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         the task takes.  The event loop's thread never runs a task, nor waits for
         one: its work may be held until the loop runs again.
         """
-        rt = self._task._rt
-        if rt.on_loop_thread():
+        port = self._task._port
+        if port.on_loop_thread():
             if self._task.state not in FINAL_STATES:
                 raise _blocks_the_loop(self, call)
             return timeout  # final: this future is being completed on the thread that ended it
-        if timeout is not None and get_ident() not in rt.worker_threads:
+        if timeout is not None and not port.in_task():
             return timeout
         if timeout is None:
-            rt.wait_blocking(self._task, None)
+            port.wait_blocking(self._task, None)
             return None
         deadline = time.monotonic() + timeout
-        rt.wait_blocking(self._task, timeout)
+        port.wait_blocking(self._task, timeout)
         return max(0.0, deadline - time.monotonic())
 
     def running(self) -> bool:
@@ -218,23 +218,22 @@ class EngineExecutor(concurrent.futures.Executor):
         if self._shutdown:
             raise RuntimeError(_AFTER_SHUTDOWN)
         port = self._port
-        rt = port.rt
         tid = get_ident()
-        if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
+        if not port.started or (port.state != "running" and tid not in port.worker_threads):
             if self._shutdown:  # shut down meanwhile (and its engine closed)
                 raise RuntimeError(_AFTER_SHUTDOWN)
             raise port.refusal()
         task: Future[T]
-        task, written = build_task(port, self._engine._vet, fn, args, kwargs, tid, self._options)
+        task, written = build_task(port, fn, args, kwargs, tid, self._options)
         fut = ExecutorFuture(task, self)
-        rt.watch_off_loop(task, fut._task_final)
+        port.watch_off_loop(task, fut._task_final)
         if self._live is not None and not self._track(fut):
             raise RuntimeError(_AFTER_SHUTDOWN)
         # a thread blocks in the admission queue at the limits; the event loop's thread must not
-        on_loop = tid == rt.loop_thread and tid not in rt.worker_threads
+        on_loop = tid == port.loop_thread and tid not in port.worker_threads
         try:
             # BLOCK: False if cancelled while it waited, or not admitted within the timeout (cancelled too)
-            if not rt.door.admit(task, tid, NOW if on_loop else BLOCK, written, None, timeout) and on_loop:
+            if not port.admit(task, tid, NOW if on_loop else BLOCK, written, None, timeout) and on_loop:
                 raise QueueFull(
                     port.full_message(task)
                     + " (executor.submit() on the event loop's thread does not block the loop)"
@@ -315,8 +314,7 @@ class EngineExecutor(concurrent.futures.Executor):
             concurrent.futures.wait(live)
 
     def _on_worker(self) -> bool:
-        rt = self._port.rt
-        return rt is not None and get_ident() in rt.worker_threads
+        return self._port.in_task()
 
     @property
     def engine(self) -> Engine:

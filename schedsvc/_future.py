@@ -8,14 +8,13 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._core import FINAL_STATES, Task
-from ._errors import SchedsvcError
+from ._errors import SchedsvcError, stop_through_await
 from ._runtime import Remote, is_cancellation
 
 if TYPE_CHECKING:
     import asyncio
 
     from ._port import Port
-    from ._runtime import Runtime
 
 __all__ = ["Future"]
 
@@ -51,7 +50,7 @@ class Future(Task, Generic[T]):
     (under trio, ``anyio.fail_after(t)``).
     """
 
-    __slots__ = ("_blocking", "_port", "_rt")
+    __slots__ = ("_blocking", "_port")
 
     def __init__(
         self,
@@ -67,7 +66,6 @@ class Future(Task, Generic[T]):
         # out_bytes, name, nested, after) keep Task's defaults unless the builder stores them.
         Task.__init__(self, fn, args, kwargs, device, buffers, deps)
         self._port = port  # the engine it belongs to, as the frontend sees it
-        self._rt: Runtime = port.rt  # type: ignore[assignment]
 
     def done(self) -> bool:
         """True once the task finished, failed or was cancelled."""
@@ -80,14 +78,14 @@ class Future(Task, Generic[T]):
         return self.state == "running"
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self.state not in FINAL_STATES and not self._rt.run_inline(self):
+        if self.state not in FINAL_STATES and not self._port.run_inline(self):
             try:
-                yield from self._rt.wait(self).__await__()
+                yield from self._port.wait(self).__await__()
             except BaseException as exc:
                 if is_cancellation(exc):
                     self.cancel()  # the awaiter gave up: an unstarted task is not wanted
                 raise
-        if self._rt.remote and self.state == "done" and isinstance(self.value, Remote):
+        if self._port.remote and self.state == "done" and isinstance(self.value, Remote):
             return (yield from self.value.get().__await__())  # type: ignore[no-any-return]
         try:
             return self._outcome()
@@ -97,7 +95,7 @@ class Future(Task, Generic[T]):
     async def wait(self) -> Future[T]:
         """Wait until the task is final, without raising its error; returns the future."""
         if self.state not in FINAL_STATES:
-            await self._rt.wait(self)
+            await self._port.wait(self)
         return self
 
     def result(self, timeout: float | None = None) -> T:
@@ -108,25 +106,25 @@ class Future(Task, Generic[T]):
         loop's thread a future that is not final raises SchedsvcError (blocking
         there would stall the loop): use ``await fut``.
         """
-        rt = self._rt
-        if rt.remote:
+        port = self._port
+        if port.remote:
             return self._remote_result(timeout)
         if self.state not in FINAL_STATES:
-            if rt.on_loop_thread():
+            if port.on_loop_thread():
                 raise blocks_the_loop(self, "result()")
-            if not rt.wait_blocking(self, timeout):
+            if not port.wait_blocking(self, timeout):
                 raise TimeoutError(f"{self!r} did not finish within {timeout} s")
         return self._outcome()
 
     def _remote_result(self, timeout: float | None) -> T:
         """``result()`` on a Dask engine: wait, then fetch the value from the cluster (not on the loop)."""
-        rt = self._rt
-        if rt.on_loop_thread():
+        port = self._port
+        if port.on_loop_thread():
             if self.state in FINAL_STATES and not isinstance(self.value, Remote):
                 return self._outcome()
             raise blocks_the_loop(self, "result()")  # the value is still on the cluster
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self.state not in FINAL_STATES and not rt.wait_blocking(self, timeout):
+        if self.state not in FINAL_STATES and not port.wait_blocking(self, timeout):
             raise TimeoutError(f"{self!r} did not finish within {timeout} s")
         value = self.value
         if self.state == "done" and isinstance(value, Remote):
@@ -149,7 +147,7 @@ class Future(Task, Generic[T]):
 
         ``msg`` is accepted for asyncio's sake (``Task.cancel`` passes it on) and not used.
         """
-        return self._rt is not None and self._rt.cancel(self)
+        return self._port.cancel(self)
 
     def add_done_callback(
         self, fn: Callable[[Future[T]], Any], *, context: contextvars.Context | None = None
@@ -159,14 +157,14 @@ class Future(Task, Generic[T]):
         Added by a coroutine on another asyncio loop, ``fn`` is called on that loop instead, as ``get_loop()``
         there says; either way never on a worker thread.
         """
-        rt = self._rt
-        if rt.bridge.closed():  # it could never be called
-            raise self._port.refusal()
-        rt.add_done_callback(self, fn, context)
+        port = self._port
+        if port.loop_closed():  # it could never be called
+            raise port.refusal()
+        port.add_done_callback(self, fn, context)
 
     def remove_done_callback(self, fn: Callable[[Future[T]], Any]) -> int:
         """Take every ``fn`` added by ``add_done_callback`` off the task's, unless already called; how many."""
-        return self._rt.remove_done_callback(self, fn)
+        return self._port.remove_done_callback(self, fn)
 
     # -- the asyncio future protocol ---------------------------------------------------------
 
@@ -175,7 +173,7 @@ class Future(Task, Generic[T]):
         that is another (a future is awaitable from any loop); RuntimeError under trio, outside asyncio."""
         import asyncio  # (here, not at import: see _runtime/_bridge.py)
 
-        loop = asyncio._get_running_loop() or self._rt.loop
+        loop = asyncio._get_running_loop() or self._port.loop
         if loop is None:
             raise RuntimeError(f"{self!r} belongs to an engine running under trio, which has no asyncio loop")
         return loop
@@ -187,7 +185,7 @@ class Future(Task, Generic[T]):
         None (not an asyncio future, ``asyncio.isfuture`` says) on a Dask engine: its value is on the
         cluster, fetched by ``await``, which asyncio then uses (``gather`` and ``wait_for`` wrap it in a task).
         """
-        if self._rt.remote:
+        if self._port.remote:
             return None
         return getattr(self, "_blocking", False)  # (unset until asyncio sets it: no cost per task)
 
@@ -221,19 +219,6 @@ def blocks_the_loop(what: object, call: str, name: str = "fut") -> SchedsvcError
         f"{what!r}.{call} on the event loop's thread would block the loop that drives the engine until "
         f"the value is there; use 'await {name}' there (a Jupyter or IPython cell can await at its top "
         f"level); {call} is for other threads"
-    )
-
-
-def stop_through_await(fut: object, exc: BaseException) -> RuntimeError:
-    """A task's StopIteration (or StopAsyncIteration) cannot pass through ``await`` (PEP 479): say so.
-
-    Python would raise a bare ``RuntimeError('generator raised StopIteration')``; this one names the task
-    and says where the exception itself is (``__cause__``, ``fut.exception()``, ``fut.result()``).
-    """
-    return RuntimeError(
-        f"{fut!r} raised {type(exc).__name__}({exc}), which Python cannot raise through 'await' or an "
-        "async generator (PEP 479); "
-        "it is this error's __cause__, and fut.exception() returns it (fut.result() raises it unchanged)"
     )
 
 

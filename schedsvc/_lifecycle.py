@@ -34,8 +34,7 @@ def watch_loop_end(port: Port) -> Any:
         if alive is not None:
             _loop_ended(alive)
 
-    assert port.rt is not None
-    return port.rt.bridge.watch_end(ended)
+    return port.watch_end(ended)
 
 
 def on_asyncio_end(callback: Callable[[], None]) -> AsyncGenerator[None, None]:
@@ -60,7 +59,7 @@ def on_asyncio_end(callback: Callable[[], None]) -> AsyncGenerator[None, None]:
 
 def _loop_ended(port: Port) -> None:
     """The engine's loop is shutting down (``asyncio.run`` returned) and the engine is still open."""
-    if port.rt is not None and port.state == "running":
+    if port.open:
         what = f"{port.describe()} was still open when its event loop ended"  # (described while running)
         port.abandon(LOOP_CLOSED, warn=False)
         warn_unclosed(what)
@@ -84,7 +83,7 @@ def _at_exit() -> None:
     threads to end (they are daemons: the exit does not wait for them).
     """
     for port in list(STARTED):
-        if port.rt is not None and port.state == "running":
+        if port.open:
             what = f"{port.describe()} was still open when the interpreter exited"  # described while running
             port.abandon(_EXITED, warn=False)
             warn_unclosed(what)

@@ -31,8 +31,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._core import name_of
-from ._errors import SchedsvcError
-from ._future import stop_through_await
+from ._errors import SchedsvcError, stop_through_await
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -72,14 +71,14 @@ def pipeline(
     options: dict[str, Any],
 ) -> AsyncGenerator[T, None]:
     """Check the arguments now (not at the first ``__anext__``) and return the generator."""
-    rt = port.running()  # fn was checked by eng.map (check_fn)
+    port.running()  # fn was checked by eng.map (check_fn)
     if type(ordered) is not bool:
         raise TypeError(
             f"eng.map(ordered=...) must be a bool (True: results in source order; False: as they finish), "
             f"got {type(ordered).__name__} {ordered!r}"
         )
     device = port.device(device)
-    window = rt.devices[device].window if max_inflight is None else _checked_window(max_inflight)
+    window = port.window(device) if max_inflight is None else _checked_window(max_inflight)
     items = _iterator(source)
     return _Pipeline(engine, fn, items, window, ordered, {"device": device, **options}).results()
 
@@ -144,8 +143,9 @@ class _Pipeline(Generic[T]):
 
     async def results(self) -> AsyncGenerator[T, None]:
         """The generator ``eng.map`` returns: results in source order, or as they complete."""
-        rt = self.engine._port.running()
-        if get_ident() != rt.loop_thread:  # its feeder runs on the engine's loop, sharing state with it
+        port = self.engine._port
+        port.running()
+        if get_ident() != port.loop_thread:  # its feeder runs on the engine's loop, sharing state with it
             raise SchedsvcError(
                 f"eng.map({name_of(self.fn)}, ...) is iterated on an event loop other than the engine's "
                 "(another thread's asyncio.run or trio.run); iterate it with 'async for' on the loop "
@@ -153,9 +153,8 @@ class _Pipeline(Generic[T]):
             )
         self.slots = anyio.Semaphore(self.window)
         self.events, self.received = anyio.create_memory_object_stream(math.inf)
-        bridge = rt.bridge
         # interruptible: Ctrl-C in the source (the caller's code) reaches the consumer, as on asyncio
-        self.feeder = bridge.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}", interruptible=True)
+        self.feeder = port.spawn(self.feed, f"eng.map feeder of {name_of(self.fn)}", interruptible=True)
         try:
             while (fut := await self.next_future()) is not None:
                 try:

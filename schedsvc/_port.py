@@ -2,28 +2,36 @@
 
 Futures, Tensors, compiled functions and ``eng.map`` pipelines hold an
 engine's Port, not the Engine: everything they may ask of it is a method or
-attribute here -- the runtime while the engine runs (or why it does not),
-its devices, the Tensor memory tracking, the compile counters.  The Engine
-owns the Port and drives its life (``started``, ``closed``, ``abandon``).
+attribute here -- the runtime's entry points they call while the engine runs
+(or why it does not), its devices, the Tensor memory tracking, the compile
+counters.  The Port starts the runtime and holds it; nothing above it holds
+the runtime object.  The Engine owns the Port and drives its life (``start``,
+``closed``, ``abandon``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import threading
+import time
 import warnings
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._core import Scheduler, Task
 from ._errors import FORKED, DeviceError, EngineClosed, InvalidTask
+from ._runtime import Runtime
 from .compile import Counts
-from .devices import check_device, device_class_for
+from .devices import Device, check_device, device_class_for, resolve, scheduler_options
 
 if TYPE_CHECKING:
     from ._config import Config
     from ._engine import Engine
-    from ._runtime import Runtime
+    from ._timeline import Timeline
     from .tensor import TensorMemory
 
 __all__ = ["LOOP_CLOSED", "Port", "port_of", "warn_unclosed"]
@@ -31,25 +39,89 @@ __all__ = ["LOOP_CLOSED", "Port", "port_of", "warn_unclosed"]
 LOOP_CLOSED = "loop closed"
 _FORKED = "forked"
 
+#: the runtime's entry points the frontend calls, bound on the Port when the engine starts (before, each
+#: raises why the engine takes no work); ``Runtime`` documents each
+_CALLS = (
+    "add_done_callback",
+    "admission",
+    "admit",
+    "attach",
+    "barrier",
+    "busy_seconds",
+    "cancel",
+    "counts",
+    "detach",
+    "has_room",
+    "join",
+    "latency_histograms",
+    "launches",
+    "limits_text",
+    "on_loop_thread",
+    "remove_done_callback",
+    "run_inline",
+    "shutdown",
+    "sweeps",
+    "throttle",
+    "wait",
+    "wait_blocking",
+    "watch_off_loop",
+    "writer_of",
+)
+
 
 class Port:
     """An engine's state as its Futures, Tensors, compiled functions and pipelines see it."""
 
     __slots__ = (
         "__weakref__",
+        "_rt",
         "abandoned",
         "compile_counts",
         "config",
         "default_device",
+        "loop",
+        "loop_thread",
         "loop_watch",
-        "rt",
+        "memory_devices",
+        "queue_waits",
+        "remote",
         "state",
         "tensors",
+        "vet",
+        "worker_threads",
+        *_CALLS,
     )
+
+    # the runtime's entry points (``_CALLS``), as the frontend calls them
+    add_done_callback: Callable[[Task, Callable[[Any], Any], contextvars.Context | None], None]
+    admission: Callable[[Task, Any], Awaitable[None]]
+    #: the door: ``admit(task, tid, how, claims=None, counted=None, timeout=None)`` (``Admission.admit``)
+    admit: Callable[..., Any]
+    attach: Callable[[Timeline], None]
+    barrier: Callable[[], Awaitable[None]]
+    busy_seconds: Callable[[], dict[str, float]]
+    cancel: Callable[[Task], bool]
+    counts: Callable[[], tuple[int, int, int, int, int, int, int, int, int, int]]
+    detach: Callable[[], Timeline]
+    has_room: Callable[[int], bool]
+    join: Callable[[float], Awaitable[list[threading.Thread]]]
+    latency_histograms: Callable[[], tuple[Mapping[float, int], float, Mapping[float, int], float]]
+    launches: Callable[[], dict[str, int]]
+    limits_text: Callable[[], str]
+    on_loop_thread: Callable[[], bool]
+    remove_done_callback: Callable[[Task, Callable[[Any], Any]], int]
+    run_inline: Callable[[Task], bool]
+    shutdown: Callable[[bool, float], Awaitable[list[threading.Thread]]]
+    sweeps: Callable[[], dict[str, int]]
+    throttle: Callable[[], Awaitable[None]]
+    wait: Callable[[Task], Awaitable[None]]
+    wait_blocking: Callable[[Task, float | None], bool]
+    watch_off_loop: Callable[[Task, Callable[[], object]], None]
+    writer_of: Callable[[int], Task | None]
 
     def __init__(self, config: Config, tensors: TensorMemory) -> None:
         self.config = config
-        self.rt: Runtime | None = None
+        self._rt: Runtime | None = None
         self.state = "new"  # new -> running -> closing -> closed
         self.abandoned = ""  # why the engine stopped without aclose(): its loop closed, or a fork
         self.default_device = config.default_device
@@ -57,11 +129,56 @@ class Port:
         self.compile_counts = Counts()  # traces, replays of this engine's compiled functions
         #: a suspended async generator its loop closes when it shuts down (``_lifecycle``)
         self.loop_watch: Any = None
+        #: the devices with memory of their own (cuda): a Tensor there is copied in by a task of its own
+        self.memory_devices: frozenset[str] = frozenset()
+        self.vet: list[Device] = []  # devices that check each task at submission (``check_task``)
+        self.loop: Any = None  # the asyncio loop it runs on (None on trio)
+        self.loop_thread = -1  # that loop's thread
+        self.remote = False  # tasks run in other processes (Dask): values are Remote handles
+        self.worker_threads: set[int] = set()  # threads that run tasks (their submissions are nested)
+        self.queue_waits: Any = ()  # the last tasks' seconds from ready to started
+        refuse = _Refuse(self)
+        for name in _CALLS:
+            setattr(self, name, refuse)
+
+    async def start(self, timeline: Timeline | None) -> None:
+        """Start the runtime and the devices of ``config`` on the running event loop."""
+        config = self.config
+        kinds = resolve(config)
+        core = Scheduler(
+            max_pending=config.max_pending,
+            max_pending_bytes=config.max_pending_bytes,
+            devices=config.devices,
+            clock=time.perf_counter,
+            **scheduler_options(kinds, config),
+        )
+        rt = Runtime(
+            core,
+            config.inline_threshold_us / 1e6,
+            _refusal(self),
+            config.sync_mode,
+            latency_histograms=config.latency_histograms,
+            gone=_gone(self),
+        )
+        rt.claim_writes = self.tensors.claim
+        for name, kind in kinds.items():
+            rt.add_device(name, await kind.open(rt, name, config))
+        for device in rt.devices.values():
+            device.start()
+        self.vet = [d for d in rt.devices.values() if d.vets_tasks]
+        for name in _CALLS:
+            setattr(self, name, getattr(rt, name))
+        self.loop, self.loop_thread, self.remote = rt.loop, rt.loop_thread, rt.remote
+        self.memory_devices = frozenset(rt.preparers)
+        self.worker_threads, self.queue_waits = rt.worker_threads, rt.queue_waits
+        self._rt, self.state = rt, "running"
+        if timeline is not None:  # the engine's whole life, written at aclose()
+            rt.attach(timeline)
 
     def __del__(self) -> None:
         """The Engine and every Future, Tensor and compiled function of it are gone, and it was
         never closed: warn, and let its threads finish the queued work and end."""
-        rt = self.rt
+        rt = self._rt
         if rt is None or self.state != "running":
             return
         text = f"unclosed {self.describe()}"
@@ -71,21 +188,82 @@ class Port:
             threading.Thread(target=rt.stop_when_idle, name="schedsvc-stop", daemon=True).start()
         warn_unclosed(text, self)
 
+    @property
+    def started(self) -> bool:
+        """Has the engine started (it may have closed since)?"""
+        return self._rt is not None
+
+    @property
+    def open(self) -> bool:
+        """Has the engine started and not closed (nor been abandoned)?"""
+        return self._rt is not None and self.state == "running"
+
     def describe(self) -> str:
         """The engine, for its repr and messages."""
-        rt = self.rt
+        rt = self._rt
         if rt is None:
             return f"<Engine {self.state} cpu_workers={self.config.cpu_workers}>"
         return f"<Engine {self.state} devices={','.join(self.config.devices)} {rt.describe()}>"
 
     # -- asked by the frontend ---------------------------------------------------------
 
-    def running(self) -> Runtime:
-        """The runtime of a running engine; EngineClosed (saying why) otherwise."""
-        rt = self.rt
+    def running(self) -> None:
+        """Raise EngineClosed (saying why) unless the engine runs."""
+        rt = self._rt
         if rt is None or self.state != "running" or rt.bridge.closed():
             raise self.refusal()
-        return rt
+
+    def in_task(self) -> bool:
+        """Is this thread running one of the engine's tasks (its submissions are nested)?"""
+        return threading.get_ident() in self.worker_threads
+
+    @property
+    def pending(self) -> int:
+        """Tasks admitted and not yet final (0 before start)."""
+        rt = self._rt
+        return 0 if rt is None else rt.pending
+
+    def running_tasks(self) -> int:
+        """Tasks running now."""
+        rt = self._rt
+        return 0 if rt is None else rt.running()
+
+    def window(self, device: str) -> int:
+        """Tasks worth keeping in flight on ``device`` (``eng.map``'s default ``max_inflight``)."""
+        assert self._rt is not None
+        return self._rt.devices[device].window
+
+    def holder(self, array: Any) -> str | None:
+        """The engine's device whose own memory holds ``array`` (a device array), if any."""
+        assert self._rt is not None
+        for name, device in self._rt.preparers.items():
+            if device.holds(array):
+                return name
+        return None
+
+    def to_host(self, device: str) -> Callable[[Any], Any] | None:
+        """What copies a value of ``device`` to the host, run on a host thread (None: its values are there)."""
+        assert self._rt is not None
+        source = self._rt.preparers.get(device)
+        return None if source is None else source.to_host
+
+    def loop_closed(self) -> bool:
+        """Has the loop the engine started on closed?"""
+        return self._rt is not None and self._rt.bridge.closed()
+
+    def tracing_life(self) -> bool:
+        """Is the trace of the engine's whole life (``Config.trace_path``) being recorded?"""
+        return self._rt is not None and self._rt.timeline is not None
+
+    def spawn(self, fn: Callable[[], Any], name: str, interruptible: bool = True) -> Any:
+        """Run ``fn()`` in the background on the engine's loop (a ``Job``)."""
+        assert self._rt is not None
+        return self._rt.bridge.spawn(fn, name, interruptible=interruptible)
+
+    def watch_end(self, callback: Callable[[], None]) -> Any:
+        """Call ``callback`` when the engine's loop shuts down with the engine still open."""
+        assert self._rt is not None
+        return self._rt.bridge.watch_end(callback)
 
     def device(self, device: str | None) -> str:
         """The device a task or Tensor asked for (None: the default), checked against the engine's."""
@@ -105,10 +283,9 @@ class Port:
 
     def local(self, what: str) -> None:
         """Raise unless tasks run in this process (Tensors and compiled functions need that)."""
-        rt = self.rt
         remote = (
-            rt.remote
-            if rt is not None
+            self.remote
+            if self._rt is not None
             else not device_class_for(self.default_device, self.config, check=False).local
         )
         if remote:
@@ -119,10 +296,8 @@ class Port:
             )
 
     def full_message(self, task: Any, waiting_form: str = "await eng.submit(...)") -> str:
-        rt = self.rt
-        assert rt is not None
         return (
-            f"engine at its limits ({rt.limits_text()}): "
+            f"engine at its limits ({self.limits_text()}): "
             f"{task!r} was not admitted; use '{waiting_form}' to wait for room"
         )
 
@@ -130,7 +305,7 @@ class Port:
 
     def refusal(self) -> EngineClosed:
         """Why the engine takes no work, found without its lock: one whose loop has closed is stopped first."""
-        rt = self.rt
+        rt = self._rt
         if rt is not None and self.state == "running" and rt.bridge.closed():
             self.abandon(LOOP_CLOSED)  # takes the lock: never call this with it held
         return self.closed_error()
@@ -155,14 +330,14 @@ class Port:
         if warn:
             warn_unclosed(f"{self.describe()} was still open when its event loop closed")
         self.state, self.abandoned = "closed", why
-        if self.rt is not None:
-            self.rt.stop_when_idle()
+        if self._rt is not None:
+            self._rt.stop_when_idle()
 
     def after_fork(self) -> None:
         """In a forked child: the engine's threads did not come along; it refuses work from now on."""
-        if self.rt is not None and self.state != "closed":
+        if self._rt is not None and self.state != "closed":
             self.state, self.abandoned = "closed", _FORKED
-            self.rt.after_fork()
+            self._rt.after_fork()
 
 
 def warn_unclosed(what: str, source: Any = None) -> None:
@@ -189,6 +364,42 @@ def _outside() -> int:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
+
+
+class _Refuse:
+    """What an entry point of the runtime is on a Port whose engine has not started: a refusal."""
+
+    __slots__ = ("port",)
+
+    def __init__(self, port: Port) -> None:
+        self.port = weakref.proxy(port)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.port.closed_error()
+
+
+def _refusal(port: Port) -> Callable[[], EngineClosed]:
+    """Why the engine takes no work, for the runtime to raise with its lock held: the port's
+    side-effect-free message, through a weak reference (the runtime does not keep the port alive)."""
+    ref = weakref.ref(port)
+
+    def refusal() -> EngineClosed:
+        alive = ref()
+        return EngineClosed("the engine is closed") if alive is None else alive.closed_error()
+
+    return refusal
+
+
+def _gone(port: Port) -> Callable[[], EngineClosed]:
+    """For the runtime, when the engine's loop has closed, without its lock: the engine is stopped (it
+    says so once), and the error to raise."""
+    ref = weakref.ref(port)
+
+    def gone() -> EngineClosed:
+        alive = ref()
+        return EngineClosed("the engine is closed") if alive is None else alive.refusal()
+
+    return gone
 
 
 def port_of(engine: Engine) -> Port:

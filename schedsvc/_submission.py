@@ -5,7 +5,7 @@
 while tracing, an async function, a bad option), scans the arguments for
 dependencies and memory, orders the task after the pending writes of the
 Tensors it touches, and builds the Future, which the caller hands to the
-runtime's door.  It runs once per submission: plain loops, no helper calls
+runtime's door (``Port.admit``), which refuses it if the engine takes no work.  It runs once per submission: plain loops, no helper calls
 on the common path.
 """
 
@@ -23,7 +23,6 @@ from .tensor import Tensor, order_after
 
 if TYPE_CHECKING:
     from ._port import Port
-    from .devices import Device
 
 __all__ = ["NO_WRITES", "PLAIN", "Options", "build_task", "plain_options"]
 
@@ -46,7 +45,6 @@ def plain_options(device: str | None, priority: int) -> Options:
 
 def build_task(
     port: Port,
-    vet: list[Device],
     fn: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -67,6 +65,7 @@ def build_task(
         device, reads, writes = port.default_device, NO_WRITES, NO_WRITES
     else:
         device, reads, writes = _checked(port, options)
+    vet = port.vet
     if vet:  # (no iterator made per submission when no executor checks tasks)
         for executor in vet:
             if executor.name == device:
@@ -90,8 +89,6 @@ def build_task(
             task.out_bytes = nbytes
         if name is not None:
             task.name = name
-    if tid in port.rt.worker_threads:  # type: ignore[union-attr]
-        task.nested = True
     if after:
         task.after = after
     return task, written

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._core import FINAL_STATES, Scheduler, Task
+from .._errors import stop_through_await
 from ._bridge import watch
 from ._threads import ThreadToken
 
@@ -46,7 +47,13 @@ class Admission:
     child, ``Closing.after_fork`` gives it the new lock and closes it.
     """
 
-    def __init__(self, rt: Runtime, copies: DeviceCopies, refusal: Callable[[], BaseException]) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        copies: DeviceCopies,
+        refusal: Callable[[], BaseException],
+        gone: Callable[[], BaseException],
+    ) -> None:
         self.rt = rt
         self.lock = rt.lock
         self.core = rt.core
@@ -63,6 +70,9 @@ class Admission:
         #: why a closed engine takes no work (the frontend's message), raised by ``admit`` with the lock
         #: held: it must have no side effect (never take the lock)
         self.refusal = refusal
+        #: why it takes no work once its loop has closed (raised without the lock: the frontend stops it)
+        self.gone = gone
+        self.worker_threads = rt.worker_threads  # (their submissions are nested)
         #: the frontend's own registration of a task's writes (``claim(task, claims)``: the Tensors it
         #: writes), made by the door once the task is admitted or queued, never for one it refuses
         self.claim_writes: Callable[[Task, Any], None] = _no_claims
@@ -91,8 +101,10 @@ class Admission:
         """Take ``task`` (a whole task description) into the engine: the one door every way of
         submitting goes through.
 
-        In this order, under one lock hold: refuse it if the engine takes no work; make the copies
-        of its arguments its device needs (part of its admission); admit it within the limits --
+        A task submitted on a thread that runs a task (``tid``) is nested.  In this order, under one
+        lock hold: refuse it if the engine takes no work (its loop closed, or it closed: a nested
+        task still gets in); make the copies of its arguments its device needs (part of its
+        admission); admit it within the limits --
         ``how`` says what happens at them (``NOW``: not admitted, ``QUEUE``: queued for admission
         FIFO, ``BLOCK``: this thread waits in that queue, ``OVER``: admitted over them, as operators
         cannot wait) -- registering its reads and writes, and the frontend's ``claims`` on what it
@@ -100,11 +112,15 @@ class Admission:
         trace: its copies are dropped, its claims never made.  A nested task (submitted by a running
         task) is admitted over the limits, and while the engine closes.  ``counted`` runs under the
         lock once it is admitted or queued.  ``BLOCK`` waits ``timeout`` seconds at most (then the task
-        is cancelled).
+        is cancelled).  In sync mode the task runs here once admitted, and its error is raised here.
 
         Returns True (admitted), False (``NOW``: at the limits; ``BLOCK``: it timed out or was
         cancelled while it waited), or with ``QUEUE`` the token to await (``admission``).
         """
+        if self.bridge.closed():  # the loop is gone: the frontend stops the engine, and says why
+            raise self.gone()
+        if tid in self.worker_threads:
+            task.nested = True
         with self.lock:
             if self.closed and not task.nested:
                 raise self.refusal()
@@ -148,6 +164,11 @@ class Admission:
                 return True
             if self.sync_mode:
                 self._run_here(task)
+                if task.state == "failed" and task.error is not None:  # its error at the call
+                    error = task.error
+                    if how == QUEUE and isinstance(error, StopIteration):  # (PEP 479: not through await)
+                        raise stop_through_await(task, error) from error
+                    raise error
             elif self.forwarding:
                 self.admitted(task)
             return True

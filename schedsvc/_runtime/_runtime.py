@@ -100,6 +100,8 @@ _PARTS = (
 # the entry points: the parts' methods, bound once
 _ENTRY_POINTS = (
     "wait",
+    "admit",
+    "admission",
     "admitted",
     "throttle",
     "flush",
@@ -167,6 +169,7 @@ class Runtime:
         refusal: Callable[[], BaseException] | None = None,
         sync_mode: bool = False,
         latency_histograms: bool = False,
+        gone: Callable[[], BaseException] | None = None,
     ) -> None:
         self.core = core
         self.record_latencies = latency_histograms  # record each task's wait and run time (Dispatch)
@@ -206,7 +209,10 @@ class Runtime:
         #: why a closed engine takes no work (the frontend's message), raised by the door with the lock
         #: held: it must have no side effect (never take the lock)
         refusal = refusal or (lambda: EngineClosed("the engine is closed"))
-        admission = self.door = Admission(self, copies, refusal)
+        #: why the engine takes no work once its loop has closed, raised by the door without the lock (the
+        #: frontend stops the engine first: it may take the lock)
+        gone = gone or refusal
+        admission = self.door = Admission(self, copies, refusal, gone)
         dispatch = self._dispatch = Dispatch(self, admission, inline_threshold_s, costs)
         waiting = self._waiting = Waiting(self, dispatch, costs)
         closing = Closing(self, admission, dispatch, waiting)
@@ -216,6 +222,8 @@ class Runtime:
 
         # the entry points, bound once
         # -- submissions
+        self.admit = admission.admit
+        self.admission = admission.admission
         self.admitted = admission.admitted
         self.throttle = admission.throttle
         self.flush = admission.flush

@@ -221,30 +221,19 @@ class Batched(Generic[P]):
             return self._fn(*args, **kwargs)  # type: ignore[no-any-return]
         tid = get_ident()
         port = self._port
-        rt = port.rt  # Port.accepting(tid), inlined: this runs at every call
-        if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
-            raise port.refusal()
         call = self._call(args, kwargs, tid)
-        if not rt.door.admit(call, tid, NOW):
-            raise QueueFull(
-                f"engine at its limits ({rt.limits_text()}): {call!r} was not admitted; "
-                "'await fn.submit(...)' waits for room instead"
-            )
-        if rt.sync_mode and call.state == "failed" and call.error is not None:  # its error at the call
-            raise call.error
+        if not port.admit(call, tid, NOW):
+            raise QueueFull(port.full_message(call, "await fn.submit(...)"))
         return call
 
     async def submit(self, *args: P.args, **kwargs: P.kwargs) -> BatchCall:
         """Admit the call, waiting (first come first served) while the engine is at its limits."""
         tid = get_ident()
         port = self._port
-        rt = port.running()
         call = self._call(args, kwargs, tid)
-        token = rt.door.admit(call, tid, QUEUE)
+        token = port.admit(call, tid, QUEUE)
         if token is not True:  # (cancelled while it waits, or Ctrl-C: nobody holds the call, it is cancelled)
-            await rt.door.admission(call, token)
-        elif rt.sync_mode and call.state == "failed" and call.error is not None:  # its error at the call
-            raise call.error
+            await port.admission(call, token)
         return call
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall:
@@ -329,8 +318,6 @@ class Batched(Generic[P]):
         port = self._port
         call = BatchCall(port, fn, args, kwargs, "cpu", buffers, deps)
         call.out_bytes, call.name = nbytes, self._label
-        if tid in port.rt.worker_threads:  # type: ignore[union-attr]
-            call.nested = True
         call.number = self.calls = next(self._numbers)
         return call
 

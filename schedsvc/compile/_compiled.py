@@ -107,7 +107,7 @@ class _Entry:
         waiting: list[Any] = []
         whole = self._replay(engine, arrays, compiled, waiting)
         if waiting:  # (cancelled while it waits, or Ctrl-C: nobody holds the call, it is cancelled)
-            await whole._rt.door.admission(whole, waiting[0])
+            await engine.admission(whole, waiting[0])
         return self._outputs(engine, arrays, whole)
 
     def _replay(

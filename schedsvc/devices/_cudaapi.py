@@ -53,7 +53,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["CudaApi", "binding_of", "load"]
+from .._errors import DeviceError
+
+__all__ = ["CudaApi", "api_for", "binding_of", "check", "load"]
 
 
 class CudaApi:
@@ -229,3 +231,40 @@ def load(simulated: bool) -> CudaApi:
 def binding_of(array: Any) -> CudaApi | None:
     """The loaded binding whose device array ``array`` is (None: not a device array)."""
     return _loaded.get(type(array))
+
+
+def api_for(simulated: bool) -> CudaApi:
+    """The binding for ``cuda_simulator``; DeviceError (saying how to get CuPy) without it."""
+    try:
+        return load(simulated)
+    except ImportError as exc:
+        raise DeviceError(
+            "CUDA devices are unavailable: CuPy is not installed; pip install 'schedsvc[cuda12]' "
+            "(or [cuda13]) on a machine with an NVIDIA GPU, or run them on the CUDA simulator "
+            "(Config(cuda_simulator=True) or SCHEDSVC_CUDA_SIMULATOR=1)"
+        ) from exc
+
+
+def check(index: int, simulated: bool = False) -> None:
+    """Raise DeviceError unless device ``index`` exists (on CuPy, or on the simulator)."""
+    if simulated:  # the simulator has the devices the engine names
+        from .cudasim import simulator
+
+        sim = simulator()
+        if index >= api_for(True).device_count():
+            sim.configure(devices=index + 1)
+        return
+    try:
+        from ._cupy import device_count  # the binding: the one module that imports CuPy
+
+        count = device_count()
+    except ImportError as exc:
+        raise DeviceError(
+            f"cuda:{index} is unavailable: CuPy is not installed; pip install 'schedsvc[cuda12]' "
+            "(or [cuda13]) on a machine with an NVIDIA GPU, or run cuda devices on the CUDA simulator "
+            "(Config(cuda_simulator=True) or SCHEDSVC_CUDA_SIMULATOR=1)"
+        ) from exc
+    except Exception as exc:  # CUDA driver missing or broken
+        raise DeviceError(f"cuda:{index} is unavailable: CUDA reports {exc}") from exc
+    if index >= count:
+        raise DeviceError(f"cuda:{index} does not exist: this machine has {count} CUDA device(s)")

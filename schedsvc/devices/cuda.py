@@ -51,7 +51,6 @@ import threading
 import time
 from collections.abc import Callable
 from math import inf
-from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -68,9 +67,10 @@ from .._runtime import (
     substitute,
     tasks_and_scalars,
 )
-from ._cudaapi import CudaApi, load
+from ._cudaapi import CudaApi, api_for, check
 from ._streams import Flight, Track
 from ._transfer import to_device
+from ._turn import Next, Turn
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -80,46 +80,7 @@ __all__ = ["CudaDevice", "api_for", "check"]
 _ndarray = np.ndarray
 
 
-def api_for(simulated: bool) -> CudaApi:
-    """The binding for ``cuda_simulator``; DeviceError (saying how to get CuPy) without it."""
-    try:
-        return load(simulated)
-    except ImportError as exc:
-        raise DeviceError(
-            "CUDA devices are unavailable: CuPy is not installed; pip install 'schedsvc[cuda12]' "
-            "(or [cuda13]) on a machine with an NVIDIA GPU, or run them on the CUDA simulator "
-            "(Config(cuda_simulator=True) or SCHEDSVC_CUDA_SIMULATOR=1)"
-        ) from exc
-
-
-def check(index: int, simulated: bool = False) -> None:
-    """Raise DeviceError unless device ``index`` exists (on CuPy, or on the simulator)."""
-    if simulated:  # the simulator has the devices the engine names
-        from .cudasim import simulator
-
-        sim = simulator()
-        if index >= api_for(True).device_count():
-            sim.configure(devices=index + 1)
-        return
-    try:
-        from ._cupy import device_count  # the binding: the one module that imports CuPy
-
-        count = device_count()
-    except ImportError as exc:
-        raise DeviceError(
-            f"cuda:{index} is unavailable: CuPy is not installed; pip install 'schedsvc[cuda12]' "
-            "(or [cuda13]) on a machine with an NVIDIA GPU, or run cuda devices on the CUDA simulator "
-            "(Config(cuda_simulator=True) or SCHEDSVC_CUDA_SIMULATOR=1)"
-        ) from exc
-    except Exception as exc:  # CUDA driver missing or broken
-        raise DeviceError(f"cuda:{index} is unavailable: CUDA reports {exc}") from exc
-    if index >= count:
-        raise DeviceError(f"cuda:{index} does not exist: this machine has {count} CUDA device(s)")
-
-
 _OOM_WAIT_S = 30.0  # the longest an allocation that failed waits for the device's work in flight
-
-_MAX_KINDS = 4096  # kinds whose last launch time is remembered (past it, the table starts again)
 
 
 class _NotLaunched(Exception):
@@ -142,11 +103,6 @@ class _LaunchFailed(Exception):
         self.t0 = t0
 
 
-#: what a thread launches next: a running task of the device, and the launched parents it goes behind
-#: (None: asked of the runtime at launch)
-Next = tuple[Task, "list[Task] | None"]
-
-
 class CudaDevice(Device):
     """The streams of one CUDA device: launched on by the thread that makes work ready, and by a thread of
     its own for what may block."""
@@ -164,21 +120,12 @@ class CudaDevice(Device):
         self.buffer_types = {api.ndarray: api.buffer_key}
         self.concurrency = streams
         self.eager = 0  # (its tasks are never staged: none counts against a burst's hand-over)
-        #: the launches handed to the device's own thread, with the turn to launch (``_hand_over``)
-        self.handed: Callable[[], Next | None] | None = None
-        self.handing = threading.Lock()  # (guards handed and ended)
-        self.ended = False  # the device's thread has ended (closing)
-        self.wake = threading.Semaphore(0)
         self.stopping = False
         self.events: list[Any] = []  # recycled events, their last record passed
         self.flying: dict[Task, Flight] = {}  # launched, not complete (read by the launching thread)
         self.completions = threading.Condition(threading.Lock())  # an OOM retry waits on it
         self.oom_waiting = 0  # launches waiting on it (under its lock): only then is it notified
         self.translate = _translation(api.xp)
-        #: kind of launch -> how long its last launch took (``_kind``): a kind whose last launch took less
-        #: than ``inline_s`` is launched on the thread that made it ready (``Config.cuda_launch_inline_us``)
-        self.launch_s: dict[Any, float] = {}
-        self.inline_s = inline_s
         # (streams are made on their device without making it current: the opening thread -- the
         # user's event loop -- keeps its own current device)
         self.compute = [Track(self, api.stream(self.index), f"{name}/s{i}") for i in range(streams)]
@@ -186,9 +133,9 @@ class CudaDevice(Device):
         self.d2h = Track(self, api.stream(self.index), f"{name}/d2h")
         self.tracks = [*self.compute, self.h2d, self.d2h]
         self.next_stream = 0
-        self.thread = threading.Thread(target=self._thread_main, name=f"schedsvc-{name}", daemon=True)
-        self._launch_here = self._launch_ready  # (bound once: dispatch returns it at every ready task)
-        self._first = functools.partial(rt.launch_first, self)
+        #: who launches: the thread that made tasks ready, or the device's own thread (``_turn``)
+        self.turn = Turn(self, inline_s)
+        self._launch_here = self.turn.launch_here  # (bound once: dispatch returns it at every ready task)
 
     # -- the plugin interface -------------------------------------------------------
 
@@ -217,7 +164,7 @@ class CudaDevice(Device):
     def start(self) -> None:
         for track in self.tracks:
             track.thread.start()
-        self.thread.start()
+        self.turn.thread.start()
 
     def dispatch(self, ready: int) -> Callable[[], None] | None:
         """With the lock held: tasks are ready and no thread launches on this device: this one will."""
@@ -226,12 +173,12 @@ class CudaDevice(Device):
 
     def stop(self) -> None:
         self.stopping = True
-        self.wake.release()
+        self.turn.wake.release()
         for track in self.tracks:
             track.stop()
 
     def join(self, timeout: float | None) -> list[threading.Thread]:
-        threads = [self.thread, *(t.thread for t in self.tracks)]
+        threads = [self.turn.thread, *(t.thread for t in self.tracks)]
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             if thread.is_alive():
@@ -257,113 +204,9 @@ class CudaDevice(Device):
     def sweeps(self) -> dict[str, int]:
         return {track.name: track.sweeps for track in self.tracks}
 
-    # -- launching where work is made ready ---------------------------------------------
-    #
-    # One thread at a time launches on the device: the one whose ``dispatch`` found it hungry.  It takes
-    # the ready tasks one by one (``rt.launch_first``, then what each ``rt.launched`` hands on) until none is
-    # left, and the device is hungry again.  A task whose launch may block goes to the device's thread
-    # together with the turn to launch (``_hand_over``), which launches it and what is ready after it.
+    # -- launching -----------------------------------------------------------------
 
-    def _launch_ready(self) -> None:
-        """On the thread that made tasks ready, once the runtime's lock is released: launch them here."""
-        rt = self.rt
-        nxt = rt.launch_first(self)
-        if nxt is None:
-            return
-        api = self.api
-        ident = get_ident()
-        guest = ident not in rt.worker_threads  # (a task launched here that submits work submits it nested)
-        if guest:
-            rt.worker_threads.add(ident)
-        began = api.begin_launches(self.index)
-        try:
-            while nxt is not None:
-                task, ahead = nxt
-                try:
-                    kind: Any = self._kind(task)
-                    quick = self.launch_s.get(kind, inf) < self.inline_s
-                except TypeError:  # an unhashable callable: never timed, always on the device's thread
-                    kind, quick = None, False
-                if not quick:
-                    self._hand_over(functools.partial(_given, nxt))
-                    return
-                nxt = None  # (from here on the task is _launch_task's: launched, or failed)
-                nxt = self._launch_task(task, ahead, kind, True)
-        except BaseException:  # an interrupt of this thread (Ctrl-C): the device's thread carries on
-            self._hand_over(functools.partial(_given, nxt) if nxt is not None else self._first)
-            raise
-        finally:
-            api.end_launches(self.index, began)
-            if guest:
-                rt.worker_threads.discard(ident)
-
-    def _hand_over(self, launch: Callable[[], Next | None]) -> None:
-        """Give the turn to launch to the device's thread, which starts with ``launch()`` (or, once that
-        thread has ended, closing, launch here)."""
-        with self.handing:
-            if not self.ended:
-                self.handed = launch
-                self.wake.release()
-                return
-        self._launch_all(launch)
-
-    def _thread_main(self) -> None:
-        """The device's thread: the launches that may block, and what is ready after them."""
-        api = self.api
-        api.use_device(self.index)
-        self.rt.worker_started()
-        while True:
-            self.wake.acquire()
-            with self.handing:
-                launch, self.handed = self.handed, None
-                if launch is None and self.stopping:
-                    self.ended = True
-                    return
-            if launch is not None:
-                self._launch_all(launch)
-            del launch  # (holds nothing while it sleeps: a result lives as long as its users keep it)
-
-    def _launch_all(self, launch: Callable[[], Next | None]) -> None:
-        """Launch ``launch()`` and every task ready after it (this thread has the turn), timing each."""
-        nxt = launch()
-        while nxt is not None:
-            task, ahead = nxt
-            try:
-                kind: Any = self._kind(task)
-            except TypeError:
-                kind = None
-            nxt = self._launch_task(task, ahead, kind, False)
-
-    def _kind(self, task: Task) -> Any:
-        """What launches alike: the function, and its arguments' dtypes and ranks (a kernel is compiled per
-        such signature; host arrays by their size too: they are staged by a copy).  TypeError if unhashable."""
-        ndarray = self.api.ndarray
-        key: list[Any] = [task.fn]
-        for arg in task.args:
-            if isinstance(arg, Task):
-                arg = arg.value
-            kind = type(arg)
-            if kind is ndarray:
-                key += (arg.dtype, arg.ndim)
-            elif kind is _ndarray:
-                key += (arg.dtype, arg.ndim, arg.nbytes.bit_length())
-            else:
-                key.append(kind)
-        if task.kwargs:
-            key.append(tuple((k, v if type(v) in SCALAR_TYPES else type(v)) for k, v in task.kwargs.items()))
-        kind_key = tuple(key)
-        hash(kind_key)
-        return kind_key
-
-    def _learn(self, kind: Any, seconds: float) -> None:
-        if kind is None:
-            return
-        launch_s = self.launch_s
-        if len(launch_s) >= _MAX_KINDS and kind not in launch_s:
-            launch_s.clear()
-        launch_s[kind] = seconds
-
-    def _launch_task(self, task: Task, ahead: list[Task] | None, kind: Any, here: bool) -> Next | None:
+    def launch_one(self, task: Task, ahead: list[Task] | None, kind: Any, here: bool) -> Next | None:
         """Launch ``task`` (behind ``ahead``, its launched parents, if known); what to launch next (None: the
         device is hungry again, or the device's thread took over).  ``here``: on the thread that made it ready,
         which must not wait: if the device is out of memory, the wait for the work in flight to complete
@@ -389,7 +232,7 @@ class CudaDevice(Device):
             error = self._memory_error(task, first.error, retried=False) if oom else first.error
             return self._fail_after(task, first, error, self)
         if here:
-            self._hand_over(functools.partial(self._retry, task, first))
+            self.turn.hand_over(functools.partial(self._retry, task, first))
             return None
         return self._retry(task, first)
 
@@ -520,7 +363,7 @@ class CudaDevice(Device):
             took = time.perf_counter() - t0
             if syncs != -1 and api.host_syncs() != syncs:
                 took = inf  # it waited for the device: always on the device's thread
-            self._learn(kind, took)
+            self.turn.learn(kind, took)
         nxt = self.rt.launched(task, value, self)
         track.push(flight)  # (after: its watcher may report it complete at once)
         return nxt
@@ -709,11 +552,6 @@ class CudaDevice(Device):
             )
 
     vets_tasks = True
-
-
-def _given(nxt: Next) -> Next:
-    """What a launch handed over starts with: the task it had taken (``CudaDevice._hand_over``)."""
-    return nxt
 
 
 def _flat(obj: Any) -> list[Any]:

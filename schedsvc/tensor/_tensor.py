@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 import numpy as np
 
 from .._core import FINAL_STATES, Buffer, Task
-from .._errors import InvalidTask
-from .._future import Future, blocks_the_loop, stop_through_await
+from .._errors import InvalidTask, stop_through_await
+from .._future import Future, blocks_the_loop
 from .._runtime import buffer_of
 from ._arrayops import SCALARS, ArrayOps
 from ._meta import Shape, broadcast
@@ -170,13 +170,13 @@ class Tensor(ArrayOps, Future[Array]):
         owner = self.owner
         last = owner._last_write
         writes = self._port.tensors.unfinished(owner) if last is not None and last.state != "done" else []
-        if (self.state not in FINAL_STATES or writes) and self._rt.on_loop_thread():
+        if (self.state not in FINAL_STATES or writes) and self._port.on_loop_thread():
             raise blocks_the_loop(self, "wait_to_read()", "t")
         if last is not None:
             deadline = None if timeout is None else time.monotonic() + timeout
             for write in writes:  # the writes queued so far, in order
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                if not self._rt.wait_blocking(write, left):
+                if not self._port.wait_blocking(write, left):
                     raise TimeoutError(f"the writes to {self!r} did not finish within {timeout} s")
             if deadline is not None:
                 timeout = max(deadline - time.monotonic(), 0.0)
@@ -194,7 +194,7 @@ class Tensor(ArrayOps, Future[Array]):
         return self.wait_to_read(timeout)
 
     def _value_now(self, what: str) -> Any:
-        if get_ident() == self._rt.loop_thread:
+        if get_ident() == self._port.loop_thread:
             raise TypeError(
                 f"{what} of a Tensor needs its value, and waiting here would block the event loop; "
                 f"use 'await t' (then {what} of the array)"

@@ -177,8 +177,6 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
     if isinstance(obj, Future):
         return _future_tensor(port, obj, dtype, shape, asked)
     port.running()
-    rt = port.rt
-    assert rt is not None
     keyer = BUFFER_TYPES.get(type(obj))
     if keyer is not None:  # a device array (CuPy's, the simulator's): used as it is, on its device
         if dtype is not None and np.dtype(dtype) != obj.dtype:
@@ -192,23 +190,23 @@ def asarray(port: Port, obj: Any, dtype: Any, device: str | None, shape: Any) ->
         converted: Tensor = asarray(port, obj, None, asked, shape).astype(dtype)
         return converted
     array = np.asarray(obj, dtype=dtype)
-    if device in rt.preparers:  # a device with memory of its own: copied there by a task of its own
+    if device in port.memory_devices:  # a device with memory of its own: copied there by a task of its own
         if shape is not None and tuple(shape) != array.shape:
             raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
         return queue_op(port, TO_DEVICE, [array], None, array.shape, array.dtype, None, None, device=device)
     if shape is not None and tuple(shape) != array.shape:
         raise ValueError(f"asarray(shape={tuple(shape)}) does not match the array's shape {array.shape}")
     tensor = concrete(port, array, device)
-    port.tensors.adopt(tensor, rt.writer_of(tensor.memory[0]))
+    port.tensors.adopt(tensor, port.writer_of(tensor.memory[0]))
     return tensor
 
 
 def _home(port: Port, array: Any) -> str:
     """The engine's device whose memory holds ``array`` (a device array)."""
-    rt = port.running()
-    for name, executor in rt.preparers.items():
-        if executor.holds(array):
-            return name
+    port.running()
+    name = port.holder(array)
+    if name is not None:
+        return name
     raise DeviceError(
         f"eng.asarray: the {type(array).__module__}.{type(array).__name__} lives on a device this engine "
         f"does not have (its devices: {port.config.devices}); add that device to Config(devices=...), "
@@ -242,14 +240,13 @@ def to(port: Port, tensor: Tensor, device: str) -> Tensor:
     device = port.device(device)
     if device == tensor.device:
         return tensor
-    rt = port.rt
-    if rt is None:
+    if not port.started:
         raise port.refusal()
-    if device in rt.preparers:  # host -> device, or device -> device: the H2D copy task
+    if device in port.memory_devices:  # host -> device, or device -> device: the H2D copy task
         op = TO_DEVICE
     else:  # device -> host: the D2H copy, run on the host's side
-        source = rt.preparers.get(tensor.device)
-        op = TO_DEVICE if source is None else Op("to_host", source.to_host, TO_DEVICE.infer)
+        to_host = port.to_host(tensor.device)
+        op = TO_DEVICE if to_host is None else Op("to_host", to_host, TO_DEVICE.infer)
     return queue_op(port, op, [tensor], None, tensor.shape, tensor.dtype, None, None, device=device)
 
 
@@ -271,13 +268,14 @@ def _future_tensor(port: Port, fut: Future[Any], dtype: Any, shape: Any, asked: 
             f"{fut!r} has not finished, so its shape and dtype are not known yet; "
             "await it first, or pass shape= and dtype= to eng.asarray"
         )
-    rt = port.running()
+    port.running()
+    memory = port.memory_devices
     if asked is not None:
         device = port.device(asked)
     else:  # where its value will live: a device of memory of its own keeps its results there
-        device = fut.device if fut.device in rt.preparers else port.default_device
+        device = fut.device if fut.device in memory else port.default_device
     # on the host, a device array as the value is refused: the Tensor would be labelled with the wrong device
-    attrs = {"shape": shape_arg(shape), "dtype": np.dtype(dtype), "host": device not in rt.preparers}
+    attrs = {"shape": shape_arg(shape), "dtype": np.dtype(dtype), "host": device not in memory}
     return queue_op(port, _CHECKED, [fut], attrs, attrs["shape"], attrs["dtype"], None, None, device=device)
 
 
@@ -307,9 +305,6 @@ def queue_op(
     queue it for admission (FIFO) and append the token to await there.
     """
     tid = get_ident()
-    rt = port.rt  # Port.accepting(tid), inlined: this runs at every Tensor operation
-    if rt is None or (port.state != "running" and tid not in rt.worker_threads) or rt.bridge.closed():
-        raise port.refusal()
     args = tuple(args)
     deps: list[Task] = []
     after: list[Task] = []  # pending writes to the memory it reads or writes: it runs after them
@@ -362,8 +357,6 @@ def queue_op(
         args if plain else tuple(deps),
     )
     task.out_bytes, task.name = out_bytes, op.name
-    if tid in rt.worker_threads:
-        task.nested = True
     task.shape, task.dtype, task._last_write, task._unseen = shape, dtype, None, None
     if after:
         task.after = tuple(after)
@@ -376,10 +369,8 @@ def queue_op(
         task._root = None
     counted = None if replay is None else replay.count_replay
     how = OVER if not limits else NOW if waiting is None else QUEUE
-    admitted = rt.door.admit(task, tid, how, None if target is None else [target], counted)
+    admitted = port.admit(task, tid, how, None if target is None else [target], counted)
     if admitted is True:
-        if rt.sync_mode and task.state == "failed" and task.error is not None:
-            raise task.error  # sync_mode: its error at the call
         return task
     if how == NOW:
         raise QueueFull(port.full_message(task, "await compiled.submit(...)"))

@@ -436,7 +436,9 @@ def test_a_script_without_a_main_guard_gets_one_error_that_says_what_to_do(tmp_p
     assert f"runs the main module ({script}) again" in last
     assert 'under `if __name__ == "__main__":`' in last and "dask_address=" in last
     assert "ran " + str(script) + " again, and it starts an engine: this worker exits" in done.stderr
-    assert len(done.stderr.splitlines()) < 40, done.stderr
+    # one short notice from the worker, then one traceback (the chained ones of Dask's start, and the
+    # engine's start), not one per worker
+    assert len(done.stderr.splitlines()) < 50, done.stderr
 
 
 def test_a_program_read_from_stdin_is_refused_before_a_cluster_starts(tmp_path: Path) -> None:
