@@ -53,9 +53,9 @@ from .._future import Future
 from .._runtime import NOW, QUEUE, buffer_of, scan
 from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor, order_after
-from ._compiled import MAX_SIGNATURES, Compiled, _static
+from ._compiled import MAX_SIGNATURES, Compiled, static_part
 from ._fused import Group, Proved, pow2, signature_key
-from ._graph import emit
+from ._graph import Graph, emit
 from ._rows import RowPlan, exact_fn, plan_rows, same_program
 
 if TYPE_CHECKING:
@@ -132,6 +132,10 @@ class _Plan:
                 rows[i] = exact_fn(graph.nodes[i], operands, out_axis)
         self.spans = bool(rows)
         self.replay = emit(graph, rows) if rows else entry.replay
+
+    @property
+    def graph(self) -> Graph:
+        return self.entry.graph
 
 
 P = ParamSpec("P")
@@ -361,7 +365,7 @@ class Batched(Generic[P]):
                 key.append((slot, "shared", id(value), value.shape, value.dtype))  # (see Group.run)
                 shared.append(value)
             else:
-                key.append((slot, "static", _static(value)))
+                key.append((slot, "static", static_part(value)))
                 statics[slot] = value
         if rows < 0:
             raise BatchError(
@@ -391,11 +395,11 @@ class Batched(Generic[P]):
     def _prove(self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None) -> Proved:
         """Trace ``sigkey`` at the call's rows and at many rows, proving its rows apart and its program the
         same at both row counts (BatchError otherwise)."""
-        plan = self._plan(sigkey, rows, shared, statics, rows)
+        plan = self.plan(sigkey, rows, shared, statics, rows)
         probe = max(2, pow2(min(self.max_batch, _PROBE)))  # proved with many rows too
         if probe == rows:
             probe *= 2
-        other = self._plan(sigkey, probe, shared, statics, rows)
+        other = self.plan(sigkey, probe, shared, statics, rows)
         same_program(plan.entry.graph, rows, other.entry.graph, probe, repr(self))
         plan.same = other.same = True
         proved = Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
@@ -405,7 +409,7 @@ class Batched(Generic[P]):
                 self._proved.popitem(last=False)
         return proved
 
-    def _count(self, rows: int) -> None:
+    def count(self, rows: int) -> None:
         """One replay of ``rows`` callers' rows gave its callers their outcomes."""
         counts = self._port.compile_counts
         with _counts_lock:
@@ -418,7 +422,7 @@ class Batched(Generic[P]):
 
     # -- tracing ------------------------------------------------------------------------
 
-    def _plan(
+    def plan(
         self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None, own: int
     ) -> _Plan:
         """The plan of ``sigkey`` at ``rows`` rows, traced and proved now if it is not kept (the most

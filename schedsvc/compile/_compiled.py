@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .._engine import Engine
     from .._port import Port
 
-__all__ = ["Compiled", "load"]
+__all__ = ["Compiled", "load", "static_part"]
 
 _STATIC = (int, float, complex, bool, str, bytes, type(None), np.generic)
 #: the default ``max_signatures``: more than the batch sizes of a typical loader (32)
@@ -471,7 +471,7 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list
             arrays.append(value)
             slots.append((slot, value.shape, value.dtype))
         else:
-            parts.append((slot, "static", _static(value)))
+            parts.append((slot, "static", static_part(value)))
     return tuple(parts), arrays, slots
 
 
@@ -512,9 +512,11 @@ def _same(tensors: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
     return True
 
 
-def _static(value: Any) -> Any:
+def static_part(value: Any) -> Any:
+    """A static argument as a signature holds it: by type and value (a float by its repr, so that -0.0 and
+    0.0 differ and nan equals nan), nested sequences part by part."""
     if isinstance(value, tuple | list):
-        return (type(value).__name__, tuple(_static(v) for v in value))
+        return (type(value).__name__, tuple(static_part(v) for v in value))
     if isinstance(value, float | complex | np.inexact):  # by repr: -0.0 is not 0.0, nan is nan
         return (type(value).__name__, repr(value))
     if isinstance(value, _STATIC):

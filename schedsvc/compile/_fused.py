@@ -12,19 +12,51 @@ thread running the call it waits for, sync mode) calls the group itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ._rows import same_program
+from ._rows import RowPlan, same_program
 
 if TYPE_CHECKING:
     from .._core import Task
-    from ._batched import Batched
     from ._graph import Graph
 
-__all__ = ["Group", "Proved", "pow2", "signature_key"]
+__all__ = ["Group", "Plan", "Planner", "Proved", "pow2", "signature_key"]
+
+
+class Plan(Protocol):
+    """One traced size of a key, as a fused run uses it: the replay of its graph, its row plan, whether the
+    replay takes each caller's row spans, and whether its program was found the same as the key's."""
+
+    replay: Callable[..., Any]
+    plan: RowPlan
+    spans: bool
+    same: bool
+
+    @property
+    def graph(self) -> Graph: ...
+
+
+class Planner(Protocol):
+    """What a group asks of the batched function it belongs to (``Batched``)."""
+
+    name: str
+    batch_axis: int
+    max_batch: int
+
+    def plan(
+        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None, own: int
+    ) -> Plan:
+        """The plan of ``sigkey`` at ``rows`` rows (traced and proved now if it is not kept)."""
+        ...
+
+    def count(self, rows: int) -> None:
+        """One replay of ``rows`` callers' rows gave its callers their outcomes."""
+        ...
+
 
 #: the modules whose frames an error of a fused run is stripped of (``_without_own_frames``)
 _OWN_MODULES = frozenset({__name__, f"{__package__}._batched"})
@@ -58,9 +90,7 @@ class Group:
         "statics",
     )
 
-    def __init__(
-        self, batched: Batched[...], key: Any, statics: dict[Any, Any] | None, proved: Proved
-    ) -> None:
+    def __init__(self, batched: Planner, key: Any, statics: dict[Any, Any] | None, proved: Proved) -> None:
         self.batched = batched
         self.key = key
         self.sigkey = signature_key(key)
@@ -118,13 +148,13 @@ class Group:
             values, size = self._replay(args, rows)
         except BaseException as exc:  # a caller's rows raise (its data), or a size that cannot be traced
             if len(args) == 1:
-                self.batched._count(rows[0])
+                self.batched.count(rows[0])
                 runs.append(rows[0])
                 return [(None, _without_own_frames(exc))]
             half = len(args) // 2
             first = self.outcomes(args[:half], rows[:half], runs)
             return first + self.outcomes(args[half:], rows[half:], runs)
-        self.batched._count(sum(rows))
+        self.batched.count(sum(rows))
         runs.append(size)
         return [(value, None) for value in values]
 
@@ -139,8 +169,8 @@ class Group:
         uniform = all(r == k for r in rows)
         size = pow2(total)
         shared = args[0][nb:]
-        plan = self.batched._plan(self.sigkey, size, shared, self.statics, k)
-        graph = plan.entry.graph
+        plan = self.batched.plan(self.sigkey, size, shared, self.statics, k)
+        graph = plan.graph
         if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
             same_program(*self.reference, graph, size, repr(self.batched))
             plan.same = True
