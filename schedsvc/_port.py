@@ -79,6 +79,7 @@ class Port:
         "compile_counts",
         "config",
         "default_device",
+        "host_device",
         "loop",
         "loop_thread",
         "loop_watch",
@@ -131,6 +132,9 @@ class Port:
         self.loop_watch: Any = None
         #: the devices with memory of their own (cuda): a Tensor there is copied in by a task of its own
         self.memory_devices: frozenset[str] = frozenset()
+        #: the device a batched call of host arrays alone runs on: the engine's first whose memory is the
+        #: host's (else its default device)
+        self.host_device = config.default_device
         self.vet: list[Device] = []  # devices that check each task at submission (``check_task``)
         self.loop: Any = None  # the asyncio loop it runs on (None on trio)
         self.loop_thread = -1  # that loop's thread
@@ -169,7 +173,8 @@ class Port:
         for name in _CALLS:
             setattr(self, name, getattr(rt, name))
         self.loop, self.loop_thread, self.remote = rt.loop, rt.loop_thread, rt.remote
-        self.memory_devices = frozenset(rt.preparers)
+        self.memory_devices = memory = frozenset(rt.preparers)
+        self.host_device = next((d for d in config.devices if d not in memory), config.default_device)
         self.worker_threads, self.queue_waits = rt.worker_threads, rt.queue_waits
         self._rt, self.state = rt, "running"
         if timeline is not None:  # the engine's whole life, written at aclose()

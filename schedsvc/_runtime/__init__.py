@@ -13,7 +13,7 @@ from ._admission import BLOCK, NOW, OVER, QUEUE
 from ._bridge import Job, is_cancellation, on_loop
 from ._copies import Copies, CopyTask
 from ._device import Device, Keyer
-from ._dispatch import Fusion
+from ._dispatch import Fusion, Staging
 from ._memory import exports_memory, memory_of
 from ._remote import Remote
 from ._runtime import Runtime
@@ -46,6 +46,7 @@ __all__ = [
     "Found",
     "Job",
     "Remote",
+    "Staging",
     "Device",
     "Fusion",
     "Keyer",

@@ -8,13 +8,17 @@ claims once it is in.  ``throttle`` waits for room without submitting, and
 holds the slot it got for its caller's next submission.
 
 Hand-off to workers: a submission from any thread but the event loop's goes
-to the ready queue and wakes parked workers at once.  On the loop thread, the
+to the ready queue and wakes parked workers at once (or is launched at once, on
+a device that launches where work is made ready).  On the loop thread, the
 first ``eager`` submissions of each loop iteration do the same (so the first
 tasks of a burst start immediately); later ones are *staged* -- admitted and
 ordered, but held from the workers -- and handed over in one flush when the
 coroutine next yields, which is when ``asyncio.create_task`` work starts too.
 A submitting coroutine thus does not fight its own workers for the GIL on
-every call.  Every wait flushes first, so staged work never stalls.
+every call.  Every wait flushes first, so staged work never stalls.  A device
+that launches on the submitting thread (CUDA) has its tasks launched at once,
+never staged -- but for batched calls, which are staged so that the calls of a
+burst launch as one batch.
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ class Admission:
                 force = how == OVER or task.nested or self.sync_mode
             if tid != self.loop_thread:
                 stage = False
+            elif task.fusion is not None and task.device in self.unstaged:
+                stage = self.stage_fused()
             elif task.priority or self.eager_left:  # (stage_next's common answer, without a call)
                 stage = self.stage_next(task.priority)
             else:
@@ -316,6 +322,15 @@ class Admission:
                 self.flush_scheduled = True  # the flush re-arms the budget
                 self.bridge.call_soon(self._flush)
             return False
+        return True
+
+    def stage_fused(self) -> bool:
+        """With the lock held, on the loop thread: a batched call on a device that launches where work is
+        made ready is staged, so that the calls of a burst are launched as one batch when the coroutine
+        yields (or waits: a lone awaited call is launched at its await)."""
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.bridge.call_soon(self._flush)
         return True
 
     def flush(self) -> None:

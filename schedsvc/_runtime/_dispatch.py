@@ -25,16 +25,39 @@ if TYPE_CHECKING:
     from ._device import Device
     from ._runtime import Runtime
 
-__all__ = ["Dispatch", "Fusion"]
+__all__ = ["Dispatch", "Fusion", "Staging"]
 
 #: how long tasks staged on the loop's thread wait for the loop to hand them over before a worker
 #: with nothing to do takes them itself (the loop is busy: it has not come round to its flush)
 _STALE_S = 0.002
 
 
+class Staging(Protocol):
+    """What a device with memory of its own gives a fused launch (``Fusion.launch``) to place arrays:
+    its array module, and copies between host and device memory enqueued on the launch's stream."""
+
+    #: the device's array module (CuPy's names), enqueueing on the launch's stream
+    xp: Any
+
+    def holds(self, obj: Any) -> bool:
+        """Is ``obj`` an array in this device's memory?"""
+        ...
+
+    def to_device(self, host: Any) -> Any:
+        """The host array ``host`` copied to the device (enqueued; staged through pinned memory that the
+        launch keeps alive until its work has passed)."""
+        ...
+
+    def to_host(self, array: Any) -> Any:
+        """The device array ``array`` copied to a new host array (enqueued: the values are there once the
+        launch's work has passed)."""
+        ...
+
+
 class Fusion(Protocol):
     """What a task's ``fusion`` is: how the ready tasks that share it run as one, on the worker that took
-    one of them (``Runtime.execute``).  It is compared by identity."""
+    one of them (``Runtime.execute``), or launch as one on the device that took one of them (``launch``).
+    It is compared by identity."""
 
     #: the most weight one run takes
     limit: int
@@ -48,6 +71,13 @@ class Fusion(Protocol):
     ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
         """Run ``tasks`` (their arguments, values in place of futures, are ``args``) as one; each one's
         (value, error), in order, and what the trace shows of the run.  Raises nothing."""
+        ...
+
+    def launch(
+        self, tasks: list[Task], args: list[Any], staging: Staging
+    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
+        """Launch ``tasks`` as one on a device that queues work asynchronously, its stream current (``run``'s
+        contract, on ``staging``'s device): each value is computed once the launch's work has passed."""
         ...
 
 
@@ -310,6 +340,17 @@ class Dispatch:
                 device.hungry = True
                 return None
             return task, list(core.ahead(task))
+
+    def take_like(self, device: Device, first: Task) -> list[tuple[Task, list[Task] | None]]:
+        """A device that launches ``first`` (running) takes the other ready tasks of its ``fusion`` too
+        (running now, oldest first, within the fusion's limit), each with what it goes behind."""
+        fusion: Fusion = first.fusion
+        with self.lock:
+            core = self.core
+            room = fusion.limit - fusion.weight(first)
+            return [
+                (t, list(core.ahead(t))) for t in core.take_like(device.name, fusion, room, fusion.weight)
+            ]
 
     def launched(
         self, task: Task, value: Any, device: Device | None = None

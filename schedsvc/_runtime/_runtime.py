@@ -113,6 +113,7 @@ _ENTRY_POINTS = (
     "execute",
     "finish",
     "launch_first",
+    "take_like",
     "launched",
     "complete",
     "complete_all",
@@ -236,6 +237,7 @@ class Runtime:
         self.execute = dispatch.execute
         self.finish = dispatch.finish
         self.launch_first = dispatch.launch_first
+        self.take_like = dispatch.take_like
         self.launched = dispatch.launched
         self.complete = dispatch.complete
         self.complete_all = dispatch.complete_all

@@ -50,17 +50,17 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
 from .._future import Future
-from .._runtime import NOW, QUEUE, buffer_of, scan
+from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, scan
 from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor, order_after
 from ._compiled import MAX_SIGNATURES, Compiled, static_part
-from ._fused import Group, Proved, pow2, signature_key
+from ._cuda import CudaReplay
+from ._fused import Group, Proved, SizePlan, pow2, signature_key
 from ._graph import Graph, emit
-from ._rows import RowPlan, exact_fn, plan_rows, same_program
+from ._rows import plan_rows, same_program
 
 if TYPE_CHECKING:
     from .._port import Port
-    from ._compiled import _Entry
 
 __all__ = ["MAX_BATCH", "MAX_DELAY", "BatchCall", "Batched", "check_exact"]
 
@@ -107,35 +107,18 @@ class _Deferred:
         batched = self.batched
         statics: dict[Any, Any] = {}
         key, values, rows = batched._parse(args, kwargs, statics)
-        group = batched._group(key, values, rows, statics or None)
+        if any(type(v) in BUFFER_TYPES for v in values):
+            raise BatchError(
+                f"{batched!r}: a call whose Futures were pending at the call runs alone on the host, and "
+                "their values are device arrays; pass them as Tensors (eng.asarray(future, shape=..., "
+                "dtype=...))"
+            )
+        group = batched._group(key, values, rows, statics or None, None)
         return group(*values)
 
     @property
     def __name__(self) -> str:
         return f"batch:{self.batched.name}"
-
-
-class _Plan:
-    """One traced size of one key: the entry, the row plan, and the replay that runs it; ``same``: its
-    program was found the same as at the key's other sizes (``same_program``)."""
-
-    __slots__ = ("entry", "plan", "replay", "same", "spans")
-
-    def __init__(self, entry: _Entry, plan: RowPlan, exact: bool) -> None:
-        self.entry = entry
-        self.plan = plan
-        self.same = False
-        graph = entry.graph
-        rows = {}
-        if exact:
-            for i, (operands, out_axis) in plan.exact.items():
-                rows[i] = exact_fn(graph.nodes[i], operands, out_axis)
-        self.spans = bool(rows)
-        self.replay = emit(graph, rows) if rows else entry.replay
-
-    @property
-    def graph(self) -> Graph:
-        return self.entry.graph
 
 
 P = ParamSpec("P")
@@ -188,7 +171,7 @@ class Batched(Generic[P]):
         self._batched = None if batched is None else frozenset(batched)
         self._lock = threading.Lock()  # the plans and groups: calls come from any thread, runs from workers
         #: (key as the signature cache keys it, rows) -> plan, the most recently used last
-        self._plans: OrderedDict[Any, _Plan] = OrderedDict()
+        self._plans: OrderedDict[Any, SizePlan] = OrderedDict()
         #: keys proved at many rows too (as the signature cache keys them) -> their output bytes per row
         self._proved: OrderedDict[Any, Proved] = OrderedDict()
         self._groups: weakref.WeakValueDictionary[Any, Group] = weakref.WeakValueDictionary()
@@ -246,18 +229,44 @@ class Batched(Generic[P]):
             x = args[0]
             if type(x) is np.ndarray and x.ndim and x.shape[0]:
                 return self._rows_call(x, tid)
+        device = None  # the device with memory of its own its arrays are on, if any
+        pending = None  # a Future argument not final yet: the call runs alone once it is (on the host)
+        port = self._port
         for slot, value in (*enumerate(args), *kwargs.items()):
             if isinstance(value, Tensor):  # its shape is known: it may be pending
-                if value.device != "cpu":
-                    raise BatchError(
-                        f"{self!r}: batched calls run on the CPU; argument {slot!r} is on {value.device}. "
-                        "Move it with t.to('cpu'), or call the function compiled without batch_axis"
-                    )
+                if value.device in port.memory_devices:
+                    device = self._one_device(device, value.device, slot)
+            elif type(value) in BUFFER_TYPES:  # a device array
+                device = self._one_device(device, port.holder(value), slot)
             elif isinstance(value, Future) and value.state not in FINAL_STATES:
-                return self._deferred_task(args, kwargs, tid)
+                pending = slot
+        if pending is not None:
+            if device is not None:
+                raise BatchError(
+                    f"{self!r}: argument {pending!r} is a pending Future and the call runs on {device}; "
+                    "pass its value as a Tensor (eng.asarray(future, shape=..., dtype=...))"
+                )
+            return self._deferred_task(args, kwargs, tid)
+        if device is None and port.host_device in port.memory_devices:
+            device = port.host_device
         statics: dict[Any, Any] = {}
         key, values, rows = self._parse(args, kwargs, statics)
-        return self._task(self._group(key, values, rows, statics or None), values, rows, tid)
+        group = self._group(key, values, rows, statics or None, device)
+        return self._task(group, values, rows, tid)
+
+    def _one_device(self, found: str | None, device: str | None, slot: Any) -> str:
+        """The device of a call's arrays: ``device`` (of argument ``slot``), which must be ``found`` if set."""
+        if device is None:
+            raise BatchError(
+                f"{self!r}: argument {slot!r} is a device array of a device this engine does not have "
+                f"(its devices: {self._port.config.devices})"
+            )
+        if found is not None and found != device:
+            raise BatchError(
+                f"{self!r}: the arguments of one call are on {found} and {device}; move them to one "
+                "device with t.to(device)"
+            )
+        return device
 
     def _rows_call(self, x: np.ndarray, tid: int) -> BatchCall:
         """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: one buffer
@@ -268,10 +277,15 @@ class Batched(Generic[P]):
         if last is not None and last[0] == key:
             group = last[1]
         else:
-            group = self._group(key, [x], x.shape[0], None)
+            host = self._port.host_device
+            group = self._group(
+                key, [x], x.shape[0], None, host if host in self._port.memory_devices else None
+            )
             self._last = (key, group)
         rows = x.shape[0]
-        call = self._new_call(group, (x,), None, group.row_bytes * rows, ((*buffer_of(x), False),), (), tid)
+        call = self._new_call(
+            group, (x,), None, group.row_bytes * rows, ((*buffer_of(x), False),), (), tid, group.device
+        )
         call.fusion, call.rows = group, rows
         return call
 
@@ -289,7 +303,9 @@ class Batched(Generic[P]):
         seen = {b[0] for b in found}
         buffers = (*((key, nbytes, False) for key, nbytes in memory.items() if key not in seen), *found)
         deps, after = self._own(deps, buffers, {})
-        call = self._new_call(group, tuple(values), None, group.row_bytes * rows, buffers, deps, tid)
+        call = self._new_call(
+            group, tuple(values), None, group.row_bytes * rows, buffers, deps, tid, group.device
+        )
         call.fusion, call.rows, call.after = group, rows, after
         return call
 
@@ -318,9 +334,11 @@ class Batched(Generic[P]):
         buffers: tuple[Any, ...],
         deps: tuple[Any, ...],
         tid: int,
+        device: str | None = None,
     ) -> BatchCall:
+        """A call's task: on ``device`` (one with memory of its own), else on the engine's host device."""
         port = self._port
-        call = BatchCall(port, fn, args, kwargs, "cpu", buffers, deps)
+        call = BatchCall(port, fn, args, kwargs, device or port.host_device, buffers, deps)
         call.out_bytes, call.name = nbytes, self._label
         call.number = self.calls = next(self._numbers)
         return call
@@ -343,7 +361,8 @@ class Batched(Generic[P]):
                 value = value.value
             if isinstance(value, list | tuple) and self._batched is not None and slot in self._batched:
                 value = np.asarray(value)
-            array = isinstance(value, np.ndarray | Tensor)
+            device_array = type(value) in BUFFER_TYPES
+            array = device_array or isinstance(value, np.ndarray | Tensor)
             if array and (self._batched is None or slot in self._batched):
                 shape, axis = value.shape, self.batch_axis
                 ndim = len(shape)
@@ -359,7 +378,10 @@ class Batched(Generic[P]):
                         f"{axis} ({rows} and {n})"
                     )
                 rows = n
-                key.append((slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype))
+                part: tuple[Any, ...] = (slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype)
+                if device_array or (isinstance(value, Tensor) and value.device in self._port.memory_devices):
+                    part = (*part, "device")  # rows in a device's memory: its callers get device rows
+                key.append(part)
                 batched.append(value)
             elif array:
                 key.append((slot, "shared", id(value), value.shape, value.dtype))  # (see Group.run)
@@ -376,35 +398,46 @@ class Batched(Generic[P]):
             raise BatchError(f"{self!r}: a call with no rows along batch axis {self.batch_axis}")
         return tuple(key), [*batched, *shared], rows
 
-    def _group(self, key: Any, values: list[Any], rows: int, statics: dict[Any, Any] | None) -> Group:
-        """The group of ``key``; made now if it has none, after its rows are proved apart (BatchError)."""
-        group = self._groups.get(key)
+    def _group(
+        self, key: Any, values: list[Any], rows: int, statics: dict[Any, Any] | None, device: str | None
+    ) -> Group:
+        """The group of ``key`` on ``device`` (None: the host); made now if it has none, after its rows are
+        proved apart (BatchError)."""
+        group = self._groups.get((key, device))
         if group is not None:
             return group
         sigkey = signature_key(key)
         with self._lock:
-            proved = self._proved.get(sigkey)
+            proved = self._proved.get((sigkey, device))
             if proved is not None:
-                self._proved.move_to_end(sigkey)
+                self._proved.move_to_end((sigkey, device))
+        shared = values[len(values) - _count_shared(key) :]
         if proved is None:
-            proved = self._prove(sigkey, rows, values[len(values) - _count_shared(key) :], statics)
-        group = Group(self, key, statics, proved)
+            proved = self._prove(sigkey, rows, shared, statics, device)
+        group = Group(self, key, statics, proved, device, shared)
         with self._lock:
-            return self._groups.setdefault(key, group)
+            return self._groups.setdefault((key, device), group)
 
-    def _prove(self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None) -> Proved:
+    def _prove(
+        self,
+        sigkey: Any,
+        rows: int,
+        shared: Sequence[Any],
+        statics: dict[Any, Any] | None,
+        device: str | None,
+    ) -> Proved:
         """Trace ``sigkey`` at the call's rows and at many rows, proving its rows apart and its program the
         same at both row counts (BatchError otherwise)."""
-        plan = self.plan(sigkey, rows, shared, statics, rows)
+        plan = self.plan(sigkey, rows, shared, statics, rows, device)
         probe = max(2, pow2(min(self.max_batch, _PROBE)))  # proved with many rows too
         if probe == rows:
             probe *= 2
-        other = self.plan(sigkey, probe, shared, statics, rows)
+        other = self.plan(sigkey, probe, shared, statics, rows, device)
         same_program(plan.entry.graph, rows, other.entry.graph, probe, repr(self))
         plan.same = other.same = True
         proved = Proved(plan.entry.out_bytes // rows, plan.entry.graph, rows)
         with self._lock:
-            self._proved[sigkey] = proved
+            self._proved[(sigkey, device)] = proved
             while len(self._proved) > self._plain.max_signatures:
                 self._proved.popitem(last=False)
         return proved
@@ -423,25 +456,38 @@ class Batched(Generic[P]):
     # -- tracing ------------------------------------------------------------------------
 
     def plan(
-        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None, own: int
-    ) -> _Plan:
-        """The plan of ``sigkey`` at ``rows`` rows, traced and proved now if it is not kept (the most
-        recent ``max_signatures`` are); ``own``: the rows of the calls it is for, for messages."""
+        self,
+        sigkey: Any,
+        rows: int,
+        shared: Sequence[Any],
+        statics: dict[Any, Any] | None,
+        own: int,
+        device: str | None = None,
+    ) -> SizePlan:
+        """The plan of ``sigkey`` at ``rows`` rows on ``device`` (None: the host), traced and proved now if
+        it is not kept (the most recent ``max_signatures`` are); ``own``: the rows of the calls it is for,
+        for messages."""
         with self._lock:
-            plan = self._plans.get((sigkey, rows))
+            plan = self._plans.get((sigkey, rows, device))
             if plan is not None:
-                self._plans.move_to_end((sigkey, rows))
+                self._plans.move_to_end((sigkey, rows, device))
                 return plan
-        plan = self._trace(sigkey, rows, shared, statics, own)
+        plan = self._trace(sigkey, rows, shared, statics, own, device)
         with self._lock:
-            self._plans[(sigkey, rows)] = plan
+            self._plans[(sigkey, rows, device)] = plan
             while len(self._plans) > self._plain.max_signatures:
                 self._plans.popitem(last=False)
         return plan
 
     def _trace(
-        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None, own: int
-    ) -> _Plan:
+        self,
+        sigkey: Any,
+        rows: int,
+        shared: Sequence[Any],
+        statics: dict[Any, Any] | None,
+        own: int,
+        device: str | None,
+    ) -> SizePlan:
         """Trace ``fn`` with the batched arguments ``rows`` long, and prove its rows apart."""
         args: dict[Any, Any] = {}
         batched: dict[int, int] = {}
@@ -477,7 +523,25 @@ class Batched(Generic[P]):
                 "batch_axis"
             ) from exc
         plan = plan_rows(entry.graph, batched, repr(self))
-        return _Plan(entry, plan, self.exact)
+        if device is None:
+            return SizePlan(entry, plan, self.exact)
+        return SizePlan(entry, plan, False, self._on_device(entry.graph, device))
+
+    def _on_device(self, graph: Graph, device: str) -> CudaReplay:
+        """The replay of ``graph`` on ``device`` (a CUDA graph where it can capture): only arrays the calls
+        pass, no captured ones, and not in exact mode."""
+        if self.exact:
+            raise BatchError(
+                f"{self!r}: exact=True computes each caller's rows as NumPy would on the CPU, and this call runs "
+                f"on {device}; call it with host arrays, or compile it with exact=False"
+            )
+        if any(node.op == "const" and type(node.value) is np.ndarray for node in graph.nodes):
+            raise BatchError(
+                f"{self!r} captures arrays, and its calls run on {device}: a batched function takes the "
+                "arrays it uses there as arguments; pass the weights as Tensors on that device "
+                "(eng.asarray(w, device=...)), as unbatched arguments"
+            )
+        return CudaReplay(graph, emit(graph), graph.inputs, self._plain.graph_counts)
 
     # -- reading ------------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ _THRASH = 4
 _EVICTED_KEPT = 1024
 
 
-class _Entry:
+class Entry:
     """One signature's optimised graph and its replay function.
 
     A signature whose calls run on a device with memory of its own (a cuda device, ``_device_of``) replays there (``_cuda.CudaReplay``:
@@ -258,10 +258,10 @@ class Compiled(Generic[P, R]):
         self._fn = fn
         self.name = re.sub(r"\W", "_", name or name_of(fn) or "compiled").strip("_") or "compiled"
         self.max_signatures = max_signatures
-        self._cache: OrderedDict[Any, _Entry] = OrderedDict()
+        self._cache: OrderedDict[Any, Entry] = OrderedDict()
         self._constants = Constants()  # captured and folded arrays, once for every signature
         self._lock = threading.Lock()
-        self._last: _Entry | None = None
+        self._last: Entry | None = None
         self.traces = 0
         self.replays = 0
         self.evictions = 0
@@ -295,7 +295,7 @@ class Compiled(Generic[P, R]):
         entry, arrays = self._lookup(args, kwargs)
         return await entry.launch_waiting(self._port, arrays, self)  # type: ignore[no-any-return]
 
-    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Sequence[Any]]:
+    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Entry, Sequence[Any]]:
         """The entry for this call's signature (traced now if new) and its array arguments."""
         entry = self._last
         if entry is not None and not kwargs and entry.tensors is not None and _same(entry.tensors, args):
@@ -312,7 +312,7 @@ class Compiled(Generic[P, R]):
 
     def _entry(
         self, signature: Any, args: tuple[Any, ...], kwargs: dict[str, Any], slots: list[Any]
-    ) -> _Entry:
+    ) -> Entry:
         with self._lock:
             entry = self._cache.get(signature)
             if entry is not None:
@@ -326,7 +326,7 @@ class Compiled(Generic[P, R]):
                 f"saved with:\n  {known}\nThis call's signature is:\n  {signature}"
             )
         graph = trace(self._fn, self.name, list(args), kwargs, slots, self._constants)
-        entry = _Entry(signature, graph, self._graph_counts, self._port)
+        entry = Entry(signature, graph, self._graph_counts, self._port)
         with self._lock:
             self.traces += 1
             thrashing = self._retraced(signature)
@@ -358,7 +358,7 @@ class Compiled(Generic[P, R]):
             "fixed values (pad batches to a few sizes)"
         )
 
-    def _store(self, signature: Any, entry: _Entry) -> None:
+    def _store(self, signature: Any, entry: Entry) -> None:
         self._cache[signature] = entry
         self._cache.move_to_end(signature)
         self._last = entry
@@ -381,6 +381,11 @@ class Compiled(Generic[P, R]):
         """The graph of every cached signature, oldest first."""
         with self._lock:
             return [entry.graph for entry in self._cache.values()]
+
+    @property
+    def graph_counts(self) -> GraphCounts:
+        """Its replays on cuda devices: graphs captured, replays as graphs and as stream replays."""
+        return self._graph_counts
 
     def stats(self) -> dict[str, int]:
         """Traces (one per new signature), replays, cached signatures, evictions; once it replayed on a
@@ -439,7 +444,7 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled[..., Any]:
         for item in doc["entries"]:
             signature, graph = decode_entry(item)
             compiled._constants.share(graph)
-            entry = _Entry(signature, graph, compiled._graph_counts, compiled._port)
+            entry = Entry(signature, graph, compiled._graph_counts, compiled._port)
             compiled._store(signature, entry)
     except RecursionError as exc:
         raise LoadError(f"{where!r} nests its values too deeply to be a saved compiled function") from exc

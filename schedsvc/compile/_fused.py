@@ -8,6 +8,12 @@ are traced, however many rows each call has), replays once, and splits the resul
 If the fused run raises, it is split in halves, down to single calls, so each
 caller gets the outcome it would have had alone.  A call that runs alone (a
 thread running the call it waits for, sync mode) calls the group itself.
+
+A group on a device with memory of its own (cuda) is launched there instead (``Group.launch``, by the
+device that took one of its calls, its stream current): host rows are joined on the host and copied in
+once, device rows joined on the device; the replay is the plan's CUDA graph (one per padded size); a
+caller of host rows gets its rows of the output on the host (the output copied back once), a caller of
+device rows a view of the device output.  A launch that raises is split as a run is.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ._rows import RowPlan, same_program
+from ._graph import emit
+from ._rows import RowPlan, exact_fn, same_program
 
 if TYPE_CHECKING:
     from .._core import Task
+    from .._runtime import Staging
+    from ._compiled import Entry
     from ._graph import Graph
 
-__all__ = ["Group", "Plan", "Planner", "Proved", "pow2", "signature_key"]
+__all__ = ["Group", "Plan", "Planner", "Proved", "SizePlan", "pow2", "signature_key"]
 
 
 class Plan(Protocol):
@@ -48,9 +57,16 @@ class Planner(Protocol):
     max_batch: int
 
     def plan(
-        self, sigkey: Any, rows: int, shared: Sequence[Any], statics: dict[Any, Any] | None, own: int
+        self,
+        sigkey: Any,
+        rows: int,
+        shared: Sequence[Any],
+        statics: dict[Any, Any] | None,
+        own: int,
+        device: str | None = None,
     ) -> Plan:
-        """The plan of ``sigkey`` at ``rows`` rows (traced and proved now if it is not kept)."""
+        """The plan of ``sigkey`` at ``rows`` rows (traced and proved now if it is not kept), replayed on
+        ``device`` (one with memory of its own) or the host (None)."""
         ...
 
     def count(self, rows: int) -> None:
@@ -73,6 +89,32 @@ class Proved:
         self.rows = rows
 
 
+class SizePlan:
+    """One traced size of one key: the entry, the row plan, and the replay that runs it; ``same``: its
+    program was found the same as at the key's other sizes (``same_program``)."""
+
+    __slots__ = ("entry", "plan", "replay", "same", "spans")
+
+    def __init__(
+        self, entry: Entry, plan: RowPlan, exact: bool, on_device: Callable[..., Any] | None = None
+    ) -> None:
+        self.entry = entry
+        self.plan = plan
+        self.same = False
+        graph = entry.graph
+        rows = {}
+        if exact:
+            for i, (operands, out_axis) in plan.exact.items():
+                rows[i] = exact_fn(graph.nodes[i], operands, out_axis)
+        self.spans = bool(rows)
+        #: a replay on a device with memory of its own (``on_device``), of the graph's inputs alone
+        self.replay = on_device or (emit(graph, rows) if rows else entry.replay)
+
+    @property
+    def graph(self) -> Graph:
+        return self.entry.graph
+
+
 class Group:
     """The calls of one batch key: what runs the ready ones as one (``runtime.Fusion``), and one alone
     (as the task's function, where a thread runs the call it waits for, or in sync mode)."""
@@ -80,19 +122,35 @@ class Group:
     __slots__ = (
         "__weakref__",
         "batched",
+        "device",
+        "host_rows",
         "key",
         "limit",
         "nbatched",
         "positions",
         "reference",
         "row_bytes",
+        "shared",
         "sigkey",
         "statics",
     )
 
-    def __init__(self, batched: Planner, key: Any, statics: dict[Any, Any] | None, proved: Proved) -> None:
+    def __init__(
+        self,
+        batched: Planner,
+        key: Any,
+        statics: dict[Any, Any] | None,
+        proved: Proved,
+        device: str | None = None,
+        shared: Sequence[Any] = (),
+    ) -> None:
         self.batched = batched
         self.key = key
+        #: its unbatched arrays as the first call passed them (Tensors: what a trace of a new size takes)
+        self.shared = tuple(shared)
+        #: the device with memory of its own its calls run on (None: the host); are its rows host arrays?
+        self.device = device
+        self.host_rows = all(len(part) == 4 for part in key if part[1] == "rows")
         self.sigkey = signature_key(key)
         self.statics = statics  # the other arguments, by position or keyword (equal for the whole key)
         self.limit = batched.max_batch
@@ -112,14 +170,25 @@ class Group:
         rows = [self.weight(t) for t in tasks]
         runs: list[int] = []
         outcomes = self.outcomes(args, rows, runs)
-        described = {
+        return outcomes, self._described(tasks, rows, runs)
+
+    def launch(
+        self, tasks: list[Task], args: list[Any], staging: Staging
+    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
+        """The ready calls of this key, launched as one on ``staging``'s device (split where it raises)."""
+        rows = [self.weight(t) for t in tasks]
+        runs: list[int] = []
+        outcomes = self.outcomes(args, rows, runs, staging)
+        return outcomes, self._described(tasks, rows, runs)
+
+    def _described(self, tasks: list[Task], rows: list[int], runs: list[int]) -> dict[str, Any]:
+        return {
             "name": f"batch:{self.batched.name}",
             "calls": len(tasks),
             "rows": sum(rows),
             "padded_to": runs[0] if len(runs) == 1 else runs,
             "callers": [t.number for t in tasks],  # type: ignore[attr-defined]
         }
-        return outcomes, described
 
     def __call__(self, *values: Any) -> Any:
         """One call alone."""
@@ -135,41 +204,44 @@ class Group:
         return f"batch:{self.batched.name}"
 
     def outcomes(
-        self, args: list[Any], rows: list[int], runs: list[int]
+        self, args: list[Any], rows: list[int], runs: list[int], staging: Staging | None = None
     ) -> list[tuple[Any, BaseException | None]]:
-        """Each call's (value, error): the calls run as one replay; where it raises, as two halves, down
-        to single calls, so each caller gets the outcome it would have had alone."""
+        """Each call's (value, error): the calls run (or, given ``staging``, are launched) as one replay;
+        where it raises, as two halves, down to single calls, so each caller gets the outcome it would
+        have had alone."""
         nb = self.nbatched
         shared = args[0][nb:]
         if any(a[i] is not s for a in args[1:] for i, s in enumerate(shared, nb)):
             # another unbatched array under the key (its id was reused since): never in one replay
-            return [o for a, r in zip(args, rows, strict=True) for o in self.outcomes([a], [r], runs)]
+            return [
+                o for a, r in zip(args, rows, strict=True) for o in self.outcomes([a], [r], runs, staging)
+            ]
         try:
-            values, size = self._replay(args, rows)
+            values, size = self._replay(args, rows, staging)
         except BaseException as exc:  # a caller's rows raise (its data), or a size that cannot be traced
             if len(args) == 1:
                 self.batched.count(rows[0])
                 runs.append(rows[0])
                 return [(None, _without_own_frames(exc))]
             half = len(args) // 2
-            first = self.outcomes(args[:half], rows[:half], runs)
-            return first + self.outcomes(args[half:], rows[half:], runs)
+            first = self.outcomes(args[:half], rows[:half], runs, staging)
+            return first + self.outcomes(args[half:], rows[half:], runs, staging)
         self.batched.count(sum(rows))
         runs.append(size)
         return [(value, None) for value in values]
 
-    def _replay(self, args: list[Any], rows: list[int]) -> tuple[list[Any], int]:
+    def _replay(self, args: list[Any], rows: list[int], staging: Staging | None) -> tuple[list[Any], int]:
         """Join the calls' rows (padded), replay, split the result: each call's result, and the size.
 
         The rows are padded to a power of two, a lone call's too, so that calls of any number of rows
-        trace a few sizes (1, 2, 4, ... rows), not one per size."""
+        trace a few sizes (1, 2, 4, ... rows), not one per size.  Given ``staging``, on its device."""
         nb = self.nbatched
         k = rows[0]
         total = sum(rows)
         uniform = all(r == k for r in rows)
         size = pow2(total)
         shared = args[0][nb:]
-        plan = self.batched.plan(self.sigkey, size, shared, self.statics, k)
+        plan = self.batched.plan(self.sigkey, size, self.shared or shared, self.statics, k, self.device)
         graph = plan.graph
         if not plan.same and size != k:  # (a call alone at its own rows is the function itself)
             same_program(*self.reference, graph, size, repr(self.batched))
@@ -183,17 +255,25 @@ class Group:
         inputs: list[Any] = []
         for kind, j in self.positions:
             if kind == "shared":
-                inputs.append(shared[j])
+                value = shared[j]
+                if staging is not None and not staging.holds(value):
+                    value = staging.to_device(value)
+                inputs.append(value)
                 continue
             axis = plan.plan.axes[graph.inputs[len(inputs)]]
             assert axis is not None
             parts = [a[j] for a in args]
-            if pad:
-                first = np.take(parts[0], [0], axis=axis)
-                parts.append(np.repeat(first, pad, axis=axis))
-            inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
+            if staging is None:
+                if pad:
+                    first = np.take(parts[0], [0], axis=axis)
+                    parts.append(np.repeat(first, pad, axis=axis))
+                inputs.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis))
+            else:
+                inputs.append(_joined_on(staging, parts, axis, pad))
         n = len(rows)
         out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
+        if staging is not None and self.host_rows:  # the host's callers: their rows back on the host, at once
+            out = staging.to_host(out) if graph.out_kind == "single" else [staging.to_host(o) for o in out]
         if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
             # callers of one length: their rows split off in one NumPy step
             return list(out[:total].reshape(n, k, *out.shape[1:])), size
@@ -238,7 +318,20 @@ def _without_own_frames(exc: BaseException) -> BaseException:
 def _rows_of(array: Any, axis: int, start: int, stop: int) -> Any:
     if axis == 0:
         return array[start:stop]
-    return np.ascontiguousarray(array[(slice(None),) * axis + (slice(start, stop),)])
+    part = array[(slice(None),) * axis + (slice(start, stop),)]
+    return np.ascontiguousarray(part) if type(array) is np.ndarray else part.copy()
+
+
+def _joined_on(staging: Staging, parts: list[Any], axis: int, pad: int) -> Any:
+    """The calls' rows joined along ``axis`` (padded with copies of the first row) on ``staging``'s device:
+    host rows joined on the host and copied in once, device rows joined there."""
+    host = type(parts[0]) is np.ndarray
+    xp = np if host else staging.xp
+    if pad:
+        first = parts[0][(slice(None),) * axis + (slice(0, 1),)]
+        parts = [*parts, xp.concatenate([first] * pad, axis=axis)]
+    joined = parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=axis)
+    return staging.to_device(np.ascontiguousarray(joined)) if host else joined
 
 
 def pow2(n: int) -> int:

@@ -28,7 +28,7 @@ __all__ = ["Flight", "Track"]
 class Flight:
     """A task launched on a stream, until its event passed: what it holds alive meanwhile."""
 
-    __slots__ = ("error", "event", "held", "t0", "task", "track", "value")
+    __slots__ = ("error", "event", "held", "shared", "t0", "task", "track", "value")
 
     def __init__(self, task: Task | None, track: Track, event: Any, value: Any, held: Any, t0: float) -> None:
         self.task = task
@@ -38,6 +38,7 @@ class Flight:
         self.held = held  # arguments, staging buffers: alive until the event passed
         self.t0 = t0
         self.error: BaseException | None = None  # it failed while launching
+        self.shared = False  # its event stands for other flights too (a batch's): never recycled
 
 
 class Track:

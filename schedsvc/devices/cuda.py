@@ -68,6 +68,7 @@ from .._runtime import (
     tasks_and_scalars,
 )
 from ._cudaapi import CudaApi, api_for, check
+from ._fusion import launch_batch
 from ._streams import Flight, Track
 from ._transfer import to_device
 from ._turn import Next, Turn
@@ -214,6 +215,8 @@ class CudaDevice(Device):
         same stream -- unless the task writes memory in place (its first try may have): then it fails.  A
         launch that fails may have queued work already: its failure is reported once an event after that
         work passed."""
+        if task.fusion is not None:  # a batched call: launched with the other ready calls of its batch
+            return launch_batch(self, task, ahead, kind)
         syncs = -1 if here else self.api.host_syncs()
         try:
             return self._launch(task, None, ahead, kind, syncs)
@@ -291,7 +294,9 @@ class CudaDevice(Device):
         error.__cause__ = exc
         return error
 
-    def _pick(self, task: Task, parents: list[Flight]) -> Track:
+    def pick(self, task: Task, parents: list[Flight]) -> Track:
+        """The stream ``task`` is launched on: its H2D copy's, a parent's (FIFO orders it behind), or the
+        compute stream with the least in flight."""
         fn = task.fn
         if fn is to_device:
             return self.h2d
@@ -324,7 +329,7 @@ class CudaDevice(Device):
             ahead = self.rt.ahead(task)
         parents = [f for d in ahead if (f := flying.get(d)) is not None]
         if track is None:
-            track = self._pick(task, parents)
+            track = self.pick(task, parents)
         stream = track.stream
         for flight in parents:
             if flight.track is not track:
@@ -437,7 +442,8 @@ class CudaDevice(Device):
                 continue
             self.flying.pop(task, None)
             if error is None and flight.error is None:
-                self.events.append(flight.event)
+                if not flight.shared:
+                    self.events.append(flight.event)
                 outcomes.append((task, flight.value, None))
             else:
                 outcomes.append((task, None, error or flight.error))
@@ -482,6 +488,8 @@ class CudaDevice(Device):
         for the same buffer version while one is in flight."""
         if task.fn is to_device or (not task.kwargs and tasks_and_scalars(task.args)):
             return  # nothing to move in (hot path: an op on this device's results and scalars)
+        if task.fusion is not None:  # a batched call: its batch copies the host rows of its calls in at once
+            return
         moved: dict[int, Task] = {}  # host array's id -> its copy
         copy_in = functools.partial(self._copy_in, task, submit, copies, moved)
         args = replace_leaves(task.args, copy_in)

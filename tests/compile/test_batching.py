@@ -575,14 +575,17 @@ async def test_a_future_argument_that_fails_later_fails_only_its_call(anyio_back
         assert sizes(f) == {2: 1}
 
 
-async def test_a_tensor_on_a_gpu_is_refused_with_what_to_do(anyio_backend: str) -> None:
-    """Batched calls run on the CPU (here the CUDA simulator's cuda:0, or a real GPU)."""
+async def test_a_function_that_captures_arrays_is_refused_on_a_gpu_with_what_to_do(
+    anyio_backend: str,
+) -> None:
+    """A batch on a device takes its weights as arguments (here the CUDA simulator's cuda:0, or a real GPU);
+    the same function with host rows runs on the host."""
     from ..devices.cuda_helpers import cuda_engine
 
     async with cuda_engine() as eng:
         f = eng.compile(mlp, batch_axis=0)
         on_gpu = eng.asarray(rows(2), device="cuda:0")
-        with pytest.raises(ss.BatchError, match=r"cuda:0.*to\('cpu'\)"):
+        with pytest.raises(ss.BatchError, match=r"cuda:0.*as Tensors on that device"):
             await within(f(on_gpu))
         assert_same_bits(await within(f(eng.asarray(rows(2)))), mlp(rows(2)))
 

@@ -167,6 +167,26 @@ def row_float(x: Any) -> Any:
     return np.tanh(x @ WF)
 
 
+def weighted(fn: Any) -> Any:
+    """``fn`` of the rows, its weights an argument (``w``): a batched function on ``cuda:0`` takes the
+    weights there as an unbatched Tensor argument, never captured."""
+    weights = {row_matmul: "W", row_float: "WF"}.get(fn)
+
+    def on_device(x: Any, w: Any) -> Any:
+        if weights == "W":
+            return (x @ w) % MOD
+        if weights == "WF":
+            return np.tanh(x @ w)
+        return fn(x) + w[0, 0] * 0  # (the weights on the device put the call there)
+
+    return on_device
+
+
+def weights_of(fn: Any) -> Any:
+    """The weights ``weighted(fn)`` is given."""
+    return WF if fn is row_float else W
+
+
 UNARY = [unary_a, unary_b, unary_c]
 UNARY_SRC = ["(x * 3 + 1) % MOD", "(x * x + 2) % MOD", "abs(x - 5) % MOD"]
 ROWS = [row_affine, row_matmul, row_max, row_float]
@@ -179,6 +199,11 @@ FAST_RTOL = 1e-12
 def is_exact(s: Stmt) -> bool:
     """Whether a ``g_def`` compiles its function with ``exact=True`` (its second operand; default False)."""
     return len(s.ops) > 1 and bool(s.ops[1])
+
+
+def on_cuda(s: Stmt) -> bool:
+    """Whether a ``g_def``'s function runs on ``cuda:0`` (its third operand): its weights an argument there."""
+    return len(s.ops) > 2 and bool(s.ops[2])
 
 
 # -- statements -------------------------------------------------------------------------------------------
@@ -324,7 +349,9 @@ def show(s: Stmt) -> str:
         "c_call": lambda: f"{o[0]}({o[1]})" if not s.nowait else f"{o[0]}({o[1]})  # nowait",
         "c_submit": lambda: f"await {o[0]}.submit({o[1]})",
         "g_def": lambda: (
-            f"eng.compile(lambda x: {ROWS_SRC[s.ops[0]]}, batch_axis=0{', exact=True' if is_exact(s) else ''})"
+            f"eng.compile(lambda x, w: {ROWS_SRC[s.ops[0]]} with w on cuda:0, batch_axis=0, batched=[0])"
+            if on_cuda(s)
+            else f"eng.compile(lambda x: {ROWS_SRC[s.ops[0]]}, batch_axis=0{', exact=True' if is_exact(s) else ''})"
         ),
         "g_call": lambda: f"{o[0]}({o[1]})",
         "g_await": lambda: f"observe(await {o[0]}({o[1]}))",
@@ -1019,6 +1046,8 @@ class Gen:
                 x = self.vector() or x
             return Stmt(kind, self.name("t"), (("H", rng.choice(fs)), x), nowait=kind == "c_call")
         if kind == "g_def":
+            if "cuda" in self.families and rng.random() < 0.5:  # weights on the device, default mode
+                return Stmt(kind, self.name("g"), (rng.randrange(len(ROWS)), False, True))
             return Stmt(kind, self.name("g"), (rng.randrange(len(ROWS)), rng.random() < 0.5))
         if kind in ("g_call", "g_await"):
             gs = self.handles("batched")

@@ -40,6 +40,7 @@ FEATURE_SETS: dict[str, tuple[frozenset[str], str | None]] = {
         ("map", {"map", "submit", "views", "failures"}, None),
         ("cuda", {"cuda", "tensor"}, None),
         ("cuda_compile", {"cuda", "tensor", "compile"}, None),
+        ("cuda_batched", {"cuda", "batched", "submit", "views"}, None),
         # large mixes: every family, and two subsets of them
         ("mixed_tensor", set(FAMILIES) - {"batched", "failures", "submit"}, None),
         ("mixed_no_tensor", set(FAMILIES) - {"batched", "tensor", "cuda"}, None),
