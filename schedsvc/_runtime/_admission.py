@@ -88,6 +88,9 @@ class Admission:
         #: takes staged tasks itself once the loop has not come round to it for a while)
         self.flush_scheduled = False
         self.eager_left = 0  # submissions of this loop iteration still handed to the workers at once
+        #: batched calls on a device that launches where work is made ready are staged this turn of the
+        #: loop: the flush at its end launches them together, not the await of each
+        self.gathering = False
         #: devices whose tasks are never staged (``Device.staged``): they launch on the submitting thread
         self.unstaged: set[str] = set()
 
@@ -326,8 +329,10 @@ class Admission:
 
     def stage_fused(self) -> bool:
         """With the lock held, on the loop thread: a batched call on a device that launches where work is
-        made ready is staged, so that the calls of a burst are launched as one batch when the coroutine
-        yields (or waits: a lone awaited call is launched at its await)."""
+        made ready is staged, so that the calls of this turn of the loop -- coroutines that each call and
+        await, a gather of many calls -- are launched as one batch by the flush at its end.  Until then an
+        await does not hand staged work over (``gathering``)."""
+        self.gathering = True
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.bridge.call_soon(self._flush)
@@ -341,7 +346,7 @@ class Admission:
         self.rt.under_lock(self._rearm_and_publish)
 
     def _rearm_and_publish(self) -> None:
-        self.flush_scheduled = False
+        self.flush_scheduled = self.gathering = False
         self.eager_left = sum(d.eager for d in self.rt.devices.values())
         self.core.publish()
 

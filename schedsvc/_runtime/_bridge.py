@@ -150,7 +150,7 @@ class Bridge:
                 task.watchers = [waiter]
             else:
                 task.watchers.append(waiter)
-            if rt.core.staged:
+            if rt.core.staged and not rt.door.gathering:  # (a batch gathering its burst: at the flush)
                 rt.core.publish()
             after = rt.collect()
         if after is not None:

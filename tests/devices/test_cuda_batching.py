@@ -73,6 +73,21 @@ async def test_a_burst_of_host_rows_with_device_weights_is_one_batch_and_each_ca
         assert eng.stats().batches == 2
 
 
+async def test_coroutines_that_each_call_and_await_in_one_turn_of_the_loop_are_one_batch() -> None:
+    """Each call is staged, and its await does not hand it over: the flush at the end of the turn launches
+    them together (as a server's handlers, woken together, each awaiting its own call)."""
+    async with cuda_engine() as eng:
+        w = weights(eng)
+        f = eng.compile(mlp, batch_axis=0, batched=[0])
+        await within(f(rows(1, 0), *w))
+
+        async def client(i: int) -> None:
+            close(await f(rows(1, i), *w), mlp(rows(1, i), W1, W2))
+
+        await within(asyncio.gather(*(client(i) for i in range(16))))
+        assert f.stats()["batch_sizes"] == {1: 1, 16: 1}
+
+
 async def test_device_rows_give_each_caller_its_rows_on_the_device() -> None:
     async with cuda_engine() as eng:
         w = weights(eng)

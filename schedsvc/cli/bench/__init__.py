@@ -35,6 +35,11 @@ def register(sub: Any) -> None:
         help="comma-separated subset of cases (core: ratios need all; serve: variants)",
     )
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
+    bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="gpu suite: the sources' workloads P1-P5 on schedsvc, raw CuPy, PyTorch and JAX (a process each)",
+    )
     # tests only: the gpu suite's code on the CUDA simulator at tiny sizes, its figures labelled as not real
     bench.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
     _serve_options(bench.add_argument_group("serve suite"))
@@ -69,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("bench", problem)
     if args.simulate and args.suite != "gpu":
         return fail("bench", "--simulate applies to the gpu suite only")
+    if args.peers and args.suite != "gpu":
+        return fail("bench", "--peers applies to the gpu suite only")
     if args.suite == "serve":
         return _serve(args)
     if given := [o for o in SERVE_OPTIONS if getattr(args, o) is not None]:
@@ -88,6 +95,11 @@ def _other_suite(args: argparse.Namespace) -> int:
     """``tensor``, ``batch``, ``dask`` or ``gpu``: suites without --cases."""
     if args.cases:
         return fail(f"bench {args.suite}", "--cases applies to the core suite only (--variants: serve)")
+    if args.peers:
+        from . import peers
+
+        run_peers = functools.partial(peers.run, simulate=args.simulate)
+        return _report(args, run_peers, peers.format_report)
     try:
         suite = importlib.import_module(f".{args.suite}", __package__)
     except ImportError:  # only the dask suite needs an extra

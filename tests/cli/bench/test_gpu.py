@@ -157,3 +157,86 @@ def test_gpu_probe_counts_the_engines_bytecodes_per_op_by_thread() -> None:
     assert engine["loop"] > 100 and engine["watchers"] > 10  # queued and launched there; completed in bulk
     assert engine["device"] == 0  # a kind launched before is launched by the op's own call
     assert engine["others"] == 0  # the simulator's threads run none of the engine's code
+
+
+# -- bench gpu --peers: the sources' workloads on schedsvc, raw CuPy, PyTorch and JAX -----------------------
+
+
+def test_peers_on_the_simulator_measure_schedsvc_and_raw_cupy_and_check_their_results() -> None:
+    from schedsvc.cli.bench import peers
+
+    report = peers.run(reps=1, simulate=True, systems=("schedsvc", "cupy", "torch"))
+    systems = report["systems"]
+    assert systems["schedsvc"]["available"] and systems["cupy"]["available"]
+    assert not systems["torch"]["available"] and systems["torch"]["reason"]  # never on the simulator
+    assert report["checks"] == {"ok": True, "wrong": []}
+    figures = report["figures"]
+    assert set(figures["schedsvc"]) == {"p1", "p2", "p3", "p4", "p5"}
+    assert set(figures["cupy"]) == {"p1", "p2", "p3", "p4", "p4b", "p5"}
+    assert figures["schedsvc"]["p4"]["batched_calls_per_s"] > 0 and figures["cupy"]["p4b"]["batcher_calls_per_s"] > 0
+    for target in report["targets"]:
+        assert target["met"] is None  # simulated: meets or misses nothing
+        assert (target["ratio"] is None) == (target["label"].find("PyTorch") >= 0), target
+
+
+def test_peers_check_fails_a_system_whose_results_differ() -> None:
+    from schedsvc.cli.bench import peers
+    from schedsvc.cli.bench._peer import TINY, reference
+
+    good = {k: v for k, v in reference(TINY).items() if k != "p4b"}
+    rounds = [
+        {
+            "schedsvc": {"available": True, "figures": {}, "checks": good},
+            "cupy": {"available": True, "figures": {}, "checks": {**good, "p3": good["p3"] + 1.0}},
+        }
+    ]
+    checks = peers._checks(rounds, ("schedsvc", "cupy"), {"schedsvc": True, "cupy": True}, TINY)
+    assert not checks["ok"] and len(checks["wrong"]) == 1 and checks["wrong"][0].startswith("cupy p3")
+
+
+def test_peers_table_names_what_was_not_measured(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "gpu", "--peers", "--simulate", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "simulated: not timed as real" in out
+    assert re.search(r"torch: not measured: ", out) and re.search(r"jax: not measured: ", out)
+    assert "every system agrees with the float64 reference" in out
+    assert "[met ]" not in out and "[MISS]" not in out
+
+
+def test_peers_is_for_the_gpu_suite_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "core", "--peers"]) == 2
+    assert "--peers applies to the gpu suite only" in capsys.readouterr().err
+
+
+async def test_the_hand_written_batcher_runs_the_calls_queued_meanwhile_as_one() -> None:
+    import asyncio
+
+    import numpy as np
+
+    from schedsvc.cli.bench._peer import Batcher
+
+    sizes: list[int] = []
+
+    def run_rows(rows: np.ndarray) -> np.ndarray:
+        sizes.append(len(rows))
+        return rows * 2
+
+    batcher = Batcher(run_rows)
+    try:
+        results = await asyncio.gather(*(batcher(np.full((1, 3), float(i))) for i in range(8)))
+    finally:
+        await batcher.close()
+    assert sizes == [8]
+    for i, got in enumerate(results):
+        np.testing.assert_array_equal(got, np.full((1, 3), 2.0 * i))
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_the_peers_run_and_agree() -> None:
+    from schedsvc.cli.bench import peers
+
+    if (reason := gpu.unavailable()) is not None:
+        pytest.skip(reason)
+    report = peers.run(reps=1, tiny=True)
+    assert report["systems"]["schedsvc"]["available"] and report["systems"]["cupy"]["available"]
+    assert report["checks"]["ok"], report["checks"]
