@@ -36,6 +36,7 @@ Read as a Tensor op (a read that still runs after a failed write): ``t.to(device
 from __future__ import annotations
 
 import copy
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ __all__ = [
 ]
 
 #: Every feature family a program can draw on.
+#: "cupy": programs with cuda statements run on CuPy and a real GPU; anything else: on the CUDA simulator
+ON_CUPY = os.environ.get("SCHEDSVC_TEST_CUDA", "") == "cupy"
+
 FAMILIES = ("submit", "views", "tensor", "compile", "batched", "executor", "map", "failures", "cuda")
 
 #: Values are kept under this bound (a statement that would pass it is not generated), so products of two
@@ -257,8 +261,8 @@ class Config:
             "max_pending": self.max_pending,
             "max_pending_bytes": self.max_pending_bytes,
         }
-        if self.cuda:
-            options.update(devices=("cpu", "cuda:0"), cuda_simulator=True)
+        if self.cuda:  # the CUDA simulator, or CuPy and a real GPU (SCHEDSVC_TEST_CUDA=cupy)
+            options.update(devices=("cpu", "cuda:0"), cuda_simulator=not ON_CUPY)
         return options
 
 

@@ -15,6 +15,7 @@ import schedsvc as ss
 
 from .program import (
     MOD,
+    ON_CUPY,
     ROWS,
     UNARY,
     VIEWS,
@@ -268,7 +269,7 @@ class Interpreter:
 async def run_program(program: Program) -> Result:
     result = Result()
     sim = None
-    if program.config.cuda:
+    if program.config.cuda and not ON_CUPY:
         from schedsvc.devices.cudasim import simulator
 
         sim = simulator()

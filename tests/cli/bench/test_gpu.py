@@ -173,7 +173,10 @@ def test_peers_on_the_simulator_measure_schedsvc_and_raw_cupy_and_check_their_re
     figures = report["figures"]
     assert set(figures["schedsvc"]) == {"p1", "p2", "p3", "p4", "p5"}
     assert set(figures["cupy"]) == {"p1", "p2", "p3", "p4", "p4b", "p5"}
-    assert figures["schedsvc"]["p4"]["batched_calls_per_s"] > 0 and figures["cupy"]["p4b"]["batcher_calls_per_s"] > 0
+    assert (
+        figures["schedsvc"]["p4"]["batched_calls_per_s"] > 0
+        and figures["cupy"]["p4b"]["batcher_calls_per_s"] > 0
+    )
     for target in report["targets"]:
         assert target["met"] is None  # simulated: meets or misses nothing
         assert (target["ratio"] is None) == (target["label"].find("PyTorch") >= 0), target
