@@ -7,10 +7,14 @@ The replay task of a cuda signature runs on the device's launching thread with i
    its kernels and cuBLAS makes its workspace before anything is captured;
 2. the second one captures them.  Every value the ops compute is allocated from the device's graph pool
    (``CudaApi.graph_pool``, a pool of its own) and held by the capture for its life, so a replay writes
-   the same addresses and nobody else is ever handed them.  Ops CuPy refuses to capture (cuBLAS's
-   ``matmul``/``dot``: ``CudaApi.refused_in_capture``) split the ops: each run of the others is one
-   CUDA graph, and a refused op runs between two launches, eagerly, into the memory its result got at
-   capture (``out=``).  An argument at the same address at both replays is read where it is (weights:
+   the same addresses and nobody else is ever handed them.  CuPy refuses its own cuBLAS calls
+   (``matmul``/``dot``: ``CudaApi.refused_in_capture``) during a capture; a product of two 2-D float
+   operands is captured through cuBLAS's C API instead (``CudaApi.capture_gemm``: a handle and a
+   workspace of its own per stream, set before the capture; its bits are CuPy matmul's), so a model of
+   such products and elementwise ops is one CUDA graph.  Where that is not possible (another product, an
+   old CUDA: the reason is in ``capture_off``) the refused op splits the ops: each run of the others is
+   one CUDA graph, and the refused op runs between two launches, eagerly, into the memory its result
+   got at capture (``out=``).  An argument at the same address at both replays is read where it is (weights:
    no copy); one that moved is *staged*: copied into memory of the capture before each replay;
 3. later replays copy the staged arguments in, launch the graphs (and the refused ops), and copy the
    outputs out into new arrays (the next replay overwrites the capture's): the array each output lives
@@ -35,6 +39,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..devices import CudaApi, binding_of
 from ..tensor import OPS
@@ -81,7 +87,8 @@ class CudaReplay:
         why = _uncapturable(graph)
         if why is not None:
             self.give_up(why)
-        self.plan = _plan(graph)
+        #: the ops in order, by whether a matrix product can be in a graph: (plan, why not) per answer
+        self.plans: dict[bool, tuple[list[tuple[str, list[int]]], str | None]] = {}
         self._streams: dict[Any, _OnStream] = {}
         self._lock = threading.Lock()
 
@@ -93,7 +100,7 @@ class CudaReplay:
         with self._lock:
             state = self._streams.get(stream)
             if state is None:
-                state = self._streams[stream] = _OnStream(self, api, stream)
+                state = self._streams[stream] = _OnStream(self, api, stream, api.device_of(arrays[0]))
         return state.replay(arrays)
 
     def stream_replay(self, arrays: Sequence[Any]) -> Any:
@@ -104,9 +111,25 @@ class CudaReplay:
     def give_up(self, why: str) -> None:
         """Capture is off for this signature from now on."""
         self.why_not = why
+        self.note(why)
+
+    def note(self, why: str) -> None:
+        """Say why (some of) its ops are not in its graphs (``Compiled.capture_off``), if nothing was said."""
         with self.counts.lock:
             if self.counts.why_not is None:
                 self.counts.why_not = why
+
+    def plan_with(self, gemm: Any) -> list[tuple[str, list[int]]]:
+        """The plan of the ops when a capture can hold matrix products (``gemm``, a function) or not (its
+        reason); a split for want of one is noted."""
+        can = not isinstance(gemm, str)
+        found = self.plans.get(can)
+        if found is None:
+            found = self.plans[can] = _plan(self.graph, can)
+        plan, split = found
+        if split is not None:
+            self.note(f"{split}: {gemm}" if isinstance(gemm, str) else split)
+        return plan
 
 
 def _uncapturable(graph: Graph) -> str | None:
@@ -120,15 +143,18 @@ def _uncapturable(graph: Graph) -> str | None:
     return None
 
 
-def _plan(graph: Graph) -> list[tuple[str, list[int]]]:
+def _plan(graph: Graph, gemm: bool) -> tuple[list[tuple[str, list[int]]], str | None]:
     """The ops in order, as ("graph", run of capturable ops), ("views", run of view ops) and ("eager",
-    [one op CuPy refuses to capture])."""
+    [one op CuPy refuses to capture]); and why matrix products were split off, if they were.  With a
+    ``gemm`` a capture can hold, the products it can compute are in the graphs."""
     refused = CudaApi.refused_in_capture
     plan: list[tuple[str, list[int]]] = []
+    split = None
     for i, node in enumerate(graph.nodes):
         if node.op in ("input", "const", "dead"):
             continue
-        if OPS[node.op].fn in refused:
+        if OPS[node.op].fn in refused and not (gemm and _gemm_node(graph, node)):
+            split = "matrix products run between the graphs (CuPy refuses its cuBLAS calls in a capture)"
             plan.append(("eager", [i]))
         elif plan and plan[-1][0] in ("graph", "views"):
             plan[-1][1].append(i)
@@ -136,7 +162,23 @@ def _plan(graph: Graph) -> list[tuple[str, list[int]]]:
                 plan[-1] = ("graph", plan[-1][1])
         else:
             plan.append(("views" if _is_view(node) else "graph", [i]))
-    return plan
+    return plan, split
+
+
+def _gemm_node(graph: Graph, node: Node) -> bool:
+    """Can a captured GEMM (``CudaApi.capture_gemm``) compute ``node``: a product of two 2-D operands of one
+    float dtype it takes, into a new array?"""
+    if node.out is not None or len(node.args) != 2 or node.attrs:
+        return False
+    a, b = (graph.nodes[r] if isinstance(r, Ref) else None for r in node.args)
+    return (
+        a is not None
+        and b is not None
+        and len(a.shape) == 2
+        and len(b.shape) == 2
+        and a.dtype == b.dtype
+        and a.dtype in CudaApi.gemm_dtypes
+    )
 
 
 def _is_view(node: Node) -> bool:
@@ -212,10 +254,13 @@ def _copy_like(array: Any) -> Any:
 class _OnStream:
     """A compiled replay's state on one stream: warmed up, captured, retired captures."""
 
-    def __init__(self, owner: CudaReplay, api: CudaApi, stream: Any) -> None:
+    def __init__(self, owner: CudaReplay, api: CudaApi, stream: Any, device: int) -> None:
         self.owner = owner
         self.api = api
         self.stream = stream
+        #: the matrix product a capture on this device can hold, or why there is none
+        self.gemm = api.capture_gemm(device)
+        self.plan = owner.plan_with(self.gemm)
         self.warm: list[tuple[int, tuple[int, ...]]] | None = None  # argument addresses at warm-up
         self.capture: _Capture | None = None
         self.retired: list[tuple[_Capture, Any]] = []  # with an event after its last replay
@@ -285,7 +330,11 @@ class _OnStream:
                 capture.staged[position] = array = copy
             values[param] = array
         made = 0
-        for kind, ops in self.owner.plan:
+        gemm = None if isinstance(self.gemm, str) else self.gemm
+        if gemm is not None:  # (its handle is made and set to the stream now: never during the capture)
+            one = xp.ones((1, 1), np.float32)
+            gemm(one, one, stream)
+        for kind, ops in self.plan:
             if kind == "views":
                 for i in ops:
                     values[i] = _call(graph.nodes[i], values)
@@ -296,7 +345,7 @@ class _OnStream:
                 target = values[i] if node.out is None else values[node.out]
                 capture.steps.append(_eager_step(node, values, target))
             else:
-                launch = _captured(self.api, stream, graph.nodes, ops, values)
+                launch = _captured(self.api, stream, graph, ops, values, gemm)
                 launch()
                 capture.steps.append(launch)
                 made += 1
@@ -305,14 +354,27 @@ class _OnStream:
 
 
 def _captured(
-    api: CudaApi, stream: Any, nodes: list[Node], ops: list[int], values: dict[int, Any]
+    api: CudaApi,
+    stream: Any,
+    graph: Graph,
+    ops: list[int],
+    values: dict[int, Any],
+    gemm: Callable[[Any, Any, Any], Any] | None,
 ) -> Callable[[], Any]:
-    """Capture ``ops`` on ``stream`` (their values go into ``values``); the graph's launch."""
+    """Capture ``ops`` on ``stream`` (their values go into ``values``), the matrix products through ``gemm``;
+    the graph's launch."""
+    nodes = graph.nodes
+    refused = CudaApi.refused_in_capture
     with api.capturing(stream) as captured:
         for i in ops:
-            values[i] = _call(nodes[i], values)
-    graph = captured[0]
-    return lambda: graph.launch(stream)
+            node = nodes[i]
+            if gemm is not None and OPS[node.op].fn in refused:
+                a, b = _operands(node, values)
+                values[i] = gemm(a, b, stream)
+            else:
+                values[i] = _call(node, values)
+    cuda_graph = captured[0]
+    return lambda: cuda_graph.launch(stream)
 
 
 def _operands(node: Node, values: dict[int, Any]) -> list[Any]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -185,6 +185,20 @@ class CudaApi:
     #: NumPy functions whose array-module versions call a library CuPy 14.2 refuses to call while the
     #: stream captures (cuBLAS: ``NotImplementedError``, even warmed up; docs/cuda-facts.md)
     refused_in_capture: ClassVar[frozenset[Any]] = frozenset({np.matmul, np.dot})
+    #: the dtypes ``capture_gemm`` multiplies
+    gemm_dtypes: ClassVar[frozenset[np.dtype[Any]]] = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+
+    def capture_gemm(self, device: int) -> Callable[[Any, Any, Any], Any] | str:
+        """A matrix product that a stream capture can hold, or why there is none (a sentence).
+
+        ``gemm(a, b, stream)``: ``a @ b`` of two 2-D device arrays of one dtype of ``gemm_dtypes``, each
+        C- or F-contiguous, enqueued on ``stream`` -- during its capture too -- into a new C-contiguous
+        array (allocated as ``empty`` allocates).  cuBLAS through its C API, with a handle and a workspace
+        of its own per stream, set to the stream before any capture: CuPy's own cuBLAS calls set their
+        stream at each call, which a capture refuses.  Its results are CuPy ``matmul``'s bit for bit
+        (checked once, with a host sync, the first time it is asked for: where they are not, there is
+        none)."""
+        return f"{self.name} has no matrix product a capture can hold"
 
     def graph_pool(self, device: int) -> Any:
         """A memory pool of its own for ``device`` (``cupy.cuda.MemoryPool()``): what a capture allocates

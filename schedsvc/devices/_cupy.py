@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import cupy
@@ -121,6 +122,14 @@ class CupyApi(CudaApi):
         with cupy.cuda.Device(device):
             cupy.get_default_memory_pool().free_all_blocks()
 
+    def capture_gemm(self, device: int) -> Callable[[Any, Any, Any], Any] | str:
+        """cuBLAS's GEMM through its C API (``_Blas``), once it gave CuPy's matmul's bits on ``device``."""
+        with _blas_lock:
+            found = _blas.get(device)
+            if found is None:
+                found = _blas[device] = _Blas.checked(device)
+        return found if isinstance(found, str) else found.gemm
+
     def graph_pool(self, device: int) -> Any:
         """A ``MemoryPool`` of its own for ``device`` (its arenas per stream, as the default pool's)."""
         with cupy.cuda.Device(device):
@@ -131,6 +140,143 @@ class CupyApi(CudaApi):
         manager: contextlib.AbstractContextManager[None] = cupy.cuda.using_allocator(pool.malloc)
         return manager
 
+
+_WORKSPACE = 32 << 20  # bytes of cuBLAS workspace per handle (what NVIDIA advises on Hopper)
+_N, _T = 0, 1  # cublasOperation_t
+
+
+def _libcublas() -> Any:
+    """The cuBLAS library CuPy loaded (ctypes), found among the process's mapped files."""
+    import ctypes
+
+    import cupy_backends.cuda.libs.cublas  # noqa: F401  (loads libcublas)
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcublas.so" in line and "Lt" not in line}
+    if not paths:
+        raise OSError("libcublas is not mapped into this process")
+    lib = ctypes.CDLL(sorted(paths)[0])
+    handle, stream, ptr, size, i = (
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+    )
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(handle)]
+    lib.cublasSetStream_v2.argtypes = [handle, stream]
+    lib.cublasSetWorkspace_v2.argtypes = [handle, ptr, size]
+    for name in ("cublasSgemm_v2", "cublasDgemm_v2"):
+        getattr(lib, name).argtypes = [handle, i, i, i, i, i, ptr, ptr, i, ptr, i, ptr, ptr, i]
+    for name in (
+        "cublasCreate_v2",
+        "cublasSetStream_v2",
+        "cublasSetWorkspace_v2",
+        "cublasSgemm_v2",
+        "cublasDgemm_v2",
+    ):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+class _Blas:
+    """cuBLAS's GEMM on one device, a handle and a workspace of its own per stream (set before any capture,
+    so nothing is set during one).  alpha and beta are host scalars, read at a capture: constants."""
+
+    def __init__(self, device: int) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        self.device = device
+        self.lib = _libcublas()
+        self.handles: dict[int, tuple[Any, Any]] = {}  # stream pointer -> (handle, workspace)
+        self.lock = threading.Lock()
+        self.scalars: dict[np.dtype[Any], tuple[Any, Any, Any]] = {
+            np.dtype(np.float32): (ctypes.c_float(1.0), ctypes.c_float(0.0), self.lib.cublasSgemm_v2),
+            np.dtype(np.float64): (ctypes.c_double(1.0), ctypes.c_double(0.0), self.lib.cublasDgemm_v2),
+        }
+
+    @classmethod
+    def checked(cls, device: int) -> _Blas | str:
+        """The GEMM of ``device``, once it gave CuPy's matmul's bits on a few shapes and layouts (a host
+        sync); else why not."""
+        try:
+            blas = cls(device)
+            return blas if (why := blas.differs()) is None else why
+        except Exception as exc:  # no cuBLAS of its own here: CuPy's matmul splits the captures
+            return f"cuBLAS's C API is not usable here ({type(exc).__name__}: {exc})"
+
+    def differs(self) -> str | None:
+        """Why its products are not CuPy's matmul's bits, or None."""
+        rng = np.random.default_rng(0)
+        with cupy.cuda.Device(self.device):
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                for dtype in self.scalars:
+                    for m, k, n in ((1, 512, 256), (64, 128, 2), (7, 33, 5)):
+                        a = cupy.asarray(rng.standard_normal((m, k)).astype(dtype))
+                        b = cupy.asarray(rng.standard_normal((k, n)).astype(dtype))
+                        for x, y in ((a, b), (a, cupy.asfortranarray(b)), (cupy.asfortranarray(a), b)):
+                            ours, theirs = self.gemm(x, y, stream), cupy.matmul(x, y)
+                            stream.synchronize()
+                            if ours.tobytes() != theirs.tobytes():
+                                return (
+                                    f"cuBLAS through its C API gives other bits than CuPy's matmul here "
+                                    f"({dtype} {m}x{k}x{n})"
+                                )
+        return None
+
+    def handle(self, stream: Any) -> Any:
+        """The handle of ``stream`` (made, with its workspace, the first time: not during a capture)."""
+        found = self.handles.get(stream.ptr)
+        if found is not None:
+            return found[0]
+        ctypes = self.ctypes
+        with self.lock, cupy.cuda.Device(self.device):
+            handle = ctypes.c_void_p()
+            _ok(self.lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+            _ok(self.lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream.ptr)), "cublasSetStream")
+            workspace = cupy.empty(_WORKSPACE, dtype=np.uint8)
+            _ok(
+                self.lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr), _WORKSPACE),
+                "cublasSetWorkspace",
+            )
+            self.handles[stream.ptr] = (handle, workspace)
+        return handle
+
+    def gemm(self, a: Any, b: Any, stream: Any) -> Any:
+        """``a @ b`` (2-D, one float dtype, each C- or F-contiguous) enqueued on ``stream``.
+
+        cuBLAS is column-major: a C-contiguous m x k array is, to it, its k x m transpose.  So the row-major
+        ``c = a @ b`` is the column-major ``c.T = b.T @ a.T``, with each operand passed as stored (N) when
+        it is C-contiguous, or transposed (T) when it is F-contiguous."""
+        (m, k), (k2, n) = a.shape, b.shape
+        if k != k2 or a.dtype != b.dtype or a.dtype not in self.scalars:
+            raise ValueError(f"gemm: {a.dtype}{a.shape} @ {b.dtype}{b.shape}")
+        opa, lda = (_N, k) if a.flags.c_contiguous else (_T, m) if a.flags.f_contiguous else (-1, 0)
+        opb, ldb = (_N, n) if b.flags.c_contiguous else (_T, k) if b.flags.f_contiguous else (-1, 0)
+        if opa < 0 or opb < 0:
+            raise ValueError("gemm: each operand C- or F-contiguous")
+        one, zero, fn = self.scalars[a.dtype]
+        handle = self.handle(stream)
+        c = cupy.empty((m, n), dtype=a.dtype)
+        byref, ptr = self.ctypes.byref, self.ctypes.c_void_p
+        status = fn(
+            handle, opb, opa, n, m, k, byref(one), ptr(b.data.ptr), ldb, ptr(a.data.ptr), lda, byref(zero),
+            ptr(c.data.ptr), n,
+        )  # fmt: skip
+        _ok(status, "cublas gemm")
+        return c
+
+
+def _ok(status: int, what: str) -> None:
+    """Raise unless cuBLAS said CUBLAS_STATUS_SUCCESS."""
+    if status != 0:
+        raise RuntimeError(f"{what} failed: cuBLAS status {status}")
+
+
+_blas: dict[int, _Blas | str] = {}  # device -> its GEMM, or why it has none
+_blas_lock = threading.Lock()
 
 _api: CupyApi | None = None
 _api_lock = threading.Lock()

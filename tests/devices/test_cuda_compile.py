@@ -61,9 +61,10 @@ async def _value(t: Any) -> np.ndarray[Any, Any]:
     return host(value)
 
 
-async def test_the_mlp_replays_as_cuda_graphs_bit_for_bit_the_eager_tensors() -> None:
-    """One stream: the first call warms up, the second captures (one graph per run of ops between the
-    three cuBLAS matmuls), the rest launch the graphs; every result equals the eager Tensors' bits."""
+async def test_the_mlp_replays_as_one_cuda_graph_bit_for_bit_the_eager_tensors() -> None:
+    """One stream: the first call warms up, the second captures the whole MLP -- its three matrix products
+    through cuBLAS's C API (``capture_gemm``) in the graph --, the rest launch it; every result equals the
+    eager Tensors' bits."""
     async with cuda_engine(streams_per_device=1) as eng:
         weights = _mlp_args(eng)
         x = eng.asarray(_rows(1), device=DEVICE)
@@ -75,9 +76,43 @@ async def test_the_mlp_replays_as_cuda_graphs_bit_for_bit_the_eager_tensors() ->
             assert got.tobytes() == eager.tobytes()
         stats = compiled.stats()
         assert stats["stream_replays"] == 1  # the warm-up
-        assert stats["cuda_graphs"] == 3  # add+relu, add+relu, add
+        assert stats["cuda_graphs"] == 1  # matmul, add, relu, matmul, add, relu, matmul, add
         assert stats["graph_replays"] == 4
         assert compiled.capture_off is None
+
+
+async def test_without_a_capturable_gemm_the_products_run_between_the_graphs_and_capture_off_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where cuBLAS's C API is not usable (an old CUDA, another BLAS), the matrix products run eagerly
+    between graphs, as CuPy's own calls: one graph per run of the other ops; the results are the same."""
+    api = type(cuda_api())
+    monkeypatch.setattr(api, "capture_gemm", lambda self, device: "cuBLAS's C API is not usable here (test)")
+    async with cuda_engine(streams_per_device=1) as eng:
+        weights = _mlp_args(eng)
+        x = eng.asarray(_rows(1), device=DEVICE)
+        eager = await _value(_mlp(x, *weights))
+        compiled = eng.compile(_mlp)
+        for _ in range(4):
+            assert (await _value(compiled(x, *weights))).tobytes() == eager.tobytes()
+        assert compiled.stats()["cuda_graphs"] == 3  # add+relu, add+relu, add
+        assert compiled.capture_off is not None
+        assert (
+            "between the graphs" in compiled.capture_off and "not usable here (test)" in compiled.capture_off
+        )
+
+
+async def test_a_product_the_captured_gemm_does_not_take_runs_between_the_graphs() -> None:
+    """A batched (3-D) product is split off, and capture_off says so; the rest is captured."""
+    async with cuda_engine(streams_per_device=1) as eng:
+        x = eng.asarray(np.arange(24.0).reshape(2, 3, 4), device=DEVICE)
+        w = eng.asarray(np.ones((2, 4, 5)), device=DEVICE)
+        compiled = eng.compile(lambda x, w: np.tanh(x @ w + 1.0))
+        want = await _value(np.tanh(x @ w + 1.0))
+        for _ in range(3):
+            assert (await _value(compiled(x, w))).tobytes() == want.tobytes()
+        assert compiled.stats()["cuda_graphs"] == 1  # add, tanh
+        assert compiled.capture_off is not None and "between the graphs" in compiled.capture_off
 
 
 async def test_new_inputs_each_call_are_staged_and_every_result_stays_its_own() -> None:
@@ -92,7 +127,7 @@ async def test_new_inputs_each_call_are_staged_and_every_result_stays_its_own() 
             want = await _value(_mlp(x, *weights))
             assert (await _value(result)).tobytes() == want.tobytes()
         stats = compiled.stats()
-        assert stats["cuda_graphs"] == 3 and stats["graph_replays"] == 11, stats
+        assert stats["cuda_graphs"] == 1 and stats["graph_replays"] == 11, stats
 
 
 async def test_an_argument_read_in_place_that_moves_is_captured_again_staged() -> None:

@@ -654,6 +654,49 @@ def test_matmul_during_capture_raises_not_implemented(api: CudaApi) -> None:
             s.end_capture()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_captured_gemm_gives_matmuls_bits_in_each_layout(api: CudaApi, dtype: Any) -> None:
+    """``capture_gemm``: cuBLAS through its C API on a handle of its own (its products are CuPy matmul's
+    bits, or it is not offered at all); each operand C- or F-contiguous."""
+    gemm = api.capture_gemm(0)
+    if isinstance(gemm, str):
+        pytest.skip(gemm)
+    s = api.stream(0)
+    rng = np.random.default_rng(1)
+    a_host, b_host = rng.standard_normal((7, 33)).astype(dtype), rng.standard_normal((33, 5)).astype(dtype)
+    with s:
+        a, b = api.xp.asarray(a_host), api.xp.asarray(b_host)
+        for x, y in ((a, b), (a.T.copy().T, b), (a, b.T.copy().T)):
+            ours, theirs = gemm(x, y, s), api.xp.matmul(x, y)
+            got, want = fetch(api, ours, s), fetch(api, theirs, s)
+            assert got.dtype == dtype and got.shape == (7, 5)
+            assert got.tobytes() == want.tobytes()
+            np.testing.assert_allclose(got, a_host @ b_host, rtol=1e-4 if dtype == np.float32 else 1e-12)
+
+
+def test_the_captured_gemm_is_held_by_a_capture_and_computes_at_each_launch(api: CudaApi) -> None:
+    """Called while the stream captures (its handle made before), the product is a node of the graph: it
+    runs at each launch, on the operands' values then."""
+    gemm = api.capture_gemm(0)
+    if isinstance(gemm, str):
+        pytest.skip(gemm)
+    s = api.stream(0)
+    with s:
+        a = api.xp.ones((4, 8), dtype=np.float32)
+        b = api.xp.ones((8, 3), dtype=np.float32)
+        gemm(a, b, s)  # (its handle for this stream: made outside the capture)
+    assert synced(recorded(api, s))
+    with s, api.capturing(s) as captured:
+        c = gemm(a, b, s)
+    [graph] = captured
+    graph.launch(s)
+    assert (fetch(api, c, s) == 8.0).all()
+    with s:
+        a += 1  # the next launch reads the new values
+    graph.launch(s)
+    assert (fetch(api, c, s) == 16.0).all()
+
+
 def test_a_new_allocation_during_capture_keeps_the_capture_valid(api: CudaApi) -> None:
     """Allocating a new block while capturing is allowed; the graph then replays."""
     s = api.stream(0)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -151,6 +151,9 @@ class SimApi(CudaApi):
         sim = simulator()
         sim.count_sync()
         sim.device(device).pool.free_cached()
+
+    def capture_gemm(self, device: int) -> Callable[[Any, Any, Any], Any] | str:
+        return _xp.gemm
 
     def graph_pool(self, device: int) -> Pool:
         return Pool(device, simulator().device(device).pool.capacity, private=True)

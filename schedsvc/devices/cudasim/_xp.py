@@ -195,6 +195,22 @@ def matmul(a: Any, b: Any, out: ndarray | None = None, **kwargs: Any) -> ndarray
     return out
 
 
+def gemm(a: Any, b: Any, stream: Stream) -> ndarray:
+    """``a @ b`` through cuBLAS's C API on a handle of one's own set to ``stream`` (``CudaApi.capture_gemm``):
+    2-D operands of one float dtype, each C- or F-contiguous; enqueued on ``stream``, while it captures too."""
+    a, b = _require(a), _require(b)
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or a.dtype.kind != "f" or a.dtype.itemsize < 4:
+        raise ValueError(
+            f"gemm: 2-D float32 or float64 operands of one dtype, got {a.dtype}{a.shape} @ {b.dtype}{b.shape}"
+        )
+    for x in (a, b):
+        if not (x.flags.c_contiguous or x.flags.f_contiguous):
+            raise ValueError("gemm: each operand C- or F-contiguous")
+    out = empty(_matmul_shape(a.shape, b.shape), a.dtype)
+    launch("gemm", np.matmul, (a, b), {}, out, stream=stream)
+    return out
+
+
 def dot(a: Any, b: Any, out: ndarray | None = None) -> ndarray:
     """Dot product with NumPy's rules."""
     a, b = _require(a), _require(b)
