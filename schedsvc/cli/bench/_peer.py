@@ -156,6 +156,31 @@ async def _serial(sizes: PeerSizes, call: Callable[[Any], Awaitable[Any]]) -> tu
     return {"p50_us": statistics.median(took), "p99_us": float(np.percentile(took, 99))}, total
 
 
+#: waits until a value is computed (and, in order on one stream, what was queued before it)
+Sync = Callable[[Any], Any]
+
+
+def _chain(x: Any, n: int, sync: Sync) -> tuple[float, Any]:
+    """P1: ``n`` times ``y = y + 1`` from ``x``, then ``sync(y)``: µs per op, and the last ``y``."""
+    sync(x + 1)
+    t0 = time.perf_counter()
+    y = x
+    for _ in range(n):
+        y = y + 1
+    sync(y)
+    return (time.perf_counter() - t0) / n * 1e6, y
+
+
+def _repeated(call: Callable[[], Any], n: int, sync: Sync) -> tuple[float, Any]:
+    """``call()`` once (warm), then ``n`` times and ``sync`` on the last: µs per call, and the last result."""
+    sync(call())
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = call()
+    sync(out)
+    return (time.perf_counter() - t0) / n * 1e6, out
+
+
 class Batcher:
     """A hand-written asyncio batcher: calls queued while a batch runs form the next one, run by one
     ``asyncio.to_thread`` call (rows stacked, results split back)."""
@@ -220,41 +245,27 @@ class CupyPeer(Peer):
     async def p1(self, sizes: PeerSizes) -> tuple[Figures, float]:
         with self.stream:
             x = self.xp.zeros(sizes.chain_len, dtype=np.float32)
-            (x + 1)
-            self.stream.synchronize()
-            t0 = time.perf_counter()
-            y = x
-            for _ in range(sizes.chain):
-                y = y + 1
-            self.stream.synchronize()
-            us = (time.perf_counter() - t0) / sizes.chain * 1e6
+            us, y = _chain(x, sizes.chain, lambda _: self.stream.synchronize())
             return {"us_per_op": us}, float(y.get()[0])
 
     async def p2(self, sizes: PeerSizes) -> tuple[Figures, float]:
         from .._common import randn_on
 
+        def pair() -> Any:
+            x = randn_on(self.xp, sizes.side)
+            return x @ x
+
         with self.stream:
-            randn_on(self.xp, sizes.side) @ randn_on(self.xp, sizes.side)
-            self.stream.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(sizes.pairs):
-                x = randn_on(self.xp, sizes.side)
-                y = x @ x
-            self.stream.synchronize()
-            return {"finish_ms": (time.perf_counter() - t0) * 1e3}, float(y.shape[0])
+            us, y = _repeated(pair, sizes.pairs, lambda _: self.stream.synchronize())
+            return {"finish_ms": us * sizes.pairs / 1e3}, float(y.shape[0])
 
     async def p3(self, sizes: PeerSizes) -> tuple[Figures, float]:
         with self.stream:
             x = self.xp.asarray(row(0))
-            self.mlp(x, *self.w)
-            self.stream.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(sizes.calls):
-                out = self.mlp(x, *self.w)
-            self.stream.synchronize()
-            return {"eager_us_per_call": (time.perf_counter() - t0) / sizes.calls * 1e6}, float(
-                out.get().sum()
+            us, out = _repeated(
+                lambda: self.mlp(x, *self.w), sizes.calls, lambda _: self.stream.synchronize()
             )
+            return {"eager_us_per_call": us}, float(out.get().sum())
 
 
 class TorchPeer(Peer):
@@ -278,44 +289,28 @@ class TorchPeer(Peer):
     async def p1(self, sizes: PeerSizes) -> tuple[Figures, float]:
         torch = self.torch
         x = torch.zeros(sizes.chain_len, dtype=torch.float32, device=self.device)
-        (x + 1)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        y = x
-        for _ in range(sizes.chain):
-            y = y + 1
-        torch.cuda.synchronize()
-        return {"us_per_op": (time.perf_counter() - t0) / sizes.chain * 1e6}, float(y[0].item())
+        us, y = _chain(x, sizes.chain, lambda _: torch.cuda.synchronize())
+        return {"us_per_op": us}, float(y[0].item())
 
     async def p2(self, sizes: PeerSizes) -> tuple[Figures, float]:
         torch = self.torch
-        a = torch.randn((sizes.side, sizes.side), device=self.device)
-        a @ a
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(sizes.pairs):
+
+        def pair() -> Any:
             x = torch.randn((sizes.side, sizes.side), device=self.device)
-            y = x @ x
-        torch.cuda.synchronize()
-        return {"finish_ms": (time.perf_counter() - t0) * 1e3}, float(y.shape[0])
+            return x @ x
+
+        us, y = _repeated(pair, sizes.pairs, lambda _: torch.cuda.synchronize())
+        return {"finish_ms": us * sizes.pairs / 1e3}, float(y.shape[0])
 
     async def p3(self, sizes: PeerSizes) -> tuple[Figures, float]:
         torch = self.torch
         with torch.inference_mode():
             x = torch.from_numpy(row(0)).to(self.device)
-            self.mlp(x, *self.w)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(sizes.calls):
-                out = self.mlp(x, *self.w)
-            torch.cuda.synchronize()
-            eager = (time.perf_counter() - t0) / sizes.calls * 1e6
+            eager, out = _repeated(
+                lambda: self.mlp(x, *self.w), sizes.calls, lambda _: torch.cuda.synchronize()
+            )
             graph, static_out = self._graph(x)
-            t0 = time.perf_counter()
-            for _ in range(sizes.calls):
-                graph.replay()
-            torch.cuda.synchronize()
-            graphed = (time.perf_counter() - t0) / sizes.calls * 1e6
+            graphed, _ = _repeated(graph.replay, sizes.calls, lambda _: torch.cuda.synchronize())
         check = float(out.sum().item())
         assert abs(float(static_out.sum().item()) - check) <= 1e-3 * max(1.0, abs(check))
         return {"eager_us_per_call": eager, "compiled_us_per_call": graphed}, check
@@ -356,29 +351,23 @@ class JaxPeer(Peer):
         return np.asarray(self.jitted(self.jnp.asarray(x), *self.w))
 
     async def p1(self, sizes: PeerSizes) -> tuple[Figures, float]:
-        jnp = self.jnp
-        x = jnp.zeros(sizes.chain_len, dtype=jnp.float32)
-        (x + 1).block_until_ready()
-        t0 = time.perf_counter()
-        y = x
-        for _ in range(sizes.chain):
-            y = y + 1
-        y.block_until_ready()
-        return {"us_per_op": (time.perf_counter() - t0) / sizes.chain * 1e6}, float(y[0])
+        x = self.jnp.zeros(sizes.chain_len, dtype=self.jnp.float32)
+        us, y = _chain(x, sizes.chain, _ready)
+        return {"us_per_op": us}, float(y[0])
 
     async def p3(self, sizes: PeerSizes) -> tuple[Figures, float]:
         x = self.jnp.asarray(row(0))
         figures: Figures = {}
         check = 0.0
         for name, fn in (("eager_us_per_call", self.mlp), ("compiled_us_per_call", self.jitted)):
-            fn(x, *self.w).block_until_ready()
-            t0 = time.perf_counter()
-            for _ in range(sizes.calls):
-                out = fn(x, *self.w)
-            out.block_until_ready()
-            figures[name] = (time.perf_counter() - t0) / sizes.calls * 1e6
+            figures[name], out = _repeated(functools.partial(fn, x, *self.w), sizes.calls, _ready)
             check = float(out.sum())
         return figures, check
+
+
+def _ready(value: Any) -> Any:
+    """JAX's wait: until ``value`` is computed."""
+    return value.block_until_ready()
 
 
 class SchedsvcPeer(Peer):
