@@ -328,6 +328,14 @@ class Dispatch:
             after()
         return state
 
+    def take_ready(self, device: Device) -> tuple[Task, list[Task] | None] | None:
+        """With the runtime's lock held (a device's ``dispatch``): the next ready task of ``device`` (running
+        now), with what it goes behind, for the thread that will launch it once the lock is released; or
+        None.  Saves that thread a round trip through the lock (``launch_first``)."""
+        core = self.core
+        task = core.take(device.name)
+        return None if task is None else (task, list(core.ahead(task)))
+
     def launch_first(self, device: Device) -> tuple[Task, list[Task] | None] | None:
         """A device that launches on the thread its ``dispatch`` ran on starts its launches: the next ready
         task of ``device`` (running now), with the launched parents it goes behind (as ``ahead`` gives

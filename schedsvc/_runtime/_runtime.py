@@ -113,6 +113,7 @@ _ENTRY_POINTS = (
     "execute",
     "finish",
     "launch_first",
+    "take_ready",
     "take_like",
     "launched",
     "complete",
@@ -237,6 +238,7 @@ class Runtime:
         self.execute = dispatch.execute
         self.finish = dispatch.finish
         self.launch_first = dispatch.launch_first
+        self.take_ready = dispatch.take_ready
         self.take_like = dispatch.take_like
         self.launched = dispatch.launched
         self.complete = dispatch.complete

@@ -53,6 +53,8 @@ class Turn:
         self.handing = threading.Lock()  # (guards handed and ended)
         self.ended = False  # the device's thread has ended (closing)
         self.wake = threading.Semaphore(0)
+        #: the task ``dispatch`` took for the thread it runs on, with the turn (set and read by that thread)
+        self.first: Next | None = None
         self.thread = threading.Thread(target=self._main, name=f"schedsvc-{device.name}", daemon=True)
         self._first = functools.partial(device.rt.launch_first, device)
 
@@ -60,9 +62,11 @@ class Turn:
         """On the thread that made tasks ready, once the runtime's lock is released: launch them here."""
         device = self.device
         rt = device.rt
-        nxt = rt.launch_first(device)
+        nxt, self.first = self.first, None
         if nxt is None:
-            return
+            nxt = rt.launch_first(device)
+            if nxt is None:
+                return
         api = device.api
         ident = get_ident()
         guest = ident not in rt.worker_threads  # (a task launched here that submits work submits it nested)

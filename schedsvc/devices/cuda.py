@@ -168,8 +168,10 @@ class CudaDevice(Device):
         self.turn.thread.start()
 
     def dispatch(self, ready: int) -> Callable[[], None] | None:
-        """With the lock held: tasks are ready and no thread launches on this device: this one will."""
+        """With the lock held: tasks are ready and no thread launches on this device: this one will, starting
+        with the first of them, taken now."""
         self.hungry = False
+        self.turn.first = self.rt.take_ready(self)
         return self._launch_here
 
     def stop(self) -> None:
