@@ -857,8 +857,9 @@ async def test_oom_in_a_task_that_writes_in_place_is_not_retried() -> None:
     strict=True,
     raises=AssertionError,
     reason="bug: an allocation over max_device_bytes makes the pool free its cached blocks (a host "
-    "sync, as CuPy's free_all_blocks) on the launching thread: the launcher waits for the device, and "
-    "inside forbid_host_sync() the task fails with HostSyncError instead of MemoryLimitError",
+    "sync, as CuPy's free_all_blocks) where the allocation is made: on the thread that launches it (the "
+    "event loop, once its kind launched quickly), which waits for the device; inside forbid_host_sync() "
+    "the task fails with HostSyncError instead of MemoryLimitError",
 )
 async def test_memory_pressure_makes_no_host_sync_on_the_launching_thread() -> None:
     outcome: BaseException | None = None
