@@ -149,6 +149,19 @@ class Future(Task, Generic[T]):
         """
         return self._port.cancel(self)
 
+    #: asyncio's protocol: the message of a cancellation (``asyncio.gather`` reads it of a cancelled future;
+    #: an engine task is cancelled without one)
+    _cancel_message: Any = None
+
+    def _make_cancelled_error(self) -> BaseException:
+        """asyncio's protocol: the error a combinator raises for this cancelled future (``asyncio.gather``
+        asks for it): a plain ``asyncio.CancelledError``, as an asyncio future's, so that a timeout around the
+        combinator turns it into ``TimeoutError`` (Python 3.12's ``asyncio.timeout`` tests its type exactly).
+        Reading the future itself raises ``TaskCancelled``."""
+        import asyncio  # (here, not at import: see _runtime/_bridge.py)
+
+        return asyncio.CancelledError(f"{self!r} was cancelled")
+
     def add_done_callback(
         self, fn: Callable[[Future[T]], Any], *, context: contextvars.Context | None = None
     ) -> None:

@@ -378,3 +378,160 @@ async def test_on_a_dask_engine_asyncio_awaits_the_future(dask_address: str) -> 
         assert not asyncio.isfuture(futures[0])
         assert await within(asyncio.gather(*futures)) == [1, 2, 3]
         assert await asyncio.wait_for(eng.submit_nowait(operator.add, 2, 5), TIMEOUT) == 7
+
+
+# -- every asyncio combinator with engine futures, under cancellation -----------------------------------------
+#
+# asyncio's combinators read two members of a cancelled future, ``_make_cancelled_error()`` and
+# ``_cancel_message`` (gather's callback did, and raised: the gather never finished).  Each test queues its
+# futures behind a busy worker, so they are cancellable, and bounds every wait.
+
+
+async def test_gather_ends_with_the_cancellation_of_a_future_it_gathers() -> None:
+    async with _engine() as eng, occupied(eng, 1):
+        a, b = eng.submit_nowait(operator.add, 1, 1), eng.submit_nowait(operator.add, 2, 2)
+        gathered = asyncio.gather(a, b)
+        assert b.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await within(gathered)
+        assert b.cancelled()
+
+
+async def test_gather_with_return_exceptions_gives_a_cancelled_futures_error_in_its_place() -> None:
+    async with _engine() as eng, occupied(eng, 1) as (gate, _):
+        a, b = eng.submit_nowait(operator.add, 1, 1), eng.submit_nowait(operator.add, 2, 2)
+        gathered = asyncio.gather(a, b, return_exceptions=True)
+        assert b.cancel()
+        gate.open()
+        got = await within(gathered)
+        assert got[0] == 2 and isinstance(got[1], asyncio.CancelledError)
+
+
+async def test_a_timeout_around_gather_ends_it_and_cancels_the_queued_futures() -> None:
+    async with _engine() as eng, occupied(eng, 1):
+        a, b = eng.submit_nowait(operator.add, 1, 1), eng.submit_nowait(operator.add, 2, 2)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await within(asyncio.gather(a, b))
+        assert a.cancelled() and b.cancelled()
+
+
+async def test_cancelling_a_gather_cancels_its_queued_futures() -> None:
+    async with _engine() as eng, occupied(eng, 1):
+        a, b = eng.submit_nowait(operator.add, 1, 1), eng.submit_nowait(operator.add, 2, 2)
+        gathered = asyncio.gather(a, b)
+        await asyncio.sleep(0)
+        gathered.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await within(gathered)
+        assert a.cancelled() and b.cancelled()
+
+
+async def test_wait_returns_a_cancelled_future_among_the_done() -> None:
+    async with _engine() as eng, occupied(eng, 1):
+        a, b = eng.submit_nowait(operator.add, 1, 1), eng.submit_nowait(operator.add, 2, 2)
+        waiting = asyncio.ensure_future(asyncio.wait([a, b], return_when=asyncio.FIRST_COMPLETED))
+        await asyncio.sleep(0)
+        assert a.cancel()
+        done, pending = await within(waiting)
+        assert done == {a} and pending == {b}
+        assert b.cancel()
+
+
+async def test_as_completed_yields_a_cancelled_future_as_it_ends() -> None:
+    async with _engine() as eng, occupied(eng, 1) as (gate, _):
+        a, b = eng.submit_nowait(operator.add, 1, 1), eng.submit_nowait(operator.add, 2, 2)
+        assert a.cancel()
+        gate.open()
+        outcomes = []
+        for next_done in asyncio.as_completed([a, b], timeout=TIMEOUT):
+            try:
+                outcomes.append(await next_done)
+            except asyncio.CancelledError:
+                outcomes.append("cancelled")
+        assert outcomes == ["cancelled", 4]
+
+
+async def test_wait_for_a_future_cancelled_meanwhile_raises_cancelled_error() -> None:
+    async with _engine() as eng, occupied(eng, 1):
+        a = eng.submit_nowait(operator.add, 1, 1)
+        asyncio.get_running_loop().call_soon(a.cancel)
+        with pytest.raises(asyncio.CancelledError):
+            await within(asyncio.wait_for(a, TIMEOUT))
+
+
+async def test_shield_of_a_future_cancelled_meanwhile_raises_cancelled_error() -> None:
+    async with _engine() as eng, occupied(eng, 1):
+        a = eng.submit_nowait(operator.add, 1, 1)
+        shielded = asyncio.shield(a)
+        assert a.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await within(shielded)
+
+
+async def test_a_task_group_whose_member_fails_cancels_the_other_awaits_and_their_queued_tasks() -> None:
+    async with _engine() as eng, occupied(eng, 1):
+        queued = eng.submit_nowait(operator.add, 1, 1)
+
+        async def waits() -> None:
+            await queued
+
+        async def fails() -> None:
+            raise ValueError("member failed")
+
+        with pytest.raises(ExceptionGroup) as info:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(waits())
+                group.create_task(fails())
+        assert info.group_contains(ValueError)
+        assert queued.cancelled()  # its awaiter was cancelled: an unstarted task is not wanted
+
+
+_GATHER_INTERRUPTED = """
+import asyncio, threading
+import schedsvc as ss
+
+never = threading.Event()
+
+def long_task():
+    print("started", flush=True)
+    never.wait(60)
+
+async def main():
+    async with ss.Engine(cpu_workers=1) as eng:
+        running = eng.submit_nowait(long_task)
+        queued = eng.submit_nowait(long_task)
+        await asyncio.gather(running, queued)
+
+asyncio.run(main())
+"""
+
+
+def test_ctrl_c_during_a_gather_of_futures_ends_the_program_after_a_second_one() -> None:
+    """The first Ctrl-C cancels the gather (its callback used to raise there, and the program never ended,
+    even on a second Ctrl-C); the close then waits for the running task, and a second Ctrl-C exits."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.test_regressions import _read_until
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _GATHER_INTERRUPTED], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        assert "started" in _read_until(proc.stdout.fileno(), "started", deadline)
+        os.kill(proc.pid, signal.SIGINT)
+        said = _read_until(proc.stderr.fileno(), "exit without waiting)", deadline)
+        assert "waiting for 1 running task" in said, said
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(TIMEOUT)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode != 0
