@@ -332,3 +332,30 @@ async def test_has_room_refuses_a_size_that_is_not_bytes(nbytes: Any) -> None:
     async with ss.Engine(cpu_workers=1) as eng:
         with pytest.raises(ss.InvalidTask, match="non-negative int"):
             eng.has_room(nbytes)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_closing_while_coroutines_wait_in_throttle_ends(anyio_backend: str) -> None:
+    """Leaving ``async with`` while two or more coroutines waited in ``await eng.throttle()`` spun the loop
+    for ever: the close looped on a barrier that returned without yielding, while the slot of a waiter let
+    through is given back only once the loop runs (it now always yields)."""
+    import anyio
+
+    eng = await ss.Engine(cpu_workers=1, max_pending=1).start()
+    passed = []
+
+    async def waiter() -> None:
+        await eng.throttle()
+        passed.append(1)
+
+    async with anyio.create_task_group() as group:
+        gate = Gate()
+        held = eng.submit_nowait(gate.hold())
+        await gate.wait_started(1)
+        for _ in range(3):
+            group.start_soon(waiter)
+        await state(eng, lambda: eng.stats().waiting_admission == 3)
+        gate.open()
+        with anyio.fail_after(TIMEOUT):
+            await eng.aclose()
+    assert held.done() and len(passed) == 3

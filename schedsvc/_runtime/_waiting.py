@@ -19,6 +19,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 
 from .._core import FINAL_STATES, Task
@@ -186,15 +187,19 @@ class Waiting:
     # -- every task, or a state -------------------------------------------------------------
 
     async def barrier(self) -> None:
-        """Wait until every task admitted so far is final."""
+        """Wait until every task admitted so far is final.  It always yields to the loop once at least (a
+        checkpoint, as every wait): a caller that loops on it (the close) lets the loop run meanwhile."""
         rt = self.rt
         with rt.lock:
-            if rt.core.pending == 0:
-                return
-            token = self.bridge.token()
-            rt.core.barrier(token)
-            rt.core.publish()
-            after = rt.collect()
+            idle = rt.core.pending == 0
+            if not idle:
+                token = self.bridge.token()
+                rt.core.barrier(token)
+                rt.core.publish()
+                after = rt.collect()
+        if idle:
+            await anyio.lowlevel.checkpoint()
+            return
         if after is not None:
             after()
         await token
