@@ -129,7 +129,9 @@ class Config(BaseSettings):
     testing GPU pipelines where there is no GPU (``schedsvc.devices.cudasim``)."""
     inline_threshold_us: float = Field(default=20.0, ge=0.0, allow_inf_nan=False)
     """An awaited task of a kind known to take less than this runs in the awaiting
-    coroutine, since handing it to a thread and back costs more; 0 turns this off."""
+    coroutine, since handing it to a thread and back costs more -- NumPy's functions, the engine's own
+    operations and a module's builtins only: never a user's function, which might wait for the loop; 0
+    turns this off."""
     cuda_launch_inline_us: float = Field(default=1000.0, ge=0.0, allow_inf_nan=False)
     """A task on a CUDA device is launched on the thread that made it ready (the event loop's, for a Tensor
     op) once the last launch of its kind -- its function, and its arguments' dtypes and ranks -- took less

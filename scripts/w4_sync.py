@@ -14,9 +14,10 @@ the round trip through a worker thread instead: count with a threshold of 1e6
 
 The run with ``N=0`` does everything else (imports, start, the warm-up task, a
 check, close): subtract its total and divide by ``N`` for instructions per
-``eng.run``.  The check, after the loop, runs ``CHECKS`` more tasks through a
-function that notes its thread, and prints how many ran inline: a count is
-only the inline path's if they all did.
+``eng.run``.  The check, after the loop, runs ``CHECKS`` more tasks of
+``threading.get_ident`` (a builtin that, as np.add, may run in the awaiting
+coroutine: a user's function never does) and prints how many ran inline: a
+count is only the inline path's if they all did.
 """
 
 import asyncio
@@ -29,14 +30,6 @@ import numpy as np
 import schedsvc as ss
 
 CHECKS = 20
-_ran_inline = [0]
-
-
-def noting_add(x: np.ndarray, y: int) -> np.ndarray:
-    """np.add, counting the calls made on the awaiting (main) thread."""
-    if threading.current_thread() is threading.main_thread():
-        _ran_inline[0] += 1
-    return np.add(x, y)
 
 
 async def main(n: int, threshold_us: float) -> None:
@@ -47,11 +40,12 @@ async def main(n: int, threshold_us: float) -> None:
         await eng.run(np.add, x, 1)  # warm, as the benchmark does: the first run learns the cost
         for _ in range(n):
             await eng.run(np.add, x, 1)
-        await eng.run(noting_add, x, 1)  # (learns its cost)
-        _ran_inline[0] = 0
+        here = threading.get_ident()
+        await eng.run(threading.get_ident)  # (learns its cost)
+        inline = 0
         for _ in range(CHECKS):
-            await eng.run(noting_add, x, 1)
-    print(f"N={n}; check: {_ran_inline[0]} of {CHECKS} tasks ran inline", file=sys.stderr)
+            inline += await eng.run(threading.get_ident) == here
+    print(f"N={n}; check: {inline} of {CHECKS} tasks ran inline", file=sys.stderr)
 
 
 if __name__ == "__main__":

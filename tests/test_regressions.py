@@ -137,9 +137,11 @@ async def test_result_inside_a_task_runs_only_the_awaited_task() -> None:
         assert await within(y) == 4.0 + 2
 
 
-async def test_a_task_run_inline_on_the_loop_thread_submits_nested_work() -> None:
+async def test_a_cheap_awaited_task_that_submits_work_runs_on_a_worker_where_it_is_nested() -> None:
     """r2/r2b: a cheap awaited task run inline on the event-loop thread did not count as nested, so its
-    submit_nowait at max_pending raised QueueFull where the same task on a worker is admitted."""
+    submit_nowait at max_pending raised QueueFull where the same task on a worker is admitted.  A user's
+    function no longer runs on the loop's thread at all (it might wait for the loop): it runs on a worker,
+    where its submissions are nested."""
     loop_thread = threading.get_ident()
     async with started(cpu_workers=1, max_pending=2, inline_threshold_us=1e6) as eng:
         ran_on: list[int] = []
@@ -155,11 +157,10 @@ async def test_a_task_run_inline_on_the_loop_thread_submits_nested_work() -> Non
         first = eng.submit_nowait(spawn)  # 2 of 2 pending
         assert await await_while_queued(first, gate) == 7
         assert ran_on[-1] != loop_thread
-        # then inline in the awaiting coroutine, with the engine full again
-        async with occupied(eng, 1):
-            second = eng.submit_nowait(spawn)
-            assert await within(second) == 7
-            assert ran_on[-1] == loop_thread, "spawn did not run inline: the test no longer covers r2"
+        # then, known to be cheap, with the engine full again: still on a worker, and nested there
+        second = eng.submit_nowait(spawn)
+        assert await within(second) == 7
+        assert ran_on[-1] != loop_thread
 
 
 async def test_result_on_another_engines_future_runs_it_on_that_engine() -> None:

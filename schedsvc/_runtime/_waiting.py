@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 import threading
 import types
 from collections.abc import Callable
@@ -164,11 +165,16 @@ class Waiting:
     # -- what a task costs ----------------------------------------------------------------
 
     def is_cheap(self, task: Task) -> bool:
-        """Has this kind of task (function, input size) run faster than the inline threshold?"""
+        """Has this kind of task (function, input size) run faster than the inline threshold, and can it not
+        wait for the event loop (``cannot_wait``: it is to run there)?"""
         if not self.inline_threshold_s:
             return False
-        cost = self._cost(task)
-        return cost is not None and cost < self.inline_threshold_s
+        try:
+            key = cost_key(task)
+            cost = self._costs.get(key)
+        except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
+            return False
+        return cost is not None and cost < self.inline_threshold_s and cannot_wait(key[0], task.fn)
 
     def fits(self, task: Task, budget: float) -> bool:
         """Has this kind of task run within ``budget`` seconds?  (Never on the loop's thread, outside a task.)"""
@@ -300,6 +306,31 @@ def _is_callback(watcher: Any, fn: Callable[[Any], Any]) -> bool:
     if type(watcher) is Callback or type(watcher) is LoopCallback:
         watcher = watcher.fn
     return bool(watcher == fn)
+
+
+#: where the code of a function that cannot wait for the event loop lives: NumPy's, and the engine's own (its
+#: Tensor ops, copies and compiled replays)
+_OWN_DIRS = (os.path.dirname(np.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+#: the file name of a compiled function's generated replay (``compile._graph.emit``)
+_REPLAY_FILE = "<schedsvc compiled "
+
+
+def cannot_wait(code: Any, fn: Any) -> bool:
+    """May a task of ``fn`` (``code``, its ``cost_key``'s) run on the event loop's thread: does it never wait
+    for something the loop would do?  NumPy's functions, the engine's own, and functions of a module that
+    are not Python (``math.sqrt``, ufuncs) -- never a user's function, nor a method of an object (a queue's
+    ``get``, a lock's ``acquire``, an event's ``wait``), which may wait for a coroutine to feed it."""
+    if isinstance(code, types.CodeType):
+        where = code.co_filename
+        return where.startswith(_OWN_DIRS) or where.startswith(_REPLAY_FILE)
+    if type(code) is np.ufunc:
+        return True
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if type(fn) is types.BuiltinFunctionType:
+        owner = fn.__self__
+        return owner is None or isinstance(owner, types.ModuleType)
+    return False
 
 
 def cost_key(task: Task) -> tuple[Any, int]:

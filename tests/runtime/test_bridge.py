@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 import schedsvc as ss
 
-from ..helpers import TIMEOUT, within
+from ..helpers import TIMEOUT, Gate, within
 
 
 @contextmanager
@@ -64,8 +67,17 @@ async def test_a_burst_of_awaited_completions_wakes_the_loop_once() -> None:
         assert len(calls) == 1, calls
 
 
-async def test_an_awaited_cheap_task_runs_in_the_awaiting_coroutine_once_known() -> None:
+async def test_an_awaited_cheap_task_of_a_modules_builtin_runs_in_the_awaiting_coroutine_once_known() -> None:
     # a threshold of 1 s: "cheap" must not depend on how busy the machine is when the first run is timed
+    async with ss.Engine(cpu_workers=1, inline_threshold_us=1e6) as eng:
+        here = threading.get_ident()
+        assert await within(eng.run(threading.get_ident)) != here  # first time: unknown cost, on a worker
+        assert await within(eng.run(threading.get_ident)) == here  # now known to be cheap: right here
+
+
+async def test_a_users_function_never_runs_in_the_awaiting_coroutine() -> None:
+    """However cheap it was: it may wait for something only the event loop gives (a queue a coroutine
+    feeds), and waiting there would stop the loop for ever."""
     async with ss.Engine(cpu_workers=1, inline_threshold_us=1e6) as eng:
         threads: list[int] = []
 
@@ -73,17 +85,51 @@ async def test_an_awaited_cheap_task_runs_in_the_awaiting_coroutine_once_known()
             threads.append(threading.get_ident())
             return 1
 
-        assert await within(eng.run(where)) == 1  # first time: unknown cost, runs on a worker
-        assert threads[-1] != threading.get_ident()
-        assert await within(eng.run(where)) == 1  # now known to be cheap: runs right here
-        assert threads[-1] == threading.get_ident()
-
-
-async def test_inline_runs_can_be_turned_off() -> None:
-    async with ss.Engine(cpu_workers=1, inline_threshold_us=0) as eng:
-        here = threading.get_ident()
         for _ in range(3):
-            assert await within(eng.run(threading.get_ident)) != here
+            assert await within(eng.run(where)) == 1
+        assert threading.get_ident() not in threads
+
+
+@pytest.mark.parametrize("kind", ["queue", "event", "lock"])
+async def test_a_cheap_task_that_waits_for_the_loop_this_time_does_not_block_it(kind: str) -> None:
+    """A queue's get, an event's wait, a lock's acquire: instant while what they wait for is there.  Awaited
+    while queued behind a busy worker, such a task ran in the awaiting coroutine, and waited there for what
+    only another coroutine could give: the loop stopped for ever.  It now waits for a worker."""
+    fed = queue.Queue[int]()
+    event, lock = threading.Event(), threading.Lock()
+    wait: Any = {"queue": fed.get, "event": event.wait, "lock": lock.acquire}[kind]
+    feed: Any = {"queue": lambda: fed.put(1), "event": event.set, "lock": lock.release}[kind]
+    async with ss.Engine(cpu_workers=1, inline_threshold_us=1e6) as eng:
+        for _ in range(3):  # instant (what it waits for is there), and timed: it is cheap
+            gate = Gate()
+            eng.submit_nowait(gate.hold())
+            await gate.wait_started(1)
+            if kind != "lock":
+                feed()
+            learnt = eng.submit_nowait(wait)
+            waiting = asyncio.ensure_future(learnt.wait())  # awaited: its run is timed
+            await asyncio.sleep(0)
+            gate.open()
+            await within(waiting)
+            if kind == "lock":
+                feed()  # (the lock was free: taken at once; given back)
+        if kind == "lock":
+            lock.acquire()  # held: the next acquire waits for the coroutine's release
+        else:
+            event.clear()
+        gate = Gate()
+        eng.submit_nowait(gate.hold())
+        await gate.wait_started(1)
+        task = eng.submit_nowait(wait)  # queued behind the held worker
+
+        async def feeder() -> None:
+            await asyncio.sleep(0)
+            feed()
+            gate.open()
+
+        feeding = asyncio.ensure_future(feeder())
+        await within(task)  # (this await is what ran a cheap queued task right here)
+        await within(feeding)
 
 
 def test_a_contended_finish_waits_for_the_lock_and_then_takes_it() -> None:
