@@ -774,3 +774,33 @@ def test_result_with_a_timeout_never_runs_the_task_in_the_caller() -> None:
         never.set()
         gate.open()
         held.result(TIMEOUT)
+
+
+class _NotAnException(BaseException):
+    """A BaseException that is not an Exception."""
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [ValueError, _NotAnException, GeneratorExit, SystemExit, KeyboardInterrupt],
+    ids=lambda k: k.__name__,
+)
+def test_a_done_callback_that_raises_never_ends_a_worker(
+    executor: cf.Executor, kind: type[BaseException]
+) -> None:
+    """The callback runs on the thread that finished the task, a worker: what it raises (SystemExit too) is
+    reported, and the worker goes on (it ended, silently for SystemExit, and the engine took work it never
+    ran)."""
+    for _ in range(2 * WORKERS):  # every worker runs such a callback at least once
+        fut = executor.submit(threading.get_ident)
+        done = threading.Event()
+
+        def raises(_: Any, done: threading.Event = done) -> None:
+            done.set()
+            raise kind("from a callback")
+
+        fut.add_done_callback(raises)
+        fut.result(TIMEOUT)
+        assert done.wait(TIMEOUT)
+    results = [executor.submit(pow, 2, i) for i in range(8)]
+    assert [f.result(TIMEOUT) for f in results] == [2**i for i in range(8)]

@@ -535,3 +535,78 @@ def test_ctrl_c_during_a_gather_of_futures_ends_the_program_after_a_second_one()
         proc.stdout.close()
         proc.stderr.close()
     assert proc.returncode != 0
+
+
+# -- a done-callback that raises: every other awaiter is still woken ---------------------------------------
+
+
+class _NotAnException(BaseException):
+    """A BaseException that is not an Exception, as pytest's ``Failed`` or a library's cancellation."""
+
+
+_KINDS = [ValueError, GeneratorExit, _NotAnException, asyncio.CancelledError]
+
+
+@pytest.mark.parametrize("kind", _KINDS, ids=lambda k: k.__name__)
+async def test_a_done_callback_that_raises_leaves_the_other_awaiters_woken(kind: type[BaseException]) -> None:
+    """asyncio's futures wake every other callback and report the error; so does the engine (a BaseException
+    that is not an Exception dropped the wake-ups of every other awaiter)."""
+    reported: list[BaseException] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+    try:
+        async with _engine() as eng, occupied(eng, 1) as (gate, _):
+            fut = eng.submit_nowait(operator.add, 2, 3)
+            called: list[int] = []
+
+            def raises(_: Any) -> None:
+                raise kind("from a callback")
+
+            fut.add_done_callback(raises)
+            fut.add_done_callback(lambda _: called.append(1))
+            awaiters = [asyncio.ensure_future(fut.wait()) for _ in range(2)]
+            await asyncio.sleep(0)
+            gate.open()
+            await within(asyncio.gather(*awaiters))
+            assert await within(fut) == 5 and called == [1]
+    finally:
+        loop.set_exception_handler(None)
+    assert [type(e) for e in reported] == [kind]
+
+
+async def test_a_done_callback_that_raises_under_trio_leaves_the_other_awaiters_woken() -> None:
+    reported: list[str] = []
+
+    async def main() -> None:
+        async with _engine() as eng, occupied(eng, 1) as (gate, _):
+            fut = eng.submit_nowait(operator.add, 2, 3)
+            woken: list[int] = []
+
+            def raises(_: Any) -> None:
+                raise _NotAnException("from a callback")
+
+            async def awaiter() -> None:
+                await fut.wait()
+                woken.append(1)
+
+            fut.add_done_callback(raises)
+            async with anyio.create_task_group() as group:
+                group.start_soon(awaiter)
+                group.start_soon(awaiter)
+                await anyio.sleep(0)
+                gate.open()
+            assert woken == [1, 1] and await fut == 5
+
+    import logging
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reported.append(record.getMessage())
+
+    handler = Catch()
+    logging.getLogger("schedsvc").addHandler(handler)
+    try:
+        await anyio.to_thread.run_sync(lambda: anyio.run(main, backend="trio"))
+    finally:
+        logging.getLogger("schedsvc").removeHandler(handler)
+    assert any("done callback" in r for r in reported), reported

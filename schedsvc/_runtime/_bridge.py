@@ -187,25 +187,34 @@ class Bridge:
             self.drain_scheduled = False
         loop, own_future = self.loop, self.own_future
         for i, (kind, obj) in enumerate(items):
-            try:
-                if kind == "resolve":
-                    watchers, obj.watchers = obj.watchers, None  # fired once; let them go
-                    for watcher in watchers or ():
-                        if type(watcher) is own_future and watcher.get_loop() is loop:
-                            if not watcher.done():  # (this loop's own waiter: settle, without a call)
-                                watcher.set_result(None)
-                        elif type(watcher) is not _LockType:
-                            fire(watcher, obj)
-                else:  # "admitted" / "barrier": obj is a token
+            if kind != "resolve":  # "admitted" / "barrier": obj is a token
+                try:
                     fire(obj, None)
-            except BaseException:  # KeyboardInterrupt in a callback: deliver the rest later
-                with self.rt.lock:
-                    self.to_loop[:0] = items[i + 1 :]
-                    rearm = not self.drain_scheduled and bool(self.to_loop)
-                    self.drain_scheduled = self.drain_scheduled or rearm
-                if rearm:
-                    self._schedule_drain()
-                raise
+                except BaseException:  # KeyboardInterrupt or SystemExit in a callback: the rest later
+                    self._later(items[i + 1 :])
+                    raise
+                continue
+            watchers, obj.watchers = obj.watchers, None  # fired once; let them go
+            for j, watcher in enumerate(watchers or ()):
+                try:
+                    if type(watcher) is own_future and watcher.get_loop() is loop:
+                        if not watcher.done():  # (this loop's own waiter: settle, without a call)
+                            watcher.set_result(None)
+                    elif type(watcher) is not _LockType:
+                        fire(watcher, obj)
+                except BaseException:  # KeyboardInterrupt or SystemExit: the task's other watchers later too
+                    obj.watchers = list(watchers[j + 1 :]) or None
+                    self._later(items[i:] if obj.watchers else items[i + 1 :])
+                    raise
+
+    def _later(self, items: list[tuple[str, Any]]) -> None:
+        """Deliver ``items`` in a drain of their own (a callback of this one interrupted it)."""
+        with self.rt.lock:
+            self.to_loop[:0] = items
+            rearm = not self.drain_scheduled and bool(self.to_loop)
+            self.drain_scheduled = self.drain_scheduled or rearm
+        if rearm:
+            self._schedule_drain()
 
     def forget(self) -> None:
         """In a forked child: nothing is delivered to a loop that does not run here."""
@@ -356,7 +365,9 @@ def fire(watcher: Any, task: Task | None) -> None:
         return
     try:
         watcher(task)
-    except Exception as exc:  # a callback's error must not stop the others
+    except (KeyboardInterrupt, SystemExit):  # as asyncio's callbacks: these stop the loop
+        raise
+    except BaseException as exc:  # a callback's error (any other) must not stop the others
         report(exc, f"exception in done callback {watcher!r} of {task!r}")
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._bridge import Token
+from ._bridge import Token, report
 
 __all__ = ["ThreadToken", "acquire_contended", "current_worker", "set_worker"]
 
@@ -64,7 +64,12 @@ class ThreadToken(Token):
             self.error = error
             then, self._then = self._then, None  # the callable is let go
         if then is not None:
-            then()
+            try:
+                then()
+            except (
+                BaseException
+            ) as exc:  # (done-callbacks of a concurrent.futures.Future): never a worker's end
+                report(exc, f"exception in a done callback of a task's future ({then!r})")
         elif self._gate is not None:
             self._gate.release()
 
