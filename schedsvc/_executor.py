@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._core import FINAL_STATES
 from ._errors import EngineClosed, QueueFull, SchedsvcError
-from ._runtime import BLOCK, NOW
+from ._runtime import BLOCK, NOW, current_worker
 from ._submission import build_task, plain_options
 
 if TYPE_CHECKING:
@@ -47,6 +47,45 @@ T = TypeVar("T")
 _AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
 
 
+_waits = (
+    threading.local()
+)  # this thread's waits in concurrent.futures.wait/as_completed: waiter id -> futures
+
+
+class _Waiters(list[Any]):
+    """An executor future's waiters: ``concurrent.futures.wait`` and ``as_completed`` put their caller's waiter
+    on each future it waits for, then block on it, then take it off.  A worker of the engine that blocks so
+    counts as blocked meanwhile (from the first future's to the last one's), and its pool starts a stand-in:
+    tasks that wait so for the engine's other tasks never starve it (``Future.result`` does the same)."""
+
+    __slots__ = ()
+
+    def append(self, waiter: Any) -> None:
+        super().append(waiter)
+        _blocked(waiter, +1)
+
+    def remove(self, waiter: Any) -> None:
+        super().remove(waiter)
+        _blocked(waiter, -1)
+
+
+def _blocked(waiter: Any, delta: int) -> None:
+    """Count ``waiter`` on one more (or one fewer) future of this thread's; a worker blocks from the first to
+    the last."""
+    worker = current_worker()
+    if worker is None:  # not one of the engine's workers: nothing can starve
+        return
+    counts: dict[int, int] = _waits.__dict__.setdefault("counts", {})
+    key = id(waiter)
+    count = counts.get(key, 0) + delta
+    if count:
+        counts[key] = count
+    else:
+        counts.pop(key, None)
+    if (delta > 0 and count == 1) or (delta < 0 and count == 0):
+        worker.blocking(delta)
+
+
 class ExecutorFuture(concurrent.futures.Future[T]):
     """A ``concurrent.futures.Future`` of one engine task; pass it to ``eng.submit`` to depend on it.
 
@@ -57,6 +96,7 @@ class ExecutorFuture(concurrent.futures.Future[T]):
         super().__init__()
         self._task = task  # the engine's record: its value is what a dependent task takes
         self._owner = owner
+        self._waiters = _Waiters()  # (concurrent.futures.wait and as_completed install theirs here)
 
     def cancel(self) -> bool:
         """Cancel the task if it has not started; False once it runs or has finished."""

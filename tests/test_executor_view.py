@@ -804,3 +804,22 @@ def test_a_done_callback_that_raises_never_ends_a_worker(
         assert done.wait(TIMEOUT)
     results = [executor.submit(pow, 2, i) for i in range(8)]
     assert [f.result(TIMEOUT) for f in results] == [2**i for i in range(8)]
+
+
+@pytest.mark.parametrize("how", ["wait", "as_completed"])
+def test_tasks_that_fan_out_and_wait_with_concurrent_futures_never_starve_the_engine(
+    executor: cf.Executor, how: str
+) -> None:
+    """Every worker runs a task that submits five more and blocks in concurrent.futures.wait (or
+    as_completed) for them: 0 of 5 finished, for ever, as ThreadPoolExecutor would; each blocked worker now
+    gets a stand-in, as Future.result gives one."""
+
+    def fan_out() -> int:
+        fs = [executor.submit(pow, 2, i) for i in range(5)]
+        if how == "wait":
+            done, _ = cf.wait(fs, timeout=TIMEOUT)
+            return len(done)
+        return sum(1 for _ in cf.as_completed(fs, timeout=TIMEOUT))
+
+    outer = [executor.submit(fan_out) for _ in range(WORKERS)]
+    assert [f.result(2 * TIMEOUT) for f in outer] == [5] * WORKERS
