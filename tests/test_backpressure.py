@@ -14,7 +14,7 @@ import pytest
 
 import schedsvc as ss
 
-from .helpers import TIMEOUT, Gate, occupied, state, within
+from .helpers import TIMEOUT, Gate, occupied, started, state, within
 
 MiB = 2**20
 
@@ -359,3 +359,22 @@ async def test_closing_while_coroutines_wait_in_throttle_ends(anyio_backend: str
         with anyio.fail_after(TIMEOUT):
             await eng.aclose()
     assert held.done() and len(passed) == 3
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_a_waitall_given_up_leaves_no_barrier_behind(how: str) -> None:
+    """Each cancelled or timed-out ``await eng.waitall()`` kept its barrier while an older task ran: 20,000 of
+    them held 4.4 MiB."""
+    async with started(cpu_workers=1) as eng, occupied(eng, 1):
+        for _ in range(50):
+            if how == "timeout":
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0):
+                        await eng.waitall()
+            else:
+                waiting = asyncio.ensure_future(eng.waitall())
+                await asyncio.sleep(0)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+        assert eng._rt.core.waiting_barriers == 0

@@ -22,6 +22,7 @@ object is allocated per task):
 * ``withdraw(token)``      a ``throttle`` waiter gave up
 * ``unreserve(token)``    a ``throttle`` waiter that was let through gives its slot back
 * ``barrier(token)``       wake ``token`` once every task admitted so far is final
+* ``drop_barrier(token)``  its waiter gave up
 
 Instructions appear in ``out`` (``drain()`` empties it):
 
@@ -578,6 +579,10 @@ class Scheduler:
         else:
             self._barriers.append([self._seq, self.pending, token])
 
+    def drop_barrier(self, token: Any) -> None:
+        """The waiter of ``token``'s barrier gave up (its ``waitall`` was cancelled): forget the barrier."""
+        self._barriers = [entry for entry in self._barriers if entry[2] is not token]
+
     def drain(self) -> list[Instruction]:
         """Return and clear the instructions produced so far."""
         out, self.out = self.out, []
@@ -638,6 +643,11 @@ class Scheduler:
     def device_peak_bytes(self, device: str) -> int:
         """The most bytes ever pending on ``device`` (counted only when some device has a budget)."""
         return self._device_peak[device]
+
+    @property
+    def waiting_barriers(self) -> int:
+        """Barriers whose tasks are not all final yet (``barrier``, not given up)."""
+        return len(self._barriers)
 
     @property
     def waiting_admission(self) -> int:

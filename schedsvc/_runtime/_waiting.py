@@ -208,7 +208,11 @@ class Waiting:
             return
         if after is not None:
             after()
-        await token
+        try:
+            await token
+        except BaseException:  # cancelled, timed out: the barrier goes with its waiter
+            rt.under_lock(rt.core.drop_barrier, token)
+            raise
 
     async def until(self, predicate: Callable[[], bool], timeout: float) -> None:
         """Wait on the event loop until ``predicate()`` holds; TimeoutError after ``timeout`` seconds.

@@ -969,6 +969,24 @@ def test_barrier_counts_failed_and_cancelled_tasks_as_final() -> None:
     assert ("barrier", "t") in finish(s, a, error=ValueError())
 
 
+def test_a_dropped_barrier_is_forgotten_and_never_fires() -> None:
+    """A cancelled ``waitall`` drops its barrier: it held its token while any older task ran."""
+    s = make()
+    a = task("a")
+    submit(s, a)
+    tokens = [object() for _ in range(3)]
+    for token in tokens:
+        barrier(s, token)
+    assert s.waiting_barriers == 3
+    s.drop_barrier(tokens[1])
+    assert s.waiting_barriers == 2
+    take_all(s)
+    fired = [t for kind, t in finish(s, a) if kind == "barrier"]
+    assert fired == [tokens[0], tokens[2]]
+    assert s.waiting_barriers == 0
+    s.validate()
+
+
 def test_two_barriers_fire_in_their_own_time() -> None:
     s = make()
     a = task("a")
