@@ -95,8 +95,10 @@ class Port:
 
     # the runtime's entry points (``_CALLS``), as the frontend calls them
     add_done_callback: Callable[[Task, Callable[[Any], Any], contextvars.Context | None], None]
-    admission: Callable[[Task, Any], Awaitable[None]]
-    #: the door: ``admit(task, tid, how, claims=None, counted=None, timeout=None)`` (``Admission.admit``)
+    #: ``admission(task, token, riders=())`` (``Admission.admission``)
+    admission: Callable[..., Awaitable[None]]
+    #: the door: ``admit(task, tid, how, claims=None, counted=None, timeout=None, riders=None)``
+    #: (``Admission.admit``)
     admit: Callable[..., Any]
     attach: Callable[[Timeline], None]
     barrier: Callable[[], Awaitable[None]]

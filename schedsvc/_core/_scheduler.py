@@ -114,6 +114,7 @@ class Scheduler:
         "_budgeted",
         "_buffers",
         "_cancelling",
+        "_carried",
         "_check",
         "_clock",
         "_copies",
@@ -130,6 +131,8 @@ class Scheduler:
         "_max_footprint",
         "_owner",
         "_reservations",
+        "_rider_of",
+        "_riders_of_queued",
         "_seq",
         "asynchronous",
         "cancelled",
@@ -193,9 +196,15 @@ class Scheduler:
         self._owner: dict[int, tuple[str, int]] = {}  # buffer key -> (device that brought it in, nbytes)
         self.out: list[Instruction] = []
         self.pending = 0  # admitted, not final
-        #: of those, the tasks made for a submission (its copies), which ride on its slot: the slots of
-        #: ``max_pending`` in use are ``pending - riding``
+        #: of those, the tasks made for a submission (its copies, the outputs picked from a call's
+        #: result), which ride on its slot: the slots of ``max_pending`` in use are ``pending - riding``
         self.riding = 0
+        #: tasks made to read a submission's result (``submit``'s ``riders``), while they ride: each ->
+        #: the task whose slot they ride on; that task -> them.  Such riders outlive their submission: as it
+        #: ends, its slot passes to the first of them, which carries the others (``_pass_slot``).
+        self._rider_of: dict[Task, Task] = {}
+        self._carried: dict[Task, dict[Task, None]] = {}
+        self._riders_of_queued: dict[Task, list[Task]] = {}  # a task queued for admission -> its riders
         #: tasks made for submissions: admitted, then those that ended done, failed, cancelled (``counts``)
         self._copies = {"admitted": 0, "done": 0, "failed": 0, "cancelled": 0}
         self.pending_bytes = 0
@@ -280,6 +289,41 @@ class Scheduler:
         self._admit(task)
         return True
 
+    def ride(self, riders: list[Task], task: Task, stage: bool = False) -> None:
+        """Admit ``riders`` -- tasks made to read the result of ``task``, which was just admitted (the
+        outputs picked from a call's result) -- over the limits, on ``task``'s slot of ``max_pending``:
+        a call and its outputs are one task within the limits.  Their bytes are ``task``'s result's (they
+        should count none of their own)."""
+        self._hooks = True  # (_released passes the slot on)
+        carried = None
+        for rider in riders:
+            if stage:
+                rider.staged = self._epoch
+            self._admit(rider)
+            if rider.state not in FINAL_STATES and task.state not in FINAL_STATES:
+                if carried is None:
+                    carried = self._carried.setdefault(task, {})
+                carried[rider] = None
+                self._rider_of[rider] = task
+                self.riding += 1
+
+    def _pass_slot(self, task: Task) -> None:
+        """``task`` is released: if it rode on another's slot, it gets off; if others ride on its slot,
+        the slot passes to the first of them, which carries the rest."""
+        on = self._rider_of.pop(task, None)
+        if on is not None:
+            self.riding -= 1
+            del self._carried[on][task]
+        carried = self._carried.pop(task, None)
+        if carried:
+            heir = next(iter(carried))
+            del carried[heir], self._rider_of[heir]
+            self.riding -= 1
+            if carried:
+                self._carried[heir] = carried
+                for rider in carried:
+                    self._rider_of[rider] = heir
+
     def _admit_rider(self, extra: Task) -> None:
         """Admit a task made for a submission (just before it), on that submission's slot."""
         self._hooks = True  # (_released counts it out)
@@ -309,16 +353,20 @@ class Scheduler:
             if task.staged == epoch:  # not claimed or cancelled meanwhile
                 self.queues[task.device].push(task)
 
-    def enqueue(self, task: Task | None, token: Any, along: list[Task] | None = None) -> None:
+    def enqueue(
+        self, task: Task | None, token: Any, along: list[Task] | None = None, riders: list[Task] | None = None
+    ) -> None:
         """Queue ``task`` for admission; ``("admitted", token)`` follows when it gets in.
 
         With ``task=None`` the token just waits for room (``throttle``).  ``along``: as ``submit``'s,
-        admitted with it when it gets in.
+        and ``riders``: as ``ride``'s, admitted with it when it gets in.
         """
         if task is not None:
             self._move(task, "admitting")
             if along:
                 self._along[task] = along
+            if riders:
+                self._riders_of_queued[task] = riders
         self._admission.append((task, token))
         self._admit_waiters()
 
@@ -421,6 +469,7 @@ class Scheduler:
         if state == "admitting":
             self._admission = deque(e for e in self._admission if e[0] is not task)
             self._along.pop(task, None)  # never admitted: nothing else saw them
+            self._riders_of_queued.pop(task, None)
             self._final(task, "cancelled", None, admitted=False)
             if task.dependents is not None:  # ordered after it while it was queued: not any more
                 self._finalize_dependents(task)
@@ -565,6 +614,7 @@ class Scheduler:
             task, token = self._admission.popleft()
             if task is not None:
                 self._along.pop(task, None)
+                self._riders_of_queued.pop(task, None)
                 self._final(task, "cancelled", None, admitted=False)
             tokens.append(token)
         for task in [*self.staged, *(t for q in self.queues.values() for t in q.tasks())]:
@@ -845,6 +895,8 @@ class Scheduler:
         if task.rides:
             self.riding -= 1
             self._copies[task.state] += 1
+        elif self._rider_of or self._carried:
+            self._pass_slot(task)
         if self._budgeted:
             pending = self._device_pending
             pending[task.device] -= task.out_bytes
@@ -1135,6 +1187,9 @@ class Scheduler:
                 for extra in self._along.pop(task, ()) if self._along else ():
                     self._admit_rider(extra)
                 self._admit(task)
+                riders = self._riders_of_queued.pop(task, None) if self._riders_of_queued else None
+                if riders:
+                    self.ride(riders, task)
             self.out.append(("admitted", token))
 
     def _move(self, task: Task, state: TaskState) -> None:
@@ -1149,7 +1204,8 @@ class Scheduler:
         assert self._check, "validate() needs Scheduler(check=True)"
         live = self._live
         assert self.pending == len(live), (self.pending, len(live))
-        assert self.riding == sum(t.rides for t in live), (self.riding, live)
+        assert self.riding == sum(t.rides or t in self._rider_of for t in live), (self.riding, live)
+        assert self._rider_of.keys() <= live.keys() and self._carried.keys() <= live.keys()
         assert self.pending - self.riding <= self.max_pending or any(t.nested for t in live), (
             "over max_pending"
         )

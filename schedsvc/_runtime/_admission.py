@@ -104,6 +104,7 @@ class Admission:
         claims: Any = None,
         counted: Callable[[], None] | None = None,
         timeout: float | None = None,
+        riders: list[Task] | None = None,
     ) -> Any:
         """Take ``task`` (a whole task description) into the engine: the one door every way of
         submitting goes through.
@@ -118,7 +119,8 @@ class Admission:
         writes (``claim_writes``); hand it to its device.  A task that is not admitted leaves no
         trace: its copies are dropped, its claims never made.  A nested task (submitted by a running
         task) is admitted over the limits, and while the engine closes.  ``counted`` runs under the
-        lock once it is admitted or queued.  ``BLOCK`` waits ``timeout`` seconds at most (then the task
+        lock once it is admitted or queued.  ``riders``: tasks made to read its result (the outputs
+        picked from a call's), admitted right after it, on its slot (``Scheduler.ride``).  ``BLOCK`` waits ``timeout`` seconds at most (then the task
         is cancelled).  In sync mode the task runs here once admitted, and its error is raised here.
 
         Returns True (admitted), False (``NOW``: at the limits; ``BLOCK``: it timed out or was
@@ -157,11 +159,13 @@ class Admission:
             if admitted:
                 if claims or counted is not None:
                     self._claim(task, claims, counted)
+                if riders is not None:
+                    core.ride(riders, task, stage)
             else:
                 token = None
                 if how != NOW:
                     token = self.bridge.token() if how == QUEUE else self._thread_token(task)
-                    core.enqueue(task, token, along)
+                    core.enqueue(task, token, along, riders)
                     if claims or counted is not None:
                         self._claim(task, claims, counted)
                 core.publish()  # a caller about to wait, or to retry, must see progress
@@ -178,8 +182,11 @@ class Admission:
                     if how == QUEUE and isinstance(error, StopIteration):  # (PEP 479: not through await)
                         raise stop_through_await(task, error) from error
                     raise error
+                for rider in riders or ():
+                    self._run_here(rider)
             elif self.forwarding:
-                self.admitted(task)
+                for admitted_task in (task, *(riders or ())):
+                    self.admitted(admitted_task)
             return True
         if how == BLOCK and token is not None:
             return self._wait_admission(task, token, timeout)
@@ -193,16 +200,18 @@ class Admission:
         if counted is not None:
             counted()
 
-    async def admission(self, task: Task, token: Any) -> None:
-        """Wait, on the loop, until ``task`` -- queued by ``admit(..., QUEUE)`` -- is admitted; if this
-        wait is cancelled (or Ctrl-C arrives here), nobody holds the task: it is cancelled."""
+    async def admission(self, task: Task, token: Any, riders: tuple[Task, ...] = ()) -> None:
+        """Wait, on the loop, until ``task`` -- queued by ``admit(..., QUEUE)`` -- is admitted (with its
+        ``riders``, as given to ``admit``); if this wait is cancelled (or Ctrl-C arrives here), nobody
+        holds the task: it is cancelled."""
         try:
             await token
         except BaseException:
             self.rt.cancel(task)  # not admitted yet, or admitted and now unwanted
             raise
         if self.forwarding:
-            self.admitted(task)
+            for admitted_task in (task, *riders):
+                self.admitted(admitted_task)
 
     def admitted(self, task: Task) -> None:
         """``task`` was admitted waiting for parents: a device that sends work ahead may send it."""

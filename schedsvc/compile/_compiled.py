@@ -29,7 +29,7 @@ from .._errors import LoadError, SchedsvcError, TraceError
 from .._port import port_of
 from .._runtime import buffer_of
 from .._tracing import ACTIVE, tracing
-from ..tensor import Op, Tensor, asarray, queue_op
+from ..tensor import Op, Tensor, asarray, queue_op, rider
 from ._cuda import CudaReplay, GraphCounts
 from ._graph import Constants, Graph, emit
 from ._saved import decode_entry, encode_entry, read, write
@@ -100,15 +100,22 @@ class Entry:
 
     def launch(self, engine: Port, arrays: Sequence[Any], compiled: Compiled[..., Any]) -> Any:
         """Queue one replay of ``compiled`` on ``arrays`` now, or raise QueueFull; its Tensor (or tuple/list)."""
-        return self._outputs(engine, arrays, self._replay(engine, arrays, compiled, None))
+        parts: list[Tensor] = []
+        whole = self._replay(engine, arrays, compiled, None, parts)
+        return self._result(whole, parts)
 
     async def launch_waiting(self, engine: Port, arrays: Sequence[Any], compiled: Compiled[..., Any]) -> Any:
         """Queue one replay, waiting for room (FIFO) while the engine is at its limits."""
         waiting: list[Any] = []
-        whole = self._replay(engine, arrays, compiled, waiting)
+        parts: list[Tensor] = []
+        whole = self._replay(engine, arrays, compiled, waiting, parts)
         if waiting:  # (cancelled while it waits, or Ctrl-C: nobody holds the call, it is cancelled)
-            await engine.admission(whole, waiting[0])
-        return self._outputs(engine, arrays, whole)
+            await engine.admission(whole, waiting[0], tuple(parts))
+        return self._result(whole, parts)
+
+    def _result(self, whole: Tensor, parts: list[Tensor]) -> Any:
+        kind = self.graph.out_kind
+        return whole if kind == "single" else tuple(parts) if kind == "tuple" else parts
 
     def _replay(
         self,
@@ -116,13 +123,22 @@ class Entry:
         arrays: Sequence[Any],
         compiled: Compiled[..., Any],
         waiting: list[Any] | None,
+        parts: list[Tensor],
     ) -> Tensor:
-        """The replay task, admitted within the engine's limits (or queued for admission, given ``waiting``)."""
+        """The replay task, admitted within the engine's limits (or queued for admission, given
+        ``waiting``); with several outputs, a Tensor per output picked from it, appended to ``parts``: they
+        ride on its slot (a call is one task within the limits), their bytes are the replay's."""
+        riders = None
         if self.graph.out_kind == "single":
             shape, dtype, source = self.outputs[0]
             root, memory = (None, None) if source is None else _alias(arrays, source)
         else:
             shape, dtype, root, memory = (), _OBJECT, None, None
+
+            def riders(whole: Tensor) -> list[Any]:
+                parts.extend(self._outputs(arrays, whole))
+                return parts
+
         if self.consts:
             arrays = [*arrays, *self._device_consts(engine)]
         return queue_op(
@@ -140,6 +156,7 @@ class Entry:
             replay=compiled,
             limits=True,
             waiting=waiting,
+            riders=riders,
         )
 
     def _device_consts(self, engine: Port) -> list[Tensor]:
@@ -151,10 +168,8 @@ class Entry:
             self.device_consts = consts
         return consts
 
-    def _outputs(self, engine: Port, arrays: Sequence[Any], whole: Tensor) -> Any:
-        """The call's result: the replay's Tensor, or a Tensor per output picked from it (admitted with it)."""
-        if self.graph.out_kind == "single":
-            return whole
+    def _outputs(self, arrays: Sequence[Any], whole: Tensor) -> list[Tensor]:
+        """A Tensor per output, picked from the replay's result (not admitted yet)."""
         parts = []
         owners: dict[int, Tensor] = {}  # memory (graph base) -> the first output living in it
         for i, (shape, dtype, source) in enumerate(self.outputs):
@@ -162,10 +177,10 @@ class Entry:
             base = self.graph.nodes[self.graph.outputs[i]].base
             if root is None and memory is None and base in owners:
                 root = owners[base]  # outputs sharing memory order their writes together
-            part = queue_op(engine, _PICK, [whole], {"index": i}, shape, dtype, root, None, memory=memory)
+            part = rider(_PICK, whole, {"index": i}, shape, dtype, root, memory)
             owners.setdefault(base, part.owner)
             parts.append(part)
-        return tuple(parts) if self.graph.out_kind == "tuple" else parts
+        return parts
 
 
 def _no_infer(metas: Any, attrs: Any) -> Any:

@@ -3,7 +3,7 @@
 from ._arrayops import ArrayOps, Operand, apply
 from ._ops import OPS, Op
 from ._tensor import Array, Tensor, check_out, concrete
-from ._tracking import TensorMemory, asarray, create, order_after, queue_op, shape_arg
+from ._tracking import TensorMemory, asarray, create, order_after, queue_op, rider, shape_arg
 
 __all__ = [
     "OPS",
@@ -20,5 +20,6 @@ __all__ = [
     "create",
     "order_after",
     "queue_op",
+    "rider",
     "shape_arg",
 ]

@@ -19,7 +19,7 @@ import math
 import operator
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, cast
 
@@ -37,7 +37,7 @@ from ._tensor import Tensor, concrete
 if TYPE_CHECKING:
     from .._port import Port
 
-__all__ = ["TensorMemory", "asarray", "create", "order_after", "queue_op", "shape_arg"]
+__all__ = ["TensorMemory", "asarray", "create", "order_after", "queue_op", "rider", "shape_arg"]
 
 
 class TensorMemory:
@@ -294,6 +294,7 @@ def queue_op(
     replay: Any = None,
     limits: bool = False,
     waiting: list[Any] | None = None,
+    riders: Callable[[Tensor], list[Task]] | None = None,
 ) -> Tensor:
     """Queue one Tensor operation; it is admitted over the limits (operators cannot wait).
 
@@ -303,6 +304,8 @@ def queue_op(
     task replays, counted under the lock.  ``limits``: admit it only within
     the limits (not nested), else raise QueueFull -- or, given ``waiting``,
     queue it for admission (FIFO) and append the token to await there.
+    ``riders``: makes, from the task, the tasks that read its result (``rider``),
+    admitted right after it on its slot of the limits.
     """
     tid = get_ident()
     args = tuple(args)
@@ -369,7 +372,11 @@ def queue_op(
         task._root = None
     counted = None if replay is None else replay.count_replay
     how = OVER if not limits else NOW if waiting is None else QUEUE
-    admitted = port.admit(task, tid, how, None if target is None else [target], counted)
+    claims = None if target is None else [target]
+    if riders is None:
+        admitted = port.admit(task, tid, how, claims, counted)
+    else:
+        admitted = port.admit(task, tid, how, claims, counted, None, riders(task))
     if admitted is True:
         return task
     if how == NOW:
@@ -379,6 +386,33 @@ def queue_op(
 
 
 Tensor._queue_op = queue_op
+
+
+def rider(
+    op: Op,
+    source: Tensor,
+    attrs: dict[str, Any],
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    root: Tensor | None,
+    memory: tuple[int, int] | None,
+) -> Tensor:
+    """A Tensor task of ``op`` on ``source``'s result alone, made before ``source`` is admitted, to be
+    admitted right after it as its rider (``queue_op``'s ``riders``): one of the outputs picked from a
+    call's result.  It allocates nothing (``out_bytes`` 0): its result is part of ``source``'s.  ``root``,
+    ``memory``: as ``queue_op``'s."""
+    args = (source,)
+    read = (source.memory[0], 0, False)  # (its bytes are counted as ``source``'s result, not again here)
+    task = Tensor(source._port, op.fn, args, attrs, source.device, (read,), args)
+    task.out_bytes, task.name = 0, op.name
+    task.shape, task.dtype, task._last_write, task._unseen = shape, dtype, None, None
+    if root is not None:
+        task.memory, task._root = root.memory, root
+    else:
+        nbytes = math.prod(shape) * dtype.itemsize if memory is None else memory[1]
+        task.memory = (id(task) if memory is None else memory[0], nbytes, False)
+        task._root = None
+    return task
 
 
 def pending_write(tensor: Any) -> Task | None:

@@ -1002,6 +1002,48 @@ async def test_compiled_submit_of_several_outputs_gives_them_after_admission() -
         assert_same_bits(await within(b), X.sum())
 
 
+@pytest.mark.parametrize("limit", [2, 4])
+async def test_compiled_calls_of_several_outputs_stay_within_max_pending(limit: int) -> None:
+    """A call is one task within the limits however many outputs it has: they ride on its slot."""
+    async with ss.Engine(cpu_workers=2, max_pending=limit) as eng:
+        split = eng.compile(lambda x: tuple(x + i for i in range(8)))
+        x = eng.asarray(X)
+        seen: list[int] = []
+
+        async def producer() -> list[Any]:
+            calls = []
+            for _ in range(10):
+                calls.append(await split.submit(x))
+                seen.append(eng.stats().pending)
+            return calls
+
+        results = await within(asyncio.gather(*(producer() for _ in range(4))))
+        assert max(seen) <= limit
+        for calls in results:
+            for parts in calls:
+                for i, part in enumerate(parts):
+                    assert_same_bits(await within(part), X + i)
+
+
+async def test_a_call_of_several_outputs_takes_one_slot() -> None:
+    async with ss.Engine(cpu_workers=1, max_pending=2) as eng:
+        split = eng.compile(lambda x: (x + 1, x * 2, x.sum()))
+        x = eng.asarray(X)
+        await within(split.submit(x))  # traced
+        await within(eng.waitall())
+        async with occupied(eng, 1):
+            a, b, c = split(x)
+            assert eng.stats().pending == 2 and not eng.has_room()
+            assert eng.stats().pending_bytes == X.nbytes + (2 * X.nbytes + 8)  # its input, its outputs once
+            with pytest.raises(ss.QueueFull):
+                split(x)
+        assert_same_bits(await within(a), X + 1)
+        assert_same_bits(await within(b), X * 2)
+        assert_same_bits(await within(c), X.sum())
+        await within(eng.waitall())
+        assert eng.stats().pending == 0
+
+
 async def test_a_compiled_call_inside_a_running_task_is_admitted_over_the_limits() -> None:
     async with ss.Engine(cpu_workers=1, max_pending=1) as eng:
         mlp = eng.compile(lambda x: x + 2)

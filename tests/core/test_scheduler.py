@@ -698,6 +698,101 @@ def test_a_group_larger_than_max_pending_gets_in_once_nothing_is_pending() -> No
     s.validate()
 
 
+def readers_of(call: Task, n: int) -> list[Task]:
+    """The outputs picked from a call's result (as a compiled call with several outputs makes them)."""
+    return [task(f"out{i}", deps=(call,)) for i in range(n)]
+
+
+def run(s: Scheduler, t: Task) -> None:
+    """Take ``t`` (or run it as it was handed back inline) and finish it."""
+    if t.state == "ready":
+        assert take(s) is t
+    assert t.state == "running"
+    out = finish(s, t)
+    for kind, obj in out:
+        if kind == "run":  # handed back to run inline: run it now, as the worker would
+            run(s, obj)
+
+
+def test_a_call_and_its_outputs_hold_one_slot_until_the_last_output_ends() -> None:
+    """The outputs ride on their call's slot; they outlive the call, so as it ends its slot passes to
+    them: one slot, from the call's admission until its last output ends."""
+    s = make(max_pending=1)
+    call = task("call")
+    assert s.submit(call)
+    outs = readers_of(call, 3)
+    s.ride(outs, call)
+    assert s.pending == 4 and s.riding == 3 and not s.has_room()
+    s.validate()
+    run(s, call)  # its slot passes to an output, which carries the others
+    assert s.riding == s.pending - 1 and not s.has_room()
+    s.validate()
+    for out in outs:
+        assert not s.has_room() and s.submit(task("over")) is False
+        if out.state != "done":
+            run(s, out)
+        s.validate()
+    assert s.pending == 0 and s.riding == 0 and s.has_room()
+    assert s.copies["admitted"] == 0  # (the outputs are no copies)
+
+
+def test_an_output_cancelled_before_its_call_runs_gets_off_its_slot() -> None:
+    s = make(max_pending=2)
+    call = task("call")
+    assert s.submit(call)
+    outs = readers_of(call, 2)
+    s.ride(outs, call)
+    cancel(s, outs[0])
+    assert outs[0].state == "cancelled" and s.pending - s.riding == 1  # (released once its call ends)
+    s.validate()
+    run(s, call)
+    s.validate()
+    if outs[1].state != "done":
+        run(s, outs[1])
+    assert s.pending == 0 and s.riding == 0
+    s.validate()
+
+
+def test_a_queued_call_is_admitted_with_its_outputs_on_one_slot() -> None:
+    s = make(max_pending=1)
+    blocker, call = task("blocker"), task("call")
+    submit(s, blocker)
+    outs = readers_of(call, 2)
+    s.enqueue(call, "token", riders=outs)
+    assert out_of(s) == [] and all(o.state == "new" for o in outs)
+    assert take(s) is blocker
+    assert ("admitted", "token") in finish(s, blocker)
+    assert s.pending == 3 and s.riding == 2 and not s.has_room()
+    s.validate()
+
+
+def test_a_queued_call_cancelled_never_admits_its_outputs() -> None:
+    s = make(max_pending=1)
+    blocker, call = task("blocker"), task("call")
+    submit(s, blocker)
+    outs = readers_of(call, 2)
+    s.enqueue(call, "token", riders=outs)
+    cancel(s, call)
+    take(s)
+    finish(s, blocker)
+    assert all(o.state == "new" for o in outs) and s.pending == 0 and s.riding == 0
+    s.validate()
+
+
+def test_the_outputs_of_a_call_that_failed_at_once_fail_with_it_and_hold_nothing() -> None:
+    s = make(max_pending=1)
+    parent = task("parent")
+    submit(s, parent)
+    take(s)
+    finish(s, parent, error=ValueError("boom"))
+    call = task("call", deps=(parent,))
+    assert s.submit(call, force=True) and call.state == "failed"
+    outs = readers_of(call, 2)
+    s.ride(outs, call)
+    assert all(o.state == "failed" for o in outs) and s.pending == 0 and s.riding == 0
+    s.validate()
+
+
 # -- admission ------------------------------------------------------------------------------
 
 

@@ -6,7 +6,8 @@ the limits are reached -- while tasks are taken, finished, failed, cancelled, la
 (in any order, successfully or not) in a random interleaving.  Whenever a task is ready or starts, every
 earlier task it conflicts with (a write and any access of the same buffer) must be final -- or launched,
 when both are on the gpu -- and every input it takes must be done (or launched, both on the gpu); in the
-end every task is final, resolved exactly once, and nothing is held.
+end every task is final, resolved exactly once, and nothing is held.  Some submissions come with riders
+(``Scheduler.ride``: the outputs picked from a call's result), which hold no slot of their own.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Spec:
     priority: int
     nbytes: int
     gpu: bool
+    riders: int = 0  # tasks that read its result, admitted with it on its slot
 
 
 specs = st.builds(
@@ -42,6 +44,7 @@ specs = st.builds(
     priority=st.integers(-1, 1),
     nbytes=st.integers(0, 16),
     gpu=st.booleans(),
+    riders=st.sampled_from([0, 0, 0, 1, 3]),
 )
 
 actions = st.lists(
@@ -82,6 +85,8 @@ class Driver:
     ran: set[int] = field(default_factory=set)  # ids of tasks that started
     cancelled_by_user: set[int] = field(default_factory=set)
     never_admitted: set[int] = field(default_factory=set)  # cancelled while waiting for admission
+    riders: dict[int, list[Task]] = field(default_factory=dict)  # id(submission) -> its riders
+    call_of: dict[int, Task] = field(default_factory=dict)  # id(rider) -> its submission
 
     def step(self, kind: str, n: int) -> None:
         s = self.s
@@ -95,7 +100,7 @@ class Driver:
                 self.started(task)
         elif kind in ("finish", "fail") and self.running:
             task = self.running.pop(n % len(self.running))
-            error = RuntimeError(f"task {self.tasks.index(task)}") if kind == "fail" else None
+            error = RuntimeError(f"task {task.name}") if kind == "fail" else None
             nxt = s.finish(task, value=n, error=error)
             if nxt is not None:
                 self.started(nxt)
@@ -117,15 +122,17 @@ class Driver:
                 self.started(nxt)
         elif kind == "launch_fail" and self.launching:
             task = self.launching.pop(n % len(self.launching))
-            nxt = s.finish(task, error=RuntimeError(f"launch of task {self.tasks.index(task)}"))
+            nxt = s.finish(task, error=RuntimeError(f"launch of task {task.name}"))
             if nxt is not None:
                 self.started(nxt)
         elif kind in ("complete", "complete_fail") and self.launched:
             task = self.launched.pop(n % len(self.launched))
-            error = RuntimeError(f"task {self.tasks.index(task)}") if kind == "complete_fail" else None
+            error = RuntimeError(f"task {task.name}") if kind == "complete_fail" else None
             s.complete(task, value=n, error=error)
         elif kind == "cancel" and self.tasks:
-            task = self.tasks[n % len(self.tasks)]
+            # (a rider is made known once it is admitted: the outputs a call returns)
+            every = [*self.tasks, *(r for t in self.tasks for r in self.riders[id(t)] if r.state != "new")]
+            task = every[n % len(every)]
             before = task.state
             if s.cancel(task):
                 assert before in ("admitting", "waiting", "ready"), before
@@ -158,10 +165,17 @@ class Driver:
         )
         task.watchers = []
         self.tasks.append(task)
+        riders = [Task(name=f"{index}.{i}", deps=(task,), device=device) for i in range(spec.riders)]
+        for rider in riders:
+            rider.watchers = []
+            self.call_of[id(rider)] = task
+        self.riders[id(task)] = riders
         if self.s.submit(task, stage=stage):
             self.admitted.append(task)
+            if riders:
+                self.s.ride(riders, task, stage)
         else:
-            self.s.enqueue(task, task)
+            self.s.enqueue(task, task, riders=riders)
 
     def absorb(self, out: list[tuple[str, Any]]) -> None:
         for kind, obj in out:
@@ -183,6 +197,11 @@ class Driver:
     def may_start(self, task: Task) -> None:
         """``task`` is ready or starts: an input or conflicting earlier task on another device (or on
         the cpu) is final (done, for an input); one on the same asynchronous device may be launched."""
+        call = self.call_of.get(id(task))
+        if call is not None:  # a rider: it reads its submission's result alone
+            same = call.device == task.device == GPU
+            assert call.state == "done" or (same and call.state == "launched"), (task, call)
+            return
         index = self.tasks.index(task)
         spec = self.specs[index]
         behind_ok = ("launched",) if task.device == GPU else ()
@@ -305,7 +324,7 @@ def run_program(
         driver.step(kind, n)
     driver.drain_all()
 
-    assert s.pending == 0 and s.running == 0 and s.launched == 0 and s.pending_bytes == 0
+    assert s.pending == 0 and s.riding == 0 and s.running == 0 and s.launched == 0 and s.pending_bytes == 0
     assert s.device_pending_bytes(GPU) == 0
     assert s.waiting_admission == 0
     assert len(driver.admitted) + len(driver.never_admitted) == len(task_specs)
@@ -324,6 +343,13 @@ def run_program(
             if task.state == "done":
                 assert all(p.state == "done" for p in inputs)
         assert driver.resolves.get(id(task)) == 1, (index, task.state, driver.resolves.get(id(task)))
-    assert s.submitted == len(driver.admitted)
+        for rider in driver.riders[id(task)]:
+            if id(task) in driver.never_admitted:
+                assert rider.state == "new" and id(rider) not in driver.resolves
+                continue
+            assert driver.resolves.get(id(rider)) == 1, rider
+            assert rider.state in FINAL_STATES and (rider.state != "done" or task.state == "done")
+    riders = sum(len(driver.riders[id(t)]) for t in driver.admitted)
+    assert s.submitted == len(driver.admitted) + riders
     # a task cancelled before it was admitted is not counted: the counts add up to what was submitted
     assert s.completed + s.failed + s.cancelled == s.submitted
