@@ -31,7 +31,7 @@ from .._runtime import buffer_of
 from .._tracing import ACTIVE, tracing
 from ..tensor import Op, Tensor, asarray, queue_op, rider
 from ._cuda import CudaReplay, GraphCounts
-from ._graph import Constants, Graph, emit
+from ._graph import Constants, Graph, emit, work_bytes
 from ._saved import decode_entry, encode_entry, read, write
 from ._trace import trace
 
@@ -59,6 +59,7 @@ class Entry:
     """
 
     __slots__ = (
+        "call_bytes",
         "consts",
         "device",
         "device_consts",
@@ -71,7 +72,9 @@ class Entry:
         "tensors",
     )
 
-    def __init__(self, signature: Any, graph: Graph, counts: GraphCounts, port: Port) -> None:
+    def __init__(
+        self, signature: Any, graph: Graph, counts: GraphCounts, port: Port, loaded: bool = False
+    ) -> None:
         self.signature = signature
         self.graph = graph
         self.device = _device_of(signature, port)
@@ -89,6 +92,9 @@ class Entry:
             (graph.nodes[o].shape, graph.nodes[o].dtype, _input_of(graph, o)) for o in graph.outputs
         ]
         self.out_bytes = sum(math.prod(s) * d.itemsize for s, d, src in self.outputs if src is None)
+        #: a replay's bytes within the engine's limits: its outputs' -- and for a loaded graph (its file
+        #: untrusted), what its arrays hold at once, intermediates too: a file never allocates past the limits
+        self.call_bytes = max(self.out_bytes, work_bytes(graph)) if loaded else self.out_bytes
         # (shape, dtype, device) per argument when the signature is Tensors/arrays in positional order:
         # ``Compiled.__call__`` then matches a call without building its signature
         parts = signature if isinstance(signature, tuple) else ()
@@ -152,7 +158,7 @@ class Entry:
             None,
             memory=memory,
             device=self.device,  # a cuda signature's (a cpu Tensor before its first cuda one is moved there)
-            out_bytes=self.out_bytes,
+            out_bytes=self.call_bytes,
             replay=compiled,
             limits=True,
             waiting=waiting,
@@ -459,7 +465,7 @@ def load(path: str | os.PathLike[str], engine: Engine) -> Compiled[..., Any]:
         for item in doc["entries"]:
             signature, graph = decode_entry(item)
             compiled._constants.share(graph)
-            entry = Entry(signature, graph, compiled._graph_counts, compiled._port)
+            entry = Entry(signature, graph, compiled._graph_counts, compiled._port, loaded=True)
             compiled._store(signature, entry)
     except RecursionError as exc:
         raise LoadError(f"{where!r} nests its values too deeply to be a saved compiled function") from exc

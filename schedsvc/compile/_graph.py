@@ -28,7 +28,7 @@ import numpy as np
 
 from ..tensor import OPS
 
-__all__ = ["Constants", "Graph", "Node", "Ref", "optimize"]
+__all__ = ["Constants", "Graph", "Node", "Ref", "dead_code_dropped", "memory_plan", "optimize", "work_bytes"]
 
 
 class Ref(int):
@@ -186,8 +186,8 @@ def optimize(graph: Graph) -> Graph:
     report = {"traced": sum(1 for n in graph.nodes if n.op not in ("input", "const"))}
     folded = _fold(graph)
     merged = _cse(graph)
-    graph = _dce(graph)
-    graph.reuse = _plan_reuse(graph)
+    graph = dead_code_dropped(graph)
+    graph.reuse = memory_plan(graph)
     report.update(folded=folded, merged=merged)
     report["kept"] = sum(1 for n in graph.nodes if n.op not in ("input", "const", "dead"))
     report["reused"] = len(graph.reuse)
@@ -255,7 +255,7 @@ def _key(node: Node) -> Any:
     return node.op, args, repr(sorted(node.attrs.items()))
 
 
-def _dce(graph: Graph) -> Graph:
+def dead_code_dropped(graph: Graph) -> Graph:
     """Keep what the outputs need: their nodes, and every write to memory read after it."""
     nodes = graph.nodes
     live = set(graph.outputs)
@@ -329,7 +329,7 @@ _EXACT_IN_PLACE = frozenset(
 )
 
 
-def _plan_reuse(graph: Graph) -> dict[int, int]:
+def memory_plan(graph: Graph) -> dict[int, int]:
     """Elementwise ufunc nodes that write into an operand's memory, where that use is the memory's last.
 
     The memory must be computed inside the graph (not an input or a
@@ -373,6 +373,36 @@ def _plan_reuse(graph: Graph) -> dict[int, int]:
                     other.base = base
             break
     return reuse
+
+
+def work_bytes(graph: Graph) -> int:
+    """The most bytes a replay's arrays hold at once, at most: each array an op makes (a reuse counted as a
+    new one, as it is when its operand is not C-contiguous) held until the last use of its memory, the
+    outputs to the end, and the copy of a constant output."""
+    nodes = graph.nodes
+    memory_last: dict[int, int] = {}
+    for ref, i in _last_uses(graph).items():
+        base = nodes[ref].base
+        memory_last[base] = max(memory_last.get(base, -1), i)
+    freed: dict[int, int] = {}  # node -> bytes freed once it has run
+    held = peak = 0
+    for i, node in enumerate(nodes):
+        makes = node.base == i or i in graph.reuse
+        if makes and node.out is None and node.op not in ("input", "const", "dead"):
+            nbytes = _nbytes(node)
+            held += nbytes
+            peak = max(peak, held)
+            last = memory_last.get(node.base, i)
+            freed[last] = freed.get(last, 0) + nbytes
+        held -= freed.pop(i, 0)
+    return peak + sum(_nbytes(nodes[o]) for o in graph.outputs if nodes[o].op == "const")
+
+
+def _nbytes(node: Node) -> int:
+    size = 1
+    for d in node.shape:
+        size *= d
+    return size * node.dtype.itemsize
 
 
 def _last_uses(graph: Graph) -> dict[int, int]:

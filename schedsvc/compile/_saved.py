@@ -2,9 +2,11 @@
 
 ``encode_entry`` and ``write`` make the file ``Compiled.save`` writes;
 ``read`` and ``decode_entry`` take it back for ``load``.  Nothing in the file
-is trusted: every shape and dtype is inferred again from the ops
-(``_check_types``), and everything that goes into generated replay code is a
-node index or a known name (``_check_graph``).  A file that fails raises
+is trusted: every shape and dtype is inferred again from the ops, and the
+memory each node lives in, what it may write, which nodes run and the memory
+plan are derived again as tracing derives them (``_rederive``); everything
+that goes into generated replay code is a node index or a known name
+(``_check_graph``).  A file that fails raises
 ValueError, KeyError, TypeError, ... here; ``load`` turns that into a
 ``LoadError`` naming the file.
 """
@@ -21,7 +23,7 @@ import numpy as np
 
 from .._errors import LoadError
 from ..tensor import Op, check_out
-from ._graph import Graph, Node, Ref
+from ._graph import Graph, Node, Ref, dead_code_dropped, memory_plan
 
 __all__ = ["decode_entry", "encode_entry", "read", "write"]
 
@@ -56,7 +58,7 @@ def decode_entry(item: Any) -> tuple[Any, Graph]:
     """(signature, graph) of one saved entry, its graph checked against the signature."""
     signature = _dec(item["signature"])
     graph = _dec_graph(item["graph"])
-    _check_types(graph, signature)
+    _rederive(graph, signature)
     return signature, graph
 
 
@@ -191,11 +193,18 @@ def _dec_graph(doc: dict[str, Any]) -> Graph:
     return graph
 
 
-def _check_types(graph: Graph, signature: Any) -> None:
-    """Infer every live node's shape and dtype again, from the signature's inputs on; the file's must agree.
+def _rederive(graph: Graph, signature: Any) -> None:
+    """Derive the graph's facts again from its ops, from the signature's inputs on, as tracing did.
 
-    A replay's Tensors take their shapes and dtypes from the graph, so a file
-    edited to claim others would give Tensors that disagree with their values.
+    Every node's shape and dtype are inferred again, and the file's must
+    agree: a replay's Tensors take their shapes and dtypes from the graph, so
+    a file edited to claim others would give Tensors that disagree with their
+    values.  The memory each node lives in (``base``) is derived, not read:
+    a view's is its operand's, so a write can never reach an argument's or a
+    constant's memory through a view the file claims owns its memory.  Nodes
+    the outputs do not need are dropped, and the memory plan (which results
+    reuse a dead intermediate) is made again; a reuse in the file that the
+    plan would not make is refused.
     """
     from ..tensor import OPS
 
@@ -204,8 +213,10 @@ def _check_types(graph: Graph, signature: Any) -> None:
     if [nodes[i].op for i in graph.inputs] != ["input"] * len(arrays):
         raise ValueError(f"the graph's inputs {graph.inputs} are not one input node per array argument")
     for i, node in enumerate(nodes):
-        if node.op == "dead":
+        if node.op == "dead":  # (nothing of the file's: it neither runs nor writes)
+            nodes[i] = Node("dead", (), {}, node.shape, node.dtype, i)
             continue
+        base = i
         if node.op == "input":
             if not 0 <= node.value < len(arrays) or graph.inputs[node.value] != i:
                 raise ValueError(f"input node {i} is not the graph's input {node.value}")
@@ -214,19 +225,21 @@ def _check_types(graph: Graph, signature: Any) -> None:
             value = np.asarray(node.value)
             shape, dtype = value.shape, value.dtype
         else:
-            shape, dtype = _infer_node(nodes, i, OPS[node.op])
+            shape, dtype, base = _infer_node(nodes, i, OPS[node.op])
         if node.shape != shape or node.dtype != dtype:
             raise ValueError(
                 f"node {i} ({node.op}) is {node.dtype}{list(node.shape)} in the file, but its operands give "
                 f"{dtype}{list(shape)}"
             )
-        node.shape = shape
+        node.shape, node.base = shape, base
     for i in graph.outputs:
         if nodes[i].op == "dead":
             raise ValueError(f"output node {i} is dead")
-    for i, j in graph.reuse.items():  # an elementwise result written into a dead intermediate of its type
-        same = (nodes[j].shape, nodes[j].dtype) == (nodes[i].shape, nodes[i].dtype)
-        if not j < i or nodes[j].op in ("input", "const", "dead") or not same:
+    claimed = graph.reuse
+    dead_code_dropped(graph)
+    graph.reuse = memory_plan(graph)
+    for i, j in claimed.items():  # an elementwise result written into a dead intermediate of its type
+        if graph.reuse.get(i) != j:
             raise ValueError(f"node {i} cannot reuse node {j}'s memory")
 
 
@@ -243,8 +256,9 @@ def _signature_arrays(signature: Any) -> list[tuple[tuple[int, ...], np.dtype[An
     return arrays
 
 
-def _infer_node(nodes: list[Node], i: int, op: Op) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """(shape, dtype) of node ``i`` from its operands', as tracing inferred it."""
+def _infer_node(nodes: list[Node], i: int, op: Op) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+    """(shape, dtype, base) of node ``i`` from its operands', as tracing inferred them: a write lives in
+    the memory it writes, which must be memory the graph computed; a view in its operand's memory."""
     node = nodes[i]
     metas: list[Any] = []
     for a in node.args:
@@ -255,14 +269,18 @@ def _infer_node(nodes: list[Node], i: int, op: Op) -> tuple[tuple[int, ...], np.
         else:
             raise ValueError(f"node {i} reads node {a}, which is not computed before it")
     try:
-        shape, dtype, _ = op.infer(metas, node.attrs)
+        shape, dtype, view = op.infer(metas, node.attrs)
         if node.out is None:
-            return tuple(shape), dtype
+            if not view:
+                return tuple(shape), dtype, i
+            if not node.args or not isinstance(node.args[0], Ref):
+                raise ValueError("it is a view of no node")
+            return tuple(shape), dtype, nodes[node.args[0]].base
         target = nodes[node.out]
         if not node.out < i or nodes[target.base].op in ("input", "const", "dead"):
             raise ValueError(f"it writes node {node.out}, which is not memory the graph computed before it")
         check_out(op, shape, dtype, target)
-        return target.shape, target.dtype
+        return target.shape, target.dtype, target.base
     except Exception as exc:
         raise ValueError(f"node {i} ({node.op}) on its operands fails: {exc}") from exc
 
@@ -293,5 +311,7 @@ def _check_graph(graph: Graph) -> None:
         for key in node.attrs:
             if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
                 raise ValueError(f"node {i} has an attribute name {key!r} that is not an identifier")
+            if key in ("out", "spans"):  # (a write's target is its node's ``out``; ``spans`` a batch's)
+                raise ValueError(f"node {i} has an attribute named {key!r}, which no op takes")
         if node.op == "input" and type(node.value) is not int:
             raise ValueError(f"input node {i} has no argument position")

@@ -396,6 +396,120 @@ async def test_corrupted_file_raises_value_error(
         ss.load(write(tmp_path, saved), engine)
 
 
+# -- a loaded file is untrusted: what it says about memory is derived again ------------------------------
+
+
+async def traced(engine: ss.Engine, tmp_path: Path, fn: Any, x: np.ndarray) -> dict[str, Any]:
+    """The saved document of ``fn`` compiled and called once on ``x``."""
+    c = engine.compile(fn)
+    await within(c(x))
+    c.save(tmp_path / "traced.json")
+    doc: dict[str, Any] = json.loads((tmp_path / "traced.json").read_text())
+    return doc
+
+
+def write_in_a_view(x: Any) -> Any:
+    y = x * 1  # nodes: 0 input, 1 multiply, 2 getitem (a view of 1), 3 add writing 2
+    v = y[0:2]
+    v += 1
+    return y
+
+
+async def loaded_run_leaves_argument(engine: ss.Engine, path: Path, fn: Any) -> bool:
+    """Load ``path``: False if the file is refused; else call it and check the result is ``fn``'s and the
+    argument is untouched (True)."""
+    try:
+        loaded = ss.load(path, engine)
+    except ss.LoadError:
+        return False
+    x = np.arange(4.0)
+    result = await within(loaded(x))
+    assert_same_bits(x, np.arange(4.0))  # the caller's array is never written
+    assert_same_bits(result, fn(np.arange(4.0)))
+    return True
+
+
+async def test_a_reuse_onto_a_view_of_an_argument_is_refused(engine: ss.Engine, tmp_path: Path) -> None:
+    doc = await traced(engine, tmp_path, lambda x: x[0:2] * 2, np.ones(4))
+    doc["entries"][0]["graph"]["reuse"] = [[2, 1]]  # the product written into x[0:2]: the caller's array
+    with pytest.raises(ss.LoadError, match="node 2 cannot reuse node 1's memory"):
+        ss.load(write(tmp_path, doc), engine)
+
+
+async def test_a_view_that_claims_memory_of_its_own_cannot_write_an_argument(
+    engine: ss.Engine, tmp_path: Path
+) -> None:
+    doc = await traced(engine, tmp_path, write_in_a_view, np.ones(4))
+    node = nodes_of(doc)[2]
+    node["args"][0], node["base"] = {"ref": 0}, 2  # a view of the argument that says it owns its memory
+    with pytest.raises(ss.LoadError, match="writes node 2, which is not memory the graph computed"):
+        ss.load(write(tmp_path, doc), engine)
+
+
+async def test_no_base_or_reuse_in_a_file_makes_a_replay_write_its_argument(
+    engine: ss.Engine, tmp_path: Path
+) -> None:
+    """Every node's base set to every node, and every reuse pair: each file is refused, or its replay
+    gives the function's result and leaves the argument as it was."""
+    doc = await traced(engine, tmp_path, write_in_a_view, np.ones(4))
+    n = len(nodes_of(doc))
+    ran = 0
+    for i in range(n):
+        for base in range(n):
+            edited = json.loads(json.dumps(doc))
+            nodes_of(edited)[i]["base"] = base
+            ran += await loaded_run_leaves_argument(engine, write(tmp_path, edited), write_in_a_view)
+    for i in range(n):
+        for j in range(n):
+            edited = json.loads(json.dumps(doc))
+            edited["entries"][0]["graph"]["reuse"] = [[i, j]]
+            ran += await loaded_run_leaves_argument(engine, write(tmp_path, edited), write_in_a_view)
+    assert ran >= n * n  # (the bases are derived again: every base edit loads and runs as traced)
+
+
+def arange_node(stop: int, base: int) -> dict[str, Any]:
+    return {
+        "op": "arange",
+        "args": [],
+        "attrs": {"start": 0, "stop": stop, "step": 1},
+        "shape": [stop],
+        "dtype": "<i8",
+        "base": base,
+        "out": None,
+        "value": None,
+    }
+
+
+async def test_nodes_the_outputs_do_not_need_never_run(
+    engine: ss.Engine, tmp_path: Path, saved: dict[str, Any]
+) -> None:
+    nodes_of(saved).append(arange_node(2**40, 3))  # 8 TiB nothing reads
+    loaded = ss.load(write(tmp_path, saved), engine)
+    assert_same_bits(await within(loaded(np.ones(2))), np.exp(np.ones(2)) + 1)
+
+
+async def test_a_loaded_graph_s_intermediates_count_within_max_pending_bytes(tmp_path: Path) -> None:
+    async with ss.Engine(cpu_workers=1, max_pending_bytes=1 << 20) as eng:
+        doc = await traced(eng, tmp_path, lambda x: x.sum(), np.ones(4, dtype=np.int64))
+        nodes = nodes_of(doc)  # input, sum of the input -> sum of an 8 TiB range
+        nodes.insert(1, arange_node(2**40, 1))
+        nodes[2]["args"] = [{"ref": 1}]
+        nodes[2]["base"] = 2
+        doc["entries"][0]["graph"]["outputs"] = [2]
+        loaded = ss.load(write(tmp_path, doc), eng)
+        with pytest.raises(ss.MemoryLimitError, match="max_pending_bytes"):
+            loaded(np.ones(4, dtype=np.int64))
+        assert eng.stats().pending == 0
+
+
+async def test_an_attribute_named_out_gives_load_error(
+    engine: ss.Engine, tmp_path: Path, saved: dict[str, Any]
+) -> None:
+    nodes_of(saved)[2]["attrs"]["out"] = None
+    with pytest.raises(ss.LoadError, match="attribute named 'out'"):
+        ss.load(write(tmp_path, saved), engine)
+
+
 # Regression (a bug at f160ac0): load() pastes graph fields (inputs, attribute names) from the file into
 # generated Python source and exec()s it, so a crafted file runs arbitrary code despite 'JSON, no pickle'
 @pytest.mark.parametrize("where", ["inputs", "attr-name"])
