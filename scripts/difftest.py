@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.differential.check import Verdict, check_seed, minimize
-from tests.differential.program import FAMILIES, KINDS
+from tests.differential.program import EXTRA_FAMILIES, FAMILIES, KINDS
 from tests.differential.test_differential import FEATURE_SETS
 
 
@@ -38,10 +38,10 @@ def feature_sets(spec: str) -> dict[str, frozenset[str]]:
             sets[name] = FEATURE_SETS[name][0]
         else:
             fams = frozenset(name.split("+"))
-            unknown = fams - set(FAMILIES)
+            unknown = fams - {*FAMILIES, *EXTRA_FAMILIES}
             if unknown:
                 raise SystemExit(
-                    f"unknown feature set or family {sorted(unknown)}: sets {sorted(FEATURE_SETS)}, families {FAMILIES}"
+                    f"unknown feature set or family {sorted(unknown)}: sets {sorted(FEATURE_SETS)}, families {(*FAMILIES, *EXTRA_FAMILIES)}"
                 )
             sets[name] = fams
     return sets
@@ -162,7 +162,7 @@ def main() -> int:
             f"{name:28s} {runs[name]:9d} {len(bad[name]):11d} {hangs[name]:6d}  {'+'.join(sorted(sets[name]))}"
         )
     print(f"\n{'family (programs using it)':28s} {'programs':>9s} {'mismatches':>11s} {'hangs':>6s}")
-    for fam in FAMILIES:
+    for fam in (*FAMILIES, *EXTRA_FAMILIES):
         print(f"{fam:28s} {fam_runs[fam]:9d} {fam_bad[fam]:11d} {fam_hangs[fam]:6d}")
     total_bad = sum(len(v) for v in bad.values())
     print(

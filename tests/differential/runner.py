@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Callable
+import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
@@ -47,7 +49,14 @@ from .program import (
 STEP_TIMEOUT = 10.0
 
 #: The kinds of statement that observe: each gives one outcome, in program order.
-OBSERVING = frozenset({"observe", "run", "map", "g_await", "t_asarray_await"})
+OBSERVING = frozenset({"observe", "run", "map", "g_await", "t_asarray_await", "x_observe"})
+
+#: Programs of these families alone submit everything within the limits: ``stats().pending`` never passes
+#: ``max_pending`` after a statement (Tensor operators, executor and batching paths may pass them).
+WITHIN_LIMITS = frozenset({"submit", "views", "compile", "outputs", "saved", "cancel", "failures"})
+
+#: What an await cancelled before it gave its value leaves in its handle.
+CANCELLED_AWAIT = object()
 
 EXECUTOR_FNS: dict[str, Callable[..., Any]] = {
     "total": total,
@@ -73,12 +82,14 @@ class Result:
 
 
 class Interpreter:
-    def __init__(self, eng: ss.Engine, result: Result) -> None:
+    def __init__(self, eng: ss.Engine, result: Result, folder: str) -> None:
         self.eng = eng
         self.ex = eng.executor()
         self.buffers = fresh_buffers()
         self.handles: dict[str, Any] = {}
         self.result = result
+        self.folder = folder  # where compiled functions are saved
+        self.saves = 0
 
     def view(self, x: Any) -> np.ndarray:
         if x[0] == "V":
@@ -123,7 +134,30 @@ class Interpreter:
         self.result.outcomes.append(outcome)
         self.result.messages.append(message)
 
+    async def cancelled_after(self, checkpoints: int, make: Callable[[], Awaitable[Any]]) -> Any:
+        """Await ``make()``, cancelling the await once the loop has passed ``checkpoints`` more times: its
+        value (or the exception it raised), or ``CANCELLED_AWAIT`` if the cancellation came first."""
+        got: list[Any] = []
+
+        async def cancel_later() -> None:
+            for _ in range(checkpoints):
+                await anyio.lowlevel.checkpoint()
+            outer.cancel()
+
+        with anyio.CancelScope() as outer:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_later)
+                try:
+                    got.append(await make())
+                except Exception as exc:  # (TaskCancelled included: a task cancelled before)
+                    got.append(exc)
+                tg.cancel_scope.cancel()
+        return got[0] if got else CANCELLED_AWAIT
+
     async def observe(self, awaitable: Any) -> None:
+        if awaitable is CANCELLED_AWAIT:  # its submission was cancelled: the task was never admitted
+            self.record(("error", "TaskCancelled", None), "the awaited submission was cancelled")
+            return
         try:
             if isinstance(awaitable, cf.Future):
                 v = await anyio.to_thread.run_sync(awaitable.result, STEP_TIMEOUT)
@@ -177,6 +211,28 @@ class Interpreter:
             await self.observe(self.eng.run(total, await a(ops[0])))
         elif k == "observe":
             await self.observe(self.handles[ops[0][1]])
+        elif k == "x_submit":
+            view = await a(ops[0])
+            got = await self.cancelled_after(ops[1], lambda: self.eng.submit(total, view))
+            if isinstance(got, Exception):
+                raise got
+            self.handles[s.out] = got  # type: ignore[index]
+        elif k == "x_observe":
+            h = self.handles[ops[0][1]]
+            if h is CANCELLED_AWAIT:
+                await self.observe(h)
+                return
+            got = await self.cancelled_after(ops[1], lambda: h)
+            if got is CANCELLED_AWAIT:
+                self.record(("interrupted",), "the await was cancelled")
+            elif isinstance(got, Exception):
+                self.record(error_outcome(got), f"{type(got).__name__}: {got}")
+            else:
+                self.record(value_outcome(got))
+        elif k == "x_waitall":
+            await self.cancelled_after(ops[0], self.eng.waitall)
+        elif k == "x_throttle":
+            await self.cancelled_after(ops[0], self.eng.throttle)
         elif k == "e_loop":
             fn, args = EXECUTOR_FNS[ops[0]], [await a(x) for x in ops[1:]]
             self.handles[s.out] = await self.admit(lambda: self.ex.submit(fn, *args))  # type: ignore[index]
@@ -243,6 +299,30 @@ class Interpreter:
             h[ops[0][1]] = t
         elif k == "c_def":
             h[out] = self.eng.compile(UNARY[ops[0]])
+        elif k == "c_def2":
+            first, second = UNARY[ops[0]], UNARY[ops[1]]
+            h[out] = self.eng.compile(lambda x: (first(x), second(x)))
+        elif k == "c_call2":
+            f, x = await a(ops[0]), await a(ops[1])
+            h[out] = (await self.admit(lambda: f(x)))[ops[2]]
+        elif k == "c_submit2":
+            f, x = await a(ops[0]), await a(ops[1])
+            h[out] = (await f.submit(x))[ops[2]]
+        elif k == "c_saved":  # saved once a call traced it, loaded, called on the same argument
+            f, x = await a(ops[0]), await a(ops[1])
+            await self.admit(lambda: f(x))
+            self.saves += 1
+            path = f"{self.folder}/saved{self.saves}.json"
+            f.save(path)
+            loaded = ss.load(path, self.eng)
+            result = await self.admit(lambda: loaded(x))
+            h[out] = result[ops[2]] if len(ops) > 2 else result
+        elif k == "x_csubmit":
+            f, x = await a(ops[0]), await a(ops[1])
+            got = await self.cancelled_after(ops[2], lambda: f.submit(x))
+            if isinstance(got, Exception):
+                raise got
+            h[out] = got[ops[3]] if len(ops) > 3 and got is not CANCELLED_AWAIT else got
         elif k == "c_call":
             f, x = await a(ops[0]), await a(ops[1])
             h[out] = await self.admit(lambda: f(x))
@@ -281,7 +361,9 @@ async def run_program(program: Program) -> Result:
     if scope.cancelled_caught:
         result.failure, result.hang = "the engine did not start", True
         return result
-    interp = Interpreter(eng, result)
+    folder = tempfile.TemporaryDirectory(prefix="schedsvc-difftest-")
+    interp = Interpreter(eng, result, folder.name)
+    limited = program.families <= WITHIN_LIMITS
     where = "the end"
     try:
         for i, s in enumerate(program.stmts):
@@ -290,6 +372,10 @@ async def run_program(program: Program) -> Result:
                 await interp.step(s)
             if scope.cancelled_caught:
                 result.failure, result.hang = f"hung at {where}", True
+                break
+            pending = eng.stats().pending
+            if limited and pending > program.config.max_pending:
+                result.failure = f"{pending} tasks pending after {where}: over max_pending"
                 break
         else:
             where = "eng.waitall() at the end"
@@ -311,6 +397,7 @@ async def run_program(program: Program) -> Result:
         if scope.cancelled_caught:
             result.hang = True
             result.failure = result.failure or "hung in aclose()"
+    folder.cleanup()
     if sim is not None:
         if sim.races:
             result.failure = result.failure or f"the CUDA simulator saw races: {sim.races[:2]}"

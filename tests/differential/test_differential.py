@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from .check import Verdict, check, check_seed, compare
-from .program import FAMILIES, INJ, Config, Model, Program, Stmt, dep, generate, run_reference
+from .program import EXTRA_FAMILIES, FAMILIES, INJ, Config, Model, Program, Stmt, dep, generate, run_reference
 from .runner import Result
 
 #: Seeds per feature set in CI (programs of 15-40 statements, plus a final observation of every handle).
@@ -45,6 +45,13 @@ FEATURE_SETS: dict[str, tuple[frozenset[str], str | None]] = {
         ("mixed_tensor", set(FAMILIES) - {"batched", "failures", "submit"}, None),
         ("mixed_no_tensor", set(FAMILIES) - {"batched", "tensor", "cuda"}, None),
         ("mixed", set(FAMILIES), None),
+        # compiled functions of two outputs under small limits, saved and loaded ones, cancelled awaits
+        ("outputs", {"compile", "outputs", "submit", "views"}, None),
+        ("saved", {"compile", "saved", "outputs", "tensor", "views"}, None),
+        ("cancel", {"cancel", "submit", "compile", "outputs", "views", "failures"}, None),
+        ("cancel_tensor", {"cancel", "compile", "tensor", "views"}, None),
+        ("cancel_cuda", {"cancel", "compile", "cuda", "tensor"}, None),
+        ("mixed_extra", {*FAMILIES, *EXTRA_FAMILIES}, None),
     ]
 }
 
@@ -90,6 +97,19 @@ def test_feature_set_equals_sequential_numpy(name: str) -> None:
 #: SET`` lists it and minimizes it.  Seeds are tied to the generator: a change to ``program.py`` that draws
 #: differently makes new programs of them (the minimal programs below do not move).
 SEEDS: list[tuple[int, str, str, str | None]] = [
+    (
+        2,
+        "outputs",
+        "t21 = c13(B1[5:6])[1] at max_pending=2: each output picked from a call's result took a slot of its "
+        "own (3 tasks pending)",
+        None,
+    ),
+    (
+        1,
+        "cancel",
+        "t2 = (await c1.submit(B1[::2]))[0], its await cancelled: the call's outputs took slots of their own",
+        None,
+    ),
     (
         1106,
         "mixed",
@@ -328,7 +348,8 @@ def test_every_statement_kind_is_generated() -> None:
     """Over a few seeds of all families, every kind of statement appears (so no family is silently empty)."""
     from .program import KINDS
 
-    seen = {s.kind for seed in range(40) for s in generate(seed, set(FAMILIES)).stmts}
+    every = {*FAMILIES, *EXTRA_FAMILIES}
+    seen = {s.kind for seed in range(40) for s in generate(seed, every).stmts}
     assert seen == set(KINDS), f"never generated: {sorted(set(KINDS) - seen)}"
 
 
