@@ -76,6 +76,10 @@ def parse_rows(body: bytes) -> np.ndarray:
     try:
         rows = json.loads(body)["rows"]
         x = np.array(rows, dtype=np.float64)
+    except RecursionError as exc:  # nested deeper than the interpreter recurses
+        raise BadRequest(
+            f'the body is nested too deeply to parse: send JSON {{"rows": [[{IN_FEATURES} numbers], ...]}}'
+        ) from exc
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
         raise BadRequest(f'send JSON {{"rows": [[{IN_FEATURES} numbers], ...]}}: {exc}') from exc
     if x.ndim != 2 or x.shape[1] != IN_FEATURES or not 1 <= len(x) <= MAX_ROWS:
@@ -96,13 +100,18 @@ def padded(x: np.ndarray) -> np.ndarray:
 
 
 async def read_body(request: Request) -> bytes:
-    """The request body, refused (413) once it passes MAX_BODY_BYTES, chunked uploads too."""
+    """The request body, refused (413) past MAX_BODY_BYTES: by its Content-Length before any of it is read,
+    and a chunked one as soon as it passes the limit."""
+    too_large = BadRequest(f"the body is over {MAX_BODY_BYTES} bytes: send fewer rows per request", 413)
+    length = request.headers.get("content-length", "")
+    if length.isdecimal() and int(length) > MAX_BODY_BYTES:
+        raise too_large
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise BadRequest(f"the body is over {MAX_BODY_BYTES} bytes: send fewer rows per request", 413)
+            raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -76,6 +76,10 @@ def parse_pixels(body: bytes) -> np.ndarray:
     """``{"pixels": [p0, ..., p63]}`` as one float64 row, shape (1, PIXELS)."""
     try:
         x = np.array(json.loads(body)["pixels"], dtype=np.float64)
+    except RecursionError as exc:  # nested deeper than the interpreter recurses
+        raise BadRequest(
+            f'the body is nested too deeply to parse: send JSON {{"pixels": [{PIXELS} numbers 0 to {MAX_PIXEL}]}}'
+        ) from exc
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
         raise BadRequest(f'send JSON {{"pixels": [{PIXELS} numbers 0 to {MAX_PIXEL}]}}: {exc}') from exc
     if x.shape != (PIXELS,):
@@ -86,15 +90,18 @@ def parse_pixels(body: bytes) -> np.ndarray:
 
 
 async def read_body(request: Request) -> bytes:
-    """The request body, refused (413) once it passes MAX_BODY_BYTES, chunked uploads too."""
+    """The request body, refused (413) past MAX_BODY_BYTES: by its Content-Length before any of it is read,
+    and a chunked one as soon as it passes the limit."""
+    too_large = BadRequest(f"the body is over {MAX_BODY_BYTES} bytes: send one image of {PIXELS} pixels", 413)
+    length = request.headers.get("content-length", "")
+    if length.isdecimal() and int(length) > MAX_BODY_BYTES:
+        raise too_large
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise BadRequest(
-                f"the body is over {MAX_BODY_BYTES} bytes: send one image of {PIXELS} pixels", 413
-            )
+            raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
 

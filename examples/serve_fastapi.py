@@ -16,19 +16,26 @@ Run: ``python examples/serve_fastapi.py [--port 8000] [--max-pending 64] [--retr
   a request whose client leaves before its call runs is dropped and its call taken out of its batch.
 - ``POST /predict-sync`` is a ``def`` endpoint, which FastAPI runs in a worker thread: it makes the same call
   and blocks that thread on ``call.result(timeout)``. The calls of both endpoints batch together.
-- Requests are validated by FastAPI (pydantic): a bad one is a 422 that says what to send.
+- Requests are validated by FastAPI (pydantic) against ``Row``: a bad one is a 400 that says what is wrong and
+  what to send (``bad_row``, which leaves the input out: NaN, which Python's JSON parser takes, cannot be
+  written back as JSON). ``BoundedRoute`` has FastAPI read bodies through ``BoundedRequest``: one over
+  ``MAX_BODY_BYTES`` is a 413, refused by its ``Content-Length`` or, sent chunked, as soon as it passes the
+  limit; JSON nested too deeply to parse is a 400.
 - It binds 127.0.0.1 only: put a reverse proxy in front of it to serve other hosts.
 """
 
 import argparse
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Annotated, Any
 
 import numpy as np
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
 import schedsvc as ss
@@ -36,6 +43,8 @@ from schedsvc import serving
 
 HOST = "127.0.0.1"
 IN_FEATURES, HIDDEN, OUT_FEATURES = 16, 64, 4
+MAX_BODY_BYTES = 1 << 14  # a row of 16 numbers is well under 1 KiB
+SEND = f'send JSON {{"x": [{IN_FEATURES} finite numbers]}}'
 #: seconds a ``def`` endpoint waits for its call: a stalled engine answers 504 instead of holding the thread
 RESULT_TIMEOUT_S = 30.0
 
@@ -65,6 +74,56 @@ class Prediction(BaseModel):
     y: list[float]
 
 
+async def read_body(request: Request) -> bytes:
+    """The request body, refused (413) past MAX_BODY_BYTES: by its Content-Length before any of it is read,
+    and a chunked one as soon as it passes the limit."""
+    too_large = HTTPException(413, f"the body is over {MAX_BODY_BYTES} bytes: {SEND}")
+    length = request.headers.get("content-length", "")
+    if length.isdecimal() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class BoundedRequest(Request):
+    """A request whose body FastAPI reads with ``read_body``, and whose JSON nested too deeply is a 400."""
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):  # Starlette's cache of the body, which its json() and stream() read
+            self._body = await read_body(self)
+        return self._body
+
+    async def json(self) -> Any:
+        try:
+            return await super().json()
+        except RecursionError as exc:  # nested deeper than the interpreter recurses
+            raise HTTPException(400, f"the body is nested too deeply to parse: {SEND}") from exc
+
+
+class BoundedRoute(APIRoute):
+    """A route whose endpoint gets a ``BoundedRequest``: FastAPI parses the body from it, bounded."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def bounded(request: Request) -> Response:
+            return await handler(BoundedRequest(request.scope, request.receive))
+
+        return bounded
+
+
+async def bad_row(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A body that is not a ``Row``: 400, each error's place and what is wrong, without the input itself."""
+    errors = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return JSONResponse({"detail": f"{SEND}: {errors}"}, 400)
+
+
 def get_model(request: Request) -> ss.Batched:
     """The compiled model (a FastAPI dependency), made at startup by ``load``."""
     model: ss.Batched = request.app.state.model
@@ -83,10 +142,9 @@ async def load(app: FastAPI, eng: ss.Engine) -> None:
 
 def create_app(config: ss.Config | None = None, *, retry_after: int = serving.RETRY_AFTER_S) -> FastAPI:
     """The service: ``app.state.engine`` and ``app.state.model`` exist while its lifespan runs."""
-    app = FastAPI(
-        lifespan=serving.lifespan(config, setup=load),
-        exception_handlers=serving.exception_handlers(retry_after=retry_after),
-    )
+    handlers = serving.exception_handlers(retry_after=retry_after) | {RequestValidationError: bad_row}
+    app = FastAPI(lifespan=serving.lifespan(config, setup=load), exception_handlers=handlers)
+    app.router.route_class = BoundedRoute  # for the routes added below
 
     @app.post("/predict")
     async def predict(row: Row, request: Request, model: ModelDep) -> Prediction:

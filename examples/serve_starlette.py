@@ -15,6 +15,9 @@ Run: ``python examples/serve_starlette.py [--port 8000] [--max-pending 64] [--re
   while the engine closes ``ss.EngineClosed``; both are answered ``503`` with ``Retry-After``.
 - ``serving.while_connected(request, call)``: a request whose client goes away before its call runs is
   dropped, its call cancelled and taken out of its batch.
+- Bad input is a 400 whose message says what to send (not JSON, nested too deeply, not 16 finite numbers), and
+  a body over ``MAX_BODY_BYTES`` a 413: refused by its ``Content-Length``, or, sent chunked, as soon as it
+  passes the limit.
 - It binds 127.0.0.1 only: put a reverse proxy in front of it to serve other hosts.
 """
 
@@ -39,6 +42,7 @@ from schedsvc import serving
 
 HOST = "127.0.0.1"
 IN_FEATURES, HIDDEN, OUT_FEATURES = 16, 64, 4
+MAX_BODY_BYTES = 1 << 14  # a row of 16 numbers is well under 1 KiB
 
 _RNG = np.random.default_rng(7)  # fixed seed: the same weights in every run
 W1 = _RNG.standard_normal((IN_FEATURES, HIDDEN)) / math.sqrt(IN_FEATURES)
@@ -52,23 +56,56 @@ def forward(x: np.ndarray) -> np.ndarray:
     return np.maximum(x @ W1 + B1, 0) @ W2 + B2
 
 
+class BadRequest(Exception):
+    """The request cannot be served as sent; the message says what to change."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def parse_row(body: bytes) -> np.ndarray:
-    """``{"x": [16 finite numbers]}`` as one float64 row, shape (1, IN_FEATURES); ValueError says what is wrong."""
+    """``{"x": [16 finite numbers]}`` as one float64 row, shape (1, IN_FEATURES)."""
     try:
         x = np.array(json.loads(body)["x"], dtype=np.float64)
+    except RecursionError as exc:  # nested deeper than the interpreter recurses
+        raise BadRequest(
+            f'the body is nested too deeply to parse: send JSON {{"x": [{IN_FEATURES} numbers]}}'
+        ) from exc
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
-        raise ValueError(f'send JSON {{"x": [{IN_FEATURES} numbers]}}: {exc}') from exc
-    if x.shape != (IN_FEATURES,) or not np.isfinite(x).all():
-        raise ValueError(f"x must be a list of {IN_FEATURES} finite numbers, got shape {x.shape}")
+        raise BadRequest(f'send JSON {{"x": [{IN_FEATURES} numbers]}}: {exc}') from exc
+    if x.shape != (IN_FEATURES,):
+        raise BadRequest(f"x must be a list of {IN_FEATURES} numbers, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise BadRequest(f"x must be {IN_FEATURES} finite numbers: no NaN or Infinity")
     return x.reshape(1, IN_FEATURES)
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused (413) past MAX_BODY_BYTES: by its Content-Length before any of it is read,
+    and a chunked one as soon as it passes the limit."""
+    too_large = BadRequest(
+        f"the body is over {MAX_BODY_BYTES} bytes: send one row of {IN_FEATURES} numbers", 413
+    )
+    length = request.headers.get("content-length", "")
+    if length.isdecimal() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def predict(request: Request) -> JSONResponse:
     """POST /predict: the model's outputs for the row sent."""
     try:
-        x = parse_row(await request.body())  # read before while_connected listens on the connection
-    except ValueError as exc:
-        return JSONResponse({"detail": str(exc)}, 400)
+        x = parse_row(await read_body(request))  # read before while_connected listens on the connection
+    except BadRequest as exc:
+        return JSONResponse({"detail": str(exc)}, exc.status)
     call = request.app.state.model(x)  # one row; ss.QueueFull at the engine's limits: a 503
     y = await serving.while_connected(request, call)  # the client left: cancelled, and no answer
     return JSONResponse({"y": y[0].tolist()})

@@ -38,11 +38,45 @@ async def client_of(app: Any) -> AsyncIterator[Any]:
             yield client
 
 
-async def assert_told(app: Any, body: bytes, status: int, says: str) -> None:
-    """POST ``body`` to ``app``'s /predict: the response has ``status`` and an error that ``says`` so."""
+#: levels of ``[`` in a body nested deeper than Python's JSON parser recurses (the recursion limit, 1000; a
+#: parser that goes deeper leaves it to the examples' checks of the row), in 10 kB: under every body limit
+NESTED = 5_000
+
+
+class Upload:
+    """A request body of ``count`` chunks of ``size`` bytes, sent chunked unless a Content-Length header is
+    given; ``taken`` counts the chunks the app has read."""
+
+    def __init__(self, size: int, count: int) -> None:
+        self.size, self.count, self.taken = size, count, 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for _ in range(self.count):
+            self.taken += 1
+            yield b" " * self.size
+
+
+async def assert_told(
+    app: Any, body: bytes | Upload, status: int, says: str, headers: dict[str, str] | None = None
+) -> None:
+    """POST ``body`` (JSON, as its content type says) to ``app``'s /predict: the response has ``status`` and
+    an error that ``says`` so."""
     from tests.helpers import within
 
     async with client_of(app) as client:
-        response = await within(client.post("/predict", content=body))
-    assert response.status_code == status
+        headers = {"content-type": "application/json"} | (headers or {})
+        response = await within(client.post("/predict", content=body, headers=headers))
+    assert response.status_code == status, response.text
     assert says in response.json()["detail"]
+
+
+async def assert_capped(app: Any, limit: int) -> None:
+    """A body over ``limit`` bytes is refused (413, the message names the limit): by its Content-Length before
+    any of it is read, and sent chunked as soon as it passes the limit."""
+    size = 1024
+    declared = Upload(size, limit // size + 1)
+    await assert_told(app, declared, 413, str(limit), {"content-length": str(declared.size * declared.count)})
+    assert declared.taken == 0
+    chunked = Upload(size, 4 * limit // size)
+    await assert_told(app, chunked, 413, str(limit))
+    assert chunked.taken == limit // size + 1  # the first chunk past the limit, and none after it

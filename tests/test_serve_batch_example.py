@@ -11,7 +11,7 @@ import pytest
 
 import schedsvc as ss
 from tests.compile.helpers import occupied
-from tests.examples import assert_told, client_of, load_example
+from tests.examples import NESTED, assert_capped, assert_told, client_of, load_example
 from tests.helpers import state, within
 
 httpx = pytest.importorskip("httpx")
@@ -93,11 +93,17 @@ async def test_a_request_at_the_engines_limits_is_answered_503_with_retry_after(
         (b'{"rows": [1]}', 400, "'pixels'"),
         (b'{"pixels": [17' + b", 0" * 63 + b"]}", 400, "from 0 to 16"),
         (b'{"pixels": [NaN' + b", 0" * 63 + b"]}", 400, "from 0 to 16"),
+        (b"[" * NESTED + b"]" * NESTED, 400, '{"pixels": [64 numbers'),
+        (b'{"pixels": ' + b"[" * NESTED + b"]" * NESTED + b"}", 400, '{"pixels": [64 numbers'),
         (b" " * (serve.MAX_BODY_BYTES + 1), 413, "one image"),
     ],
 )
 async def test_a_bad_request_is_told_what_to_send(body: bytes, status: int, says: str) -> None:
     await assert_told(serve.create_app(ss.Config(cpu_workers=1)), body, status, says)
+
+
+async def test_a_body_over_the_limit_is_refused_as_soon_as_it_is_known() -> None:
+    await assert_capped(serve.create_app(ss.Config(cpu_workers=1)), serve.MAX_BODY_BYTES)
 
 
 def test_the_script_binds_127_0_0_1_with_its_batching_options() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from tests.examples import assert_told, client_of, load_example
+from tests.examples import NESTED, assert_capped, assert_told, client_of, load_example
 from tests.helpers import Gate, state, until, within
 
 httpx = pytest.importorskip("httpx")
@@ -76,11 +76,17 @@ async def test_outputs_equal_the_numpy_forward_pass() -> None:
         (b'{"rows": [["a"]]}', 400, "16 numbers"),
         (b'{"rows": [[NaN' + b", 0" * 15 + b"]]}", 400, "finite numbers"),
         (b'{"rows": [[2e6' + b", 0" * 15 + b"]]}", 400, "at most 1e+06"),
+        (b"[" * NESTED + b"]" * NESTED, 400, '{"rows": [[16 numbers], ...]}'),
+        (b'{"rows": ' + b"[" * NESTED + b"]" * NESTED + b"}", 400, '{"rows": [[16 numbers], ...]}'),
         (b" " * (serve.MAX_BODY_BYTES + 1), 413, "fewer rows"),
     ],
 )
 async def test_a_bad_request_is_told_what_to_send(body: bytes, status: int, says: str) -> None:
     await assert_told(serve.create_app(ss.Config(cpu_workers=1)), body, status, says)
+
+
+async def test_a_body_over_the_limit_is_refused_as_soon_as_it_is_known() -> None:
+    await assert_capped(serve.create_app(ss.Config(cpu_workers=1)), serve.MAX_BODY_BYTES)
 
 
 async def test_overload_is_answered_503_with_retry_after_and_the_admitted_get_their_values() -> None:

@@ -118,6 +118,8 @@ def parse_row(body: bytes, n_in: int) -> np.ndarray:
     """``{"x": [n_in finite numbers]}`` as one float32 row, shape (1, n_in)."""
     try:
         x = np.array(json.loads(body)["x"], dtype=np.float32)
+    except RecursionError as exc:  # nested deeper than the interpreter recurses
+        raise BadRow(f'the body is nested too deeply to parse: send JSON {{"x": [{n_in} numbers]}}') from exc
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
         raise BadRow(f'send JSON {{"x": [{n_in} numbers]}}: {exc}') from exc
     if x.shape != (n_in,) or not np.isfinite(x).all():

@@ -457,3 +457,13 @@ def test_serve_timeline_records_a_batched_server_under_wrk() -> None:
         assert " 0 batches" not in line and "answered 0/s" not in line
         cpu = float(line.split("µs wall, ")[1].split(" µs CPU")[0])
         assert cpu > 0  # the loop's CPU time per request was read
+
+
+@pytest.mark.parametrize(
+    "body", [b"[" * 100_000 + b"]" * 100_000, b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}"]
+)
+def test_the_bench_server_answers_deeply_nested_json_as_a_bad_row(body: bytes) -> None:
+    from schedsvc.cli.bench._serve_app import BadRow, parse_row
+
+    with pytest.raises(BadRow, match="send JSON"):
+        parse_row(body, 64)
