@@ -39,6 +39,7 @@ MAX_COST_KEYS = 4096
 _LONG_LIVED = (types.BuiltinFunctionType, np.ufunc, type)
 #: exact types keyed at once (a getattr that fails builds an AttributeError: thousands of instructions)
 _OWN_KEY = frozenset((types.BuiltinFunctionType, np.ufunc))
+_ufunc = np.ufunc
 _LockType = type(threading.Lock())
 
 
@@ -174,7 +175,10 @@ class Waiting:
             cost = self._costs.get(key)
         except Exception:  # an unhashable callable, or user code raising in __hash__/__getattr__
             return False
-        return cost is not None and cost < self.inline_threshold_s and cannot_wait(key[0], task.fn)
+        if cost is None or cost >= self.inline_threshold_s:
+            return False
+        code = key[0]
+        return type(code) is _ufunc or cannot_wait(code, task.fn)  # (a ufunc, the common kind: no call)
 
     def fits(self, task: Task, budget: float) -> bool:
         """Has this kind of task run within ``budget`` seconds?  (Never on the loop's thread, outside a task.)"""
