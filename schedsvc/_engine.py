@@ -384,17 +384,25 @@ class Engine:
         """Tasks admitted and not yet final (0 before start): a cheap load figure to read per request."""
         return self._port.pending
 
-    def has_room(self, nbytes: int = 0) -> bool:
+    def has_room(self, nbytes: int = 0, *, device: str | None = None) -> bool:
         """Would a submission holding ``nbytes`` new bytes be admitted now, without waiting?
 
-        For load shedding: ask before reading a request.  False unless the
+        For load shedding: ask before reading a request.  Room means under
+        ``max_pending`` and ``max_pending_bytes`` with nobody queued ahead, and
+        room for ``nbytes`` in the byte budget (``max_device_bytes``) of
+        ``device`` -- without ``device``, of every device that has one, so an
+        engine whose GPU budget is full says False even for CPU work: name the
+        device to ask about it alone.  A device with work in flight that is at
+        its budget has no room (as ``throttle`` sees it).  False unless the
         engine is running.  Another submission may take the room before yours.
         """
         if type(nbytes) is not int or nbytes < 0:
             raise InvalidTask(f"has_room(nbytes=...) needs a non-negative int of bytes, got {nbytes!r}")
+        if device is not None:
+            self._port.device(device)  # one the engine does not have says so
         if not self._port.open:
             return False
-        return self._port.has_room(nbytes)
+        return self._port.has_room(nbytes, device)
 
     # -- tensors ---------------------------------------------------------------
 

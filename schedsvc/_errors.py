@@ -4,7 +4,8 @@ Every error derives from one base class, so ``except ss.SchedsvcError`` catches
 them all::
 
     SchedsvcError
-    ├── QueueFull           submit_nowait() or a compiled call at max_pending / max_pending_bytes
+    ├── QueueFull           submit_nowait() or a compiled call at max_pending / max_pending_bytes /
+    │                       a device's max_device_bytes
     ├── MemoryLimitError    a task can never fit max_pending_bytes
     ├── DependencyError     a task's input failed or was cancelled; __cause__ is why
     ├── TaskCancelled       the task awaited (or read with result()) was cancelled
@@ -49,7 +50,8 @@ class SchedsvcError(Exception):
 
 
 class QueueFull(SchedsvcError):
-    """``submit_nowait`` (or a compiled call) found the engine at ``max_pending`` or ``max_pending_bytes``."""
+    """``submit_nowait`` (or a compiled call) found the engine at ``max_pending`` or ``max_pending_bytes``, or
+    no room in its device's byte budget (``max_device_bytes``); the message names the limit that is full."""
 
 
 class MemoryLimitError(SchedsvcError):

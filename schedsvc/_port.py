@@ -51,6 +51,7 @@ _CALLS = (
     "cancel",
     "counts",
     "detach",
+    "device_full",
     "has_room",
     "join",
     "latency_histograms",
@@ -106,11 +107,13 @@ class Port:
     cancel: Callable[[Task], bool]
     counts: Callable[[], tuple[int, int, int, int, int, int, int, int, int, int]]
     detach: Callable[[], Timeline]
-    has_room: Callable[[int], bool]
+    device_full: Callable[[Task], tuple[int, int] | None]
+    #: ``has_room(nbytes, device=None)`` (``Status.has_room``)
+    has_room: Callable[[int, str | None], bool]
     join: Callable[[float], Awaitable[list[threading.Thread]]]
     latency_histograms: Callable[[], tuple[Mapping[float, int], float, Mapping[float, int], float]]
     launches: Callable[[], dict[str, int]]
-    limits_text: Callable[[], str]
+    limits_text: Callable[[Task | None], str]
     on_loop_thread: Callable[[], bool]
     remove_done_callback: Callable[[Task, Callable[[Any], Any]], int]
     run_inline: Callable[[Task], bool]
@@ -303,9 +306,20 @@ class Port:
             )
 
     def full_message(self, task: Any, waiting_form: str = "await eng.submit(...)") -> str:
+        """Why ``task`` was not admitted (a QueueFull's message): the limit that is full, and what to do."""
+        full = self.device_full(task)
+        if full is None:
+            return (
+                f"engine at its limits ({self.limits_text(task)}): {task!r} was not admitted; "
+                f"use '{waiting_form}' to wait for room"
+            )
+        device, (held, budget) = task.device, full
         return (
-            f"engine at its limits ({self.limits_text()}): "
-            f"{task!r} was not admitted; use '{waiting_form}' to wait for room"
+            f"{device} has no room in its byte budget: its unfinished tasks and the arrays in its memory hold "
+            f"{held:,} of max_device_bytes={budget:,} bytes (engine: {self.limits_text(None)}): {task!r} was "
+            f"not admitted; use '{waiting_form}' to wait until the work on {device} frees room, drop the "
+            f"{device} results you no longer need (or move them to the host with .to('cpu')), or raise "
+            "max_device_bytes"
         )
 
     # -- why it takes no work ------------------------------------------------------------

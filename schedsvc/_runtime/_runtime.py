@@ -143,6 +143,7 @@ _ENTRY_POINTS = (
     "has_room",
     "writer_of",
     "limits_text",
+    "device_full",
     "launches",
     "sweeps",
     "busy_seconds",
@@ -271,6 +272,7 @@ class Runtime:
         self.has_room = status.has_room
         self.writer_of = status.writer_of
         self.limits_text = status.limits_text
+        self.device_full = status.device_full
         self.launches = status.launches
         self.sweeps = status.sweeps
         self.busy_seconds = status.busy_seconds

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from .._core import Task
+    from ._device import Device
     from ._dispatch import Dispatch
     from ._runtime import Runtime
 
@@ -63,18 +64,67 @@ class Status:
         with self.rt.lock:
             return self.core.writer_of(key)
 
-    def has_room(self, nbytes: int) -> bool:
-        with self.rt.lock:
-            return self.core.has_room(nbytes)
+    def has_room(self, nbytes: int, device: str | None = None) -> bool:
+        """Would a submission holding ``nbytes`` new bytes be admitted now: room under ``max_pending`` and
+        ``max_pending_bytes``, nobody queued ahead, and room in the byte budget (``max_device_bytes``) of
+        ``device`` -- or, with None, of every device that has one."""
+        rt = self.rt
+        with rt.lock:
+            if not self.core.has_room(nbytes):
+                return False
+            for name, memory in rt.metered:  # (empty unless some device has a byte budget)
+                if (device is None or name == device) and not self._device_room(name, memory, nbytes):
+                    return False
+            return True
 
-    def limits_text(self) -> str:
-        """The limits and what holds them, for a QueueFull message."""
+    def _device_room(self, name: str, memory: Device, nbytes: int) -> bool:
+        """With the lock held: room for ``nbytes`` more in ``name``'s byte budget, counted as admission
+        counts it (its unfinished tasks' bytes and what its memory holds); a device with work in flight
+        that is at its budget has none, as ``throttle`` sees it."""
+        pending, held, budget = self._device_bytes(name, memory)
+        return held + nbytes <= budget and (held < budget or not pending)
+
+    def _device_bytes(self, name: str, memory: Device) -> tuple[int, int, int]:
+        """With the lock held: ``name``'s pending bytes, the bytes held against its budget, its budget."""
+        core = self.core
+        pending = core.device_pending_bytes(name)
+        return pending, pending + memory.used_bytes(), core.max_device_bytes[name]
+
+    def _metered(self, name: str) -> Device | None:
+        """The device ``name`` if it has a byte budget (``max_device_bytes``)."""
+        for metered, memory in self.rt.metered:
+            if metered == name:
+                return memory
+        return None
+
+    def limits_text(self, task: Task | None = None) -> str:
+        """The limits and what holds them, for a QueueFull message; with ``task``, also the byte budget
+        of its device, if it has one."""
         core = self.core
         held = f", {core.reserved} slots held by throttle() callers" if core.reserved else ""
-        return (
+        text = (
             f"{core.pending - core.riding}/{core.max_pending} tasks{held}, "
             f"{core.pending_bytes}/{core.max_pending_bytes} bytes, {core.waiting_admission} waiting"
         )
+        memory = None if task is None else self._metered(task.device)
+        if task is None or memory is None:
+            return text
+        with self.rt.lock:
+            _, device_held, budget = self._device_bytes(task.device, memory)
+        return f"{text}; {task.device}: {device_held:,}/{budget:,} bytes of max_device_bytes"
+
+    def device_full(self, task: Task) -> tuple[int, int] | None:
+        """The bytes held against, and the byte budget of, ``task``'s device if that budget is what kept
+        ``task`` out (the device is at its budget, or the engine's limits had room for all of its bytes);
+        None if the engine's limits did."""
+        memory = self._metered(task.device)
+        if memory is None:
+            return None
+        footprint = task.out_bytes + sum(buffer[1] for buffer in task.buffers)
+        with self.rt.lock:
+            _, held, budget = self._device_bytes(task.device, memory)
+            full = held >= budget or self.core.has_room(footprint)
+        return (held, budget) if full else None
 
     def launches(self) -> dict[str, int]:
         """Tasks launched per stream, of every device."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -931,6 +932,42 @@ async def test_has_room_is_the_truth_for_a_submission_that_copies_its_arguments_
         await within(eng.waitall())
         stats = eng.stats()
         assert stats.pending == 0 and stats.submitted == stats.completed == 2 and stats.copies == 2
+
+
+async def test_a_full_device_budget_is_named_by_queue_full_and_seen_by_has_room() -> None:
+    """Regression: a submission refused for its device's byte budget raised QueueFull listing only the
+    engine's limits (tasks, bytes), never the budget, while has_room() said True all along."""
+    gate = StreamGate()
+    budget = 64_000 + cuda_api().pool_used(0)  # (on CuPy, earlier work in this process may hold some)
+    async with cuda_engine(max_device_bytes=budget) as eng:
+        x = await within(await eng.submit(np.arange, 4.0, device="cuda:0"))
+        held = eng.submit_nowait(gate.hold, x, device="cuda:0", nbytes=40_000)
+        try:
+            await gate.wait_reached()
+            await state(eng, lambda: held.state == "launched")  # (its allocations made)
+            assert eng.has_room(1000) and eng.has_room(1000, device="cuda:0")
+            assert not eng.has_room(30_000) and not eng.has_room(30_000, device="cuda:0")
+            assert eng.has_room(30_000, device="cpu")  # the CPU has no such budget
+            with pytest.raises(ss.QueueFull) as info:
+                eng.submit_nowait(np.add, held, 1.0, device="cuda:0", nbytes=30_000)
+            message = str(info.value)
+            assert re.search(
+                rf"cuda:0 has no room in its byte budget: .* hold [\d,]+ of max_device_bytes={budget:,} bytes",
+                message,
+            ), message
+            assert "'await eng.submit(...)'" in message and "raise max_device_bytes" in message
+            # fill the budget to the byte: all that is pending (held's 40,000 and x, which it reads) is cuda:0's
+            room = budget - eng.stats().pending_bytes - cuda_api().pool_used(0)
+            behind = eng.submit_nowait(np.add, held, 1.0, device="cuda:0", nbytes=room)
+            assert not eng.has_room() and not eng.has_room(device="cuda:0")  # at its budget, work in flight
+            assert eng.has_room(device="cpu")
+        finally:
+            gate.open()
+        np.testing.assert_array_equal(host(await within(behind)), np.arange(4.0) + 1)
+        await within(eng.waitall())
+        assert eng.has_room(30_000)
+        with pytest.raises(ss.DeviceError, match="cuda:7"):
+            eng.has_room(device="cuda:7")
 
 
 # Regression: the copies of 4 producers were admitted over the limits, pushing pending above max_pending
