@@ -119,11 +119,13 @@ class Config(BaseSettings):
     max_pending: int = Field(default=1024, ge=1)
     """Tasks admitted and not yet finished; ``await submit`` waits beyond this."""
     max_pending_bytes: ByteSize = Field(default_factory=lambda: ByteSize(_physical_memory() // 4), ge=1)
-    """Bytes that unfinished tasks hold (array arguments once each, plus declared outputs)."""
+    """Bytes that unfinished tasks hold (array and other buffer arguments -- ``bytes``, ``memoryview`` --
+    once each, plus declared outputs)."""
     max_device_bytes: ByteSize | None = Field(default=None, ge=1)
-    """Per-CUDA-device byte budget; None: no limit beyond the device's memory.  It counts the bytes of the
-    device's unfinished tasks and what its memory pool holds (results still referenced included); a
-    submission that only dropping referenced results could make room for raises MemoryLimitError."""
+    """Per-CUDA-device byte budget; None (or ``"unlimited"``, ``inf``): no limit beyond the device's memory.
+    It counts the bytes of the device's unfinished tasks and what its memory pool holds (results still
+    referenced included); a submission that only dropping referenced results could make room for raises
+    MemoryLimitError."""
     cuda_simulator: bool = False
     """Run ``cuda:N`` devices on the CUDA simulator: strict, asynchronous simulated streams, for
     testing GPU pipelines where there is no GPU (``schedsvc.devices.cudasim``)."""
@@ -262,7 +264,18 @@ class Config(BaseSettings):
     @field_validator("max_device_bytes", mode="before")
     @classmethod
     def _device_bytes(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "none":  # None from the environment
+            return None
         return None if value is None or _means_unlimited(value) else _byte_size(value)
+
+    @field_validator("trace_path")
+    @classmethod
+    def _trace_file(cls, value: str | None) -> str | None:
+        if value is not None and "\0" in value:  # else refused only when the trace is written, at close
+            raise ValueError(
+                "a path cannot contain a NUL character ('\\x00'); name a .json file, e.g. 'run.json'"
+            )
+        return value
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -318,10 +331,14 @@ def _warn_unknown_variables() -> None:
             )
 
 
+#: how a string says "no limit": the word, or infinity as Python and TOML spell it (``SCHEDSVC_*=inf``)
+_UNLIMITED_WORDS = frozenset({"unlimited", "inf", "+inf", "infinity", "+infinity"})
+
+
 def _means_unlimited(value: Any) -> bool:
-    """``"unlimited"`` (any case), or infinity: no byte limit."""
+    """``"unlimited"`` or ``"inf"`` (any case), or infinity: no byte limit."""
     if isinstance(value, str):
-        return value.strip().lower() == "unlimited"
+        return value.strip().lower() in _UNLIMITED_WORDS
     return isinstance(value, float) and value == math.inf
 
 

@@ -62,6 +62,11 @@ class Timeline:
             raise ValueError(f"max_spans must be >= 1 (spans kept in the file), got {max_spans}")
         if not self.path:
             raise ValueError("the trace path is empty: name a .json file, e.g. 'run.json'")
+        if "\0" in os.fsdecode(self.path):  # no file is named so: say it now, not when the trace is written
+            raise ValueError(
+                f"cannot write a trace to {self.path!r}: a path cannot contain a NUL character ('\\x00'); "
+                "name a .json file, e.g. 'run.json'"
+            )
         if os.path.isdir(self.path):
             raise IsADirectoryError(
                 f"cannot write a trace to {self.path!r}: it is a directory; name a .json file in it"

@@ -273,6 +273,31 @@ def test_pending_bytes_cannot_be_unlimited_and_says_why(value: object) -> None:
         ss.Config(max_pending_bytes=value)
 
 
+@pytest.mark.parametrize("text", ["inf", "INF", " Infinity ", "+inf", "unlimited", "none"])
+def test_device_bytes_from_the_environment_can_be_unlimited(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SCHEDSVC_MAX_DEVICE_BYTES=inf was refused as "not a byte size", though the documentation allows it."""
+    monkeypatch.setenv("SCHEDSVC_MAX_DEVICE_BYTES", text)
+    config = ss.Config()
+    assert config.max_device_bytes is None
+    assert config.sources()["max_device_bytes"] == "environment SCHEDSVC_MAX_DEVICE_BYTES"
+
+
+def test_pending_bytes_from_the_environment_cannot_be_unlimited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDSVC_MAX_PENDING_BYTES", "inf")
+    with pytest.raises(ss.ConfigError, match="max_pending_bytes: it cannot be unlimited"):
+        ss.Config()
+
+
+def test_a_trace_path_with_a_nul_character_is_refused_at_construction() -> None:
+    """It used to pass engine start and fail with a raw ValueError at aclose(), after all the work."""
+    with pytest.raises(ss.ConfigError, match=r"trace_path: a path cannot contain a NUL character"):
+        ss.Config(trace_path="run\0.json")
+    with pytest.raises(ss.ConfigError, match="trace_path"):
+        ss.Engine(cpu_workers=1, trace_path="runs/\0/run.json")
+
+
 def test_infinity_in_toml_names_the_field(tmp_path: Path) -> None:
     path = write_toml(tmp_path, "max_pending_bytes = inf\n")
     with pytest.raises(ss.ConfigError, match="max_pending_bytes: it cannot be unlimited"):

@@ -341,6 +341,8 @@ async def test_an_empty_path_or_a_directory_fails_before_recording(tmp_path: Pat
     async with ss.Engine(cpu_workers=1) as eng:
         with pytest.raises(ValueError, match="empty"), eng.trace(""):
             pytest.fail("the block must not run")
+        with pytest.raises(ValueError, match="NUL character"), eng.trace(str(tmp_path / "run\0.json")):
+            pytest.fail("the block must not run")
         with pytest.raises(IsADirectoryError, match="directory"), eng.trace(tmp_path):
             pytest.fail("the block must not run")
         with eng.trace(tmp_path / "run.json"):  # no trace was left attached
