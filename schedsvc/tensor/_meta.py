@@ -64,6 +64,15 @@ def _shape(meta: Any) -> Shape:
     return meta[0] if type(meta) is tuple else ()
 
 
+def _dtype_of(result: Any) -> np.dtype[Any]:
+    """The dtype of what a NumPy call on probes gave, as the same call on the data gives it: an array's or
+    NumPy scalar's own (``np.result_type`` would make a big-endian dtype native), and for a Python object --
+    what a reduction of an object array gives -- object (``np.result_type(1)`` would say int64)."""
+    if isinstance(result, np.ndarray | np.generic):
+        return result.dtype
+    return np.dtype(object)
+
+
 def broadcast(*shapes: Shape) -> Shape:
     """The broadcast shape, or NumPy's ValueError naming every shape."""
     common: Shape = ()
@@ -133,7 +142,7 @@ def matmul_meta(a: Any, b: Any) -> Meta:
 def dot_meta(a: Any, b: Any) -> Meta:
     """``np.dot``: a product with a scalar, an inner product, or sum over a's last and b's second-to-last axis."""
     sa, sb = _shape(a), _shape(b)
-    dtype = np.result_type(np.dot(_small(a), _small(b)))
+    dtype = _dtype_of(np.dot(_small(a), _small(b)))
     if not sa or not sb:
         return (sa or sb), dtype
     k_b = sb[-2] if len(sb) > 1 else sb[0]
@@ -162,7 +171,7 @@ def reduce_meta(fn: Callable[..., Any], meta: Any, axis: Any, keepdims: bool, **
         out = tuple(1 if i in axes else d for i, d in enumerate(shape))
     else:
         out = tuple(d for i, d in enumerate(shape) if i not in axes)
-    return out, np.result_type(result)
+    return out, _dtype_of(result)
 
 
 _NEEDS_IDENTITY = frozenset({np.max, np.min, np.argmax, np.argmin, np.amax, np.amin})
@@ -212,4 +221,4 @@ def view_meta(meta: Meta, fn: Callable[..., Any], *args: Any) -> tuple[Shape, np
     stand_in = np.broadcast_to(np.empty((), meta[1]), meta[0])
     result = fn(stand_in, *args)
     is_view = isinstance(result, np.ndarray)
-    return np.shape(result), np.result_type(result), is_view
+    return np.shape(result), _dtype_of(result), is_view

@@ -36,7 +36,7 @@ from ._ops import Op
 if TYPE_CHECKING:
     from .._port import Port
 
-__all__ = ["Array", "Tensor", "check_out", "concrete"]
+__all__ = ["Array", "Tensor", "check_out", "check_writeable", "concrete"]
 
 #: what awaiting a Tensor gives, for type checkers (on a CUDA device: a ``cupy.ndarray``)
 Array: TypeAlias = "np.ndarray[Any, Any]"
@@ -59,6 +59,17 @@ def check_out(op: Op, shape: Shape, dtype: np.dtype[Any], target: Any) -> None:
         )
 
 
+def check_writeable(what: str, target: Tensor) -> None:
+    """Refuse a write to a Tensor over read-only memory at the call, as NumPy refuses it (the task would
+    only fail later, at an await)."""
+    if getattr(target, "_readonly", False):  # (set only on such Tensors: the others never pay for it)
+        raise ValueError(  # NumPy's ValueError, with its words
+            f"{what}: assignment destination is read-only: the Tensor (shape {target.shape}, dtype "
+            f"{target.dtype}) lives in a NumPy array whose flags.writeable is False; write to a copy "
+            "(t = t.copy()), or wrap a writeable array (eng.asarray(a.copy()))"
+        )
+
+
 class Tensor(ArrayOps, Future[Array]):
     """A lazily computed array on an engine device; ``await t`` gives the array.
 
@@ -70,7 +81,7 @@ class Tensor(ArrayOps, Future[Array]):
     NumPy's stubs.
     """
 
-    __slots__ = ("__weakref__", "_last_write", "_root", "_unseen", "dtype", "memory", "shape")
+    __slots__ = ("__weakref__", "_last_write", "_readonly", "_root", "_unseen", "dtype", "memory", "shape")
     _op_priority = 1
     __hash__ = Task.__hash__  # elementwise __eq__ must not make tasks unhashable
 
@@ -82,6 +93,9 @@ class Tensor(ArrayOps, Future[Array]):
     #: on the root: the writes to its memory an await has not seen yet (those not final, and the first
     #: that failed: the next await raises its error), kept by ``TensorMemory``
     _unseen: list[Task] | None
+    #: set (True) only on a Tensor over read-only memory -- a NumPy array whose ``flags.writeable`` is False,
+    #: or a view of one -- which refuses writes at the call (``check_writeable``); unset on the others
+    _readonly: bool
     #: what queues an op's task and gives its Tensor (``_tracking.queue_op``, which makes Tensors: it sets
     #: this when it is imported, so that this module does not import it back)
     _queue_op: ClassVar[Callable[..., Tensor]]
@@ -129,14 +143,25 @@ class Tensor(ArrayOps, Future[Array]):
         assert engine is not None
         shape, dtype, view = op.infer(metas, attrs)
         if target is not None:
+            check_writeable(f"{op.name}()", target)
             check_out(op, shape, dtype, target)
             kwargs = attrs if op.name == "setitem" else {**attrs, "out": target}
             cls._queue_op(engine, op, args, kwargs, target.shape, target.dtype, target.owner, target)
             return target
-        base = args[0].owner if view and isinstance(args[0], Tensor) else None
-        if view and base is None:  # a view of a plain ndarray operand: that array's memory
-            return cls._queue_op(engine, op, args, attrs, shape, dtype, None, None, memory=buffer_of(args[0]))
-        return cls._queue_op(engine, op, args, attrs, shape, dtype, base, None)
+        if not view:
+            return cls._queue_op(engine, op, args, attrs, shape, dtype, None, None)
+        source = args[0]
+        if isinstance(source, Tensor):
+            result = cls._queue_op(engine, op, args, attrs, shape, dtype, source.owner, None)
+            readonly = getattr(source, "_readonly", False)
+        else:  # a view of a plain ndarray operand: that array's memory
+            result = cls._queue_op(
+                engine, op, args, attrs, shape, dtype, None, None, memory=buffer_of(source)
+            )
+            readonly = not source.flags.writeable
+        if readonly:  # a view of read-only memory is read-only, as NumPy's
+            result._readonly = True
+        return result
 
     # -- sync points -------------------------------------------------------------
 
@@ -274,6 +299,8 @@ def concrete(port: Port, array: Any, device: str, memory: tuple[int, int] | None
     t.out_bytes, t.name = array.nbytes, "asarray"
     t.state, t.value = "done", array
     t.shape, t.dtype = array.shape, array.dtype
+    if isinstance(array, np.ndarray) and not array.flags.writeable:
+        t._readonly = True
     key, nbytes = buffer_of(array) if memory is None else memory
     t.memory = (key, nbytes, False)
     t._root = None

@@ -32,7 +32,7 @@ from .._runtime import BUFFER_TYPES, NOW, OVER, QUEUE, buffer_of
 from .._tracing import ACTIVE, tracing
 from ..devices import to_device
 from ._ops import OPS, Op
-from ._tensor import Tensor, concrete
+from ._tensor import Tensor, check_writeable, concrete
 
 if TYPE_CHECKING:
     from .._port import Port
@@ -79,6 +79,8 @@ class TensorMemory:
         for buffer in buffers:
             if buffer[2]:  # a write: `await t` of a Tensor over this memory must wait for this task
                 written = _tensors_in((kwargs.get("out"), writes))
+                for target in written:
+                    check_writeable("a task's out=/writes=", target)
                 written += [o for b in buffers if b[2] and (o := self.owners.get(b[0])) is not None]
                 return with_pending_writes(after, written), written
         return after, []

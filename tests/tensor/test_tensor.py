@@ -978,3 +978,85 @@ async def test_await_waits_for_submitted_writes_to_the_wrapped_array(engine: ss.
     finally:
         gate.open()
     np.testing.assert_array_equal(await within(reader), np.ones(3))
+
+
+# Regression: a write to a Tensor over a read-only array (flags.writeable False) was queued, and failed only at
+# a later await; NumPy raises "assignment destination is read-only" at the line that writes
+_READ_ONLY_WRITES: dict[str, Callable[[ss.Engine, Tensor], Any]] = {
+    "t += 1": lambda eng, t: operator.iadd(t, 1),
+    "t **= 2": lambda eng, t: operator.ipow(t, 2),
+    "t[0] = 5": lambda eng, t: t.__setitem__(0, 5),
+    "t[...] = np.ones(3)": lambda eng, t: t.__setitem__(..., np.ones(3)),
+    "np.add(t, 1, out=t)": lambda eng, t: np.add(t, 1, out=t),
+    "np.negative(np.ones(3), out=t)": lambda eng, t: np.negative(np.ones(3), out=t),
+    "t[1:] *= 2": lambda eng, t: operator.imul(t[1:], 2),
+    "t.reshape(3, 1).T[0] = 1": lambda eng, t: t.reshape(3, 1).T.__setitem__(0, 1),
+    "eng.submit(np.add, t, 1, out=t)": lambda eng, t: eng.submit_nowait(np.add, t, 1, out=t),
+    "eng.submit(fn, t, writes=t)": lambda eng, t: eng.submit_nowait(np.sum, t, writes=t),
+}
+
+
+@pytest.mark.parametrize("write", list(_READ_ONLY_WRITES))
+async def test_a_write_to_a_read_only_array_raises_at_the_call(engine: ss.Engine, write: str) -> None:
+    a = np.arange(3.0)
+    a.flags.writeable = False
+    t = engine.asarray(a)
+    with pytest.raises(ValueError, match=r"assignment destination is read-only.*flags\.writeable is False"):
+        _READ_ONLY_WRITES[write](engine, t)
+    np.testing.assert_array_equal(await within(t), np.arange(3.0))  # nothing queued: no error left behind
+    copy = t.copy()  # what the message says to do
+    copy += 1
+    np.testing.assert_array_equal(await within(copy), np.arange(3.0) + 1)
+
+
+async def test_a_writeable_tensor_over_memory_a_read_only_one_shares_still_writes(engine: ss.Engine) -> None:
+    """Read-only is the wrapped array's flag, not its memory's: a writeable array over it is written."""
+    base = np.zeros(3)
+    view = base[:]
+    view.flags.writeable = False
+    read_only = engine.asarray(view)
+    writeable = engine.asarray(base)  # (shares read_only's memory, and its writes)
+    writeable += 1
+    writeable[0] = 5
+    np.testing.assert_array_equal(await within(read_only), [5.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="read-only"):
+        read_only[1:] += 1
+
+
+# Regression: the dtype of a view of a big-endian array was made native (np.result_type), though its value
+# keeps the array's byte order; and a reduction of an object array claimed int64, where NumPy gives objects
+_DTYPE_EXPRESSIONS: dict[str, Callable[[Any], Any]] = {
+    "t": lambda t: t,
+    "t[1:]": lambda t: t[1:],
+    "t[::2]": lambda t: t[::2],
+    "t[None]": lambda t: t[None],
+    "t[0]": lambda t: t[0],
+    "t.reshape(2, 2)": lambda t: t.reshape(2, 2),
+    "t.reshape(2, 2).T": lambda t: t.reshape(2, 2).T,
+    "np.transpose(t)": lambda t: np.transpose(t),
+    "t + 1": lambda t: t + 1,
+    "t.copy()": lambda t: t.copy(),
+    "t.sum()": lambda t: t.sum(),
+    "t.prod()": lambda t: t.prod(),
+    "t.max()": lambda t: t.max(),
+    "t.reshape(2, 2).sum(axis=0)": lambda t: t.reshape(2, 2).sum(axis=0),
+    "t.sum(keepdims=True)": lambda t: t.sum(keepdims=True),
+    "np.dot(t, t)": lambda t: np.dot(t, t),
+}
+
+
+@pytest.mark.parametrize("dtype", [">i8", ">f8", "<f4", "O"])
+@pytest.mark.parametrize("expression", list(_DTYPE_EXPRESSIONS))
+async def test_dtype_is_numpys_for_the_same_expression(
+    engine: ss.Engine, dtype: str, expression: str
+) -> None:
+    a = np.arange(4).astype(dtype)
+    want = _DTYPE_EXPRESSIONS[expression](a)
+    want_dtype = (
+        want.dtype if isinstance(want, np.ndarray | np.generic) else np.dtype(object)
+    )  # (a Python object)
+    t = _DTYPE_EXPRESSIONS[expression](engine.asarray(a))
+    assert (t.dtype, t.dtype.byteorder) == (want_dtype, want_dtype.byteorder)
+    value = await within(t)
+    if isinstance(value, np.ndarray):
+        assert value.dtype.str == t.dtype.str
