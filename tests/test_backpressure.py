@@ -99,6 +99,25 @@ async def test_submit_nowait_raises_queue_full_at_max_pending_bytes() -> None:
         await within(asyncio.gather(held, small))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [bytes, bytearray, lambda n: memoryview(bytes(n)), lambda n: [bytes(n)]],
+    ids=["bytes", "bytearray", "memoryview", "bytes in a list"],
+)
+async def test_byte_buffers_count_in_max_pending_bytes(make: Any) -> None:
+    """Regression: a bytes argument was taken for a scalar and its size never counted, so a producer of
+    bytes payloads held unbounded memory (bytearray and memoryview were counted)."""
+    async with ss.Engine(cpu_workers=1, max_pending_bytes=1000) as eng:
+        async with occupied(eng, 1):
+            first = eng.submit_nowait(len, make(600))
+            assert eng.stats().pending_bytes == 600
+            with pytest.raises(ss.QueueFull):
+                eng.submit_nowait(len, make(600))  # would exceed: 600 + 600
+            with pytest.raises(ss.MemoryLimitError):
+                eng.submit_nowait(len, make(1001))  # could never fit
+        assert await within(first) == (1 if isinstance(make(0), list) else 600)
+
+
 async def test_submit_nowait_from_another_thread_raises_queue_full() -> None:
     async with ss.Engine(cpu_workers=1, max_pending=1) as eng, occupied(eng, 1):
         with pytest.raises(ss.QueueFull):

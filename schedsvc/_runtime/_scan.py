@@ -42,6 +42,8 @@ _SCALARS = {kind for kind in np.sctypeDict.values() if kind not in (np.void, np.
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), slice, type(Ellipsis), *_SCALARS})
 #: the types of arguments that hold no array and no Task: scalars (a device moves nothing in for them)
 SCALAR_TYPES = _LEAVES
+#: what a scan passes over: the leaves but ``bytes``, whose memory is read (counted in max_pending_bytes)
+_PASSED = _LEAVES - {bytes}
 
 
 #: argument types devices understand as memory (a CuPy array, say), beyond NumPy arrays and the
@@ -87,9 +89,12 @@ class _Found:
     def visit(self, obj: Any, write: bool = False, declared: str | None = None) -> None:
         """Note what ``obj`` depends on; ``declared``: the option it came from (reads=/writes=)."""
         kind = type(obj)
-        if kind in _LEAVES:
-            if declared is not None and obj is not None and kind is not bytes:  # bytes: immutable memory
+        if kind in _PASSED:
+            if declared is not None and obj is not None:
                 raise _not_memory(declared, obj)
+            return
+        if kind is bytes:  # immutable memory: only ever read, whatever option names it
+            self.memory((id(obj), len(obj)), False)
             return
         if kind is _ndarray or isinstance(obj, _ndarray):
             self.array(obj, write)
@@ -163,11 +168,11 @@ def _scan_small(args: tuple[Any, ...]) -> tuple[tuple[Task, ...], tuple[Buffer, 
                 buffers = (buffers[0], (id(arg), arg.nbytes, False))
             else:
                 buffers = ((id(arg), arg.nbytes, False),)
-        elif kind in _LEAVES:
+        elif kind in _PASSED:
             continue
         elif isinstance(arg, Task) and arg.memory is None:
             deps = (*deps, arg)
-        else:
+        else:  # (bytes too: the walk counts them)
             return None
     return deps, buffers
 

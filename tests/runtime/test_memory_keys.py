@@ -109,6 +109,14 @@ def test_numpy_scalars_are_values_not_memory() -> None:
     )
 
 
+def test_bytes_are_read_memory_of_their_size() -> None:
+    """Regression: bytes were taken for a scalar, so their size never counted in max_pending_bytes."""
+    data, other = b"x" * 100, b"y" * 7
+    assert scan((data,), {}, (), ()) == ((), ((id(data), 100, False),))
+    assert scan((data, other, data), {}, (), ()) == ((), ((id(data), 100, False), (id(other), 7, False)))
+    assert scan(([data],), {"out": data}, (), ()) == ((), ((id(data), 100, False),))  # immutable: a read
+
+
 def test_an_exporter_that_cannot_export_now_does_not_decide_for_its_type() -> None:
     """Review: a closed mmap seen first made every mmap 'not memory' from then on."""
     closed = mmap.mmap(-1, 16)
