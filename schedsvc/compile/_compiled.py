@@ -6,11 +6,13 @@ one engine task.  Signatures are kept in a bounded LRU cache; each trace is
 counted in ``Compiled.stats()`` and ``eng.stats()``.  A function called with
 more signatures than the cache keeps traces the evicted ones again and again:
 the first few such retraces give one ``RuntimeWarning`` that names
-``max_signatures`` and what keeps changing between the calls.
+``max_signatures`` and what keeps changing between the calls; a float argument
+traced with many values gives one too, saying to pass it as an array.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -48,6 +50,8 @@ MAX_SIGNATURES = 64
 _THRASH = 4
 #: evicted signatures remembered, to tell a retrace from a new signature
 _EVICTED_KEPT = 1024
+#: values of one float argument traced before a RuntimeWarning says to pass it as an array
+_FLOAT_VALUES = 8
 
 
 class Entry:
@@ -289,6 +293,7 @@ class Compiled(Generic[P, R]):
         self._evicted: OrderedDict[Any, None] = OrderedDict()  # recently evicted signatures
         self._retraces = 0  # traces of signatures evicted before
         self._warned = False
+        self._floats: dict[Any, set[str]] | None = {}  # float argument -> the values traced (None: warned)
         self._graph_counts = GraphCounts()  # replays on cuda devices (CUDA graphs)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -351,11 +356,37 @@ class Compiled(Generic[P, R]):
         with self._lock:
             self.traces += 1
             thrashing = self._retraced(signature)
+            changing = self._float_traced(args, kwargs)
             self._store(signature, entry)
         self._port.compile_counts.traces += 1
         if thrashing:
             warnings.warn(self._thrash_message(), RuntimeWarning, stacklevel=4)  # user -> call -> _lookup
+        if changing is not None:
+            warnings.warn(self._float_message(*changing), RuntimeWarning, stacklevel=4)
         return entry
+
+    def _float_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, int] | None:
+        """Note the float arguments of a call that traced; (the argument, its values) once, when one has
+        been traced with enough values to warn."""
+        floats = self._floats
+        if floats is None:
+            return None
+        for slot, value in (*enumerate(args), *kwargs.items()):
+            if isinstance(value, float | np.floating):
+                values = floats.setdefault(slot, set())
+                values.add(repr(value))
+                if len(values) >= _FLOAT_VALUES:
+                    self._floats = None
+                    return slot, len(values)
+        return None
+
+    def _float_message(self, slot: Any, values: int) -> str:
+        return (
+            f"{self!r} traced once for each of {values} values of {_argument(self._fn, slot)}, a float: a "
+            "number is a constant of the traced function, so each new value traces again (on the calling "
+            "thread, far slower than a replay). Pass it as an array or Tensor (np.asarray(value), "
+            "eng.asarray(...)): an array is an input, whose value changes without a trace"
+        )
 
     def _retraced(self, signature: Any) -> bool:
         """Count a trace of an evicted signature; True once, when there have been enough to warn."""
@@ -526,6 +557,18 @@ def _describe_change(slot: Any, kinds: set[Any]) -> str:
         return f"{name} {', '.join(axes)}"
     listed = ", ".join(sorted(map(str, kinds))[:4]) + (", ..." if len(kinds) > 4 else "")
     return f"{name} takes {len(kinds)} kinds: {listed}"
+
+
+def _argument(fn: Any, slot: Any) -> str:
+    """How a message names argument ``slot`` of ``fn``: its position and parameter name, or its keyword."""
+    if isinstance(slot, str):
+        return f"argument {slot!r}"
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    with contextlib.suppress(TypeError, ValueError):  # (no signature to read: the position says it)
+        named = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds]
+        if slot < len(named):
+            return f"argument {slot} ({named[slot]!r})"
+    return f"argument {slot}"
 
 
 def _same(tensors: tuple[Any, ...], args: tuple[Any, ...]) -> bool:

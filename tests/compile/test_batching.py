@@ -430,6 +430,29 @@ async def test_weights_declared_unbatched_by_keyword(anyio_backend: str) -> None
         assert sizes(f) == {3: 1}
 
 
+def scaled(x: Any, *rest: Any, scale: float = 1.0, **options: Any) -> Any:
+    return x * scale
+
+
+async def test_batched_naming_no_parameter_is_refused_at_compile(anyio_backend: str) -> None:
+    """Regression: batched=[5] for a function of three parameters was accepted, and every call failed with
+    'called without a batched array argument'."""
+    async with engine() as eng:
+        for batched, match in [
+            ([5], r"batched=\[5\]\): position 5 names no parameter: affine takes 3 positional \(x, w, b\)"),
+            ([0, -1], "position -1 names no parameter"),
+            (["z"], r"'z' is not a parameter of affine \(its keywords: x, w, b\)"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                eng.compile(affine, batch_axis=0, batched=batched)
+        f = eng.compile(
+            scaled, batch_axis=0, batched=[5, "scale", "anything"]
+        )  # *rest and **options take them
+        assert f.batch_axis == 0
+        g = eng.compile(affine, batch_axis=0, batched=[0, "x"])  # x, passed by position or by keyword
+        assert_rows_close(await within(g(rows(2), W1, B1)), affine(rows(2), W1, B1))
+
+
 async def test_different_weights_give_each_caller_its_own_weights(anyio_backend: str) -> None:
     """Four weights, one call each, one row each: whatever the batching, nobody gets another's weights."""
     async with engine() as eng:

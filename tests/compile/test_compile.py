@@ -206,6 +206,35 @@ async def test_a_cache_that_keeps_retracing_warns_once(engine: ss.Engine) -> Non
     assert caught[0].filename == __file__  # points at the call
 
 
+async def test_a_float_argument_that_changes_every_call_warns_once(engine: ss.Engine) -> None:
+    """Regression: a float argument that changed every call traced every call, with no warning (each value is
+    a new signature, never an evicted one, so the warning about retracing never came)."""
+    c = engine.compile(lambda x, lr, *, momentum: x * lr + momentum)
+    x = np.ones(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(20):
+            assert_same_bits(await c(x, 0.5 + step, momentum=0.25), x * (0.5 + step) + 0.25)
+    assert c.stats()["traces"] == 20
+    assert [w.category for w in caught] == [RuntimeWarning]
+    message = str(caught[0].message)
+    assert "8 values of argument 1 ('lr'), a float" in message
+    assert "np.asarray(value)" in message and "momentum" not in message  # the same value every call
+    assert caught[0].filename == __file__  # points at the call
+    as_array = engine.compile(lambda x, lr: x * lr)  # what the warning says to do: one trace
+    for step in range(20):
+        assert_same_bits(await as_array(x, np.asarray(0.5 + step)), x * (0.5 + step))
+    assert as_array.stats()["traces"] == 1
+
+
+async def test_a_float_argument_of_a_few_values_does_not_warn(engine: ss.Engine) -> None:
+    c = engine.compile(lambda x, scale: x * scale)
+    for _ in range(3):
+        for scale in (0.5, 1.0, 2.0, -1.0, 1e-3, 1e3, 3.5):  # 7 values: 7 traces, then replays
+            assert_same_bits(await c(np.ones(2), scale), np.ones(2) * scale)
+    assert c.stats()["traces"] == 7
+
+
 async def test_retracing_a_few_evicted_signatures_does_not_warn(engine: ss.Engine) -> None:
     c = engine.compile(lambda x: x + 1, max_signatures=2)
     for x in batches(3) * 2:  # 3 retraces of evicted signatures: an LRU doing its job
