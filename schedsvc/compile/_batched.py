@@ -37,7 +37,6 @@ keys them (shapes, not array addresses), at most ``max_signatures`` of them.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import threading
 import weakref
@@ -48,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec
 
 import numpy as np
 
-from .._core import FINAL_STATES, name_of
+from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
 from .._future import Future
 from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, scan
@@ -58,6 +57,7 @@ from ._compiled import MAX_SIGNATURES, Compiled, static_part
 from ._cuda import CudaReplay
 from ._fused import Group, Proved, SizePlan, pow2, signature_key
 from ._graph import Graph, emit
+from ._params import check_batched
 from ._rows import plan_rows, same_program
 
 if TYPE_CHECKING:
@@ -125,37 +125,6 @@ class _Deferred:
 P = ParamSpec("P")
 
 
-def _check_batched(fn: Callable[..., Any], batched: Sequence[int | str]) -> None:
-    """Refuse ``batched=`` naming a position or keyword ``fn`` has no parameter for: no call could pass
-    it, so each would fail (with no batched argument) instead of this one at compile."""
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # no signature to read (some builtins): the calls tell
-        return
-    kinds = {p.kind for p in parameters}
-    positional = [p.name for p in parameters if p.kind in _POSITIONAL]
-    keywords = [p.name for p in parameters if p.kind in _KEYWORD]
-    for slot in batched:
-        if isinstance(slot, int) and (
-            slot < 0 or (slot >= len(positional) and inspect.Parameter.VAR_POSITIONAL not in kinds)
-        ):
-            raise ValueError(
-                f"eng.compile({name_of(fn)}, batched={list(batched)!r}): position {slot} names no parameter: "
-                f"{name_of(fn)} takes {len(positional)} positional ({', '.join(positional) or 'none'}); name "
-                "the batched arguments by their positions from 0, or by keyword"
-            )
-        if isinstance(slot, str) and slot not in keywords and inspect.Parameter.VAR_KEYWORD not in kinds:
-            raise ValueError(
-                f"eng.compile({name_of(fn)}, batched={list(batched)!r}): {slot!r} is not a parameter of "
-                f"{name_of(fn)} (its keywords: {', '.join(keywords) or 'none'}); name the batched arguments "
-                "by keyword, or by their positions from 0"
-            )
-
-
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-
-
 class Batched(Generic[P]):
     """A compiled function whose calls that are ready together run as one: ``await fn(x)`` gives the
     caller's rows.
@@ -193,7 +162,7 @@ class Batched(Generic[P]):
         if batched is not None and any(type(s) not in (int, str) for s in batched):
             raise TypeError(f"batched must name argument positions (int) or keywords (str), got {batched!r}")
         if batched is not None:
-            _check_batched(fn, batched)
+            check_batched(fn, batched)
         self._plain = Compiled(port, fn, max_signatures=max_signatures, name=name)
         self._port = port
         self._fn = fn

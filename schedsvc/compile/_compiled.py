@@ -12,7 +12,6 @@ traced with many values gives one too, saying to pass it as an array.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import os
@@ -34,6 +33,7 @@ from .._tracing import ACTIVE, tracing
 from ..tensor import Op, Tensor, asarray, queue_op, rider
 from ._cuda import CudaReplay, GraphCounts
 from ._graph import Constants, Graph, emit, work_bytes
+from ._params import argument_name
 from ._saved import decode_entry, encode_entry, read, write
 from ._trace import trace
 
@@ -382,7 +382,7 @@ class Compiled(Generic[P, R]):
 
     def _float_message(self, slot: Any, values: int) -> str:
         return (
-            f"{self!r} traced once for each of {values} values of {_argument(self._fn, slot)}, a float: a "
+            f"{self!r} traced once for each of {values} values of {argument_name(self._fn, slot)}, a float: a "
             "number is a constant of the traced function, so each new value traces again (on the calling "
             "thread, far slower than a replay). Pass it as an array or Tensor (np.asarray(value), "
             "eng.asarray(...)): an array is an input, whose value changes without a trace"
@@ -557,18 +557,6 @@ def _describe_change(slot: Any, kinds: set[Any]) -> str:
         return f"{name} {', '.join(axes)}"
     listed = ", ".join(sorted(map(str, kinds))[:4]) + (", ..." if len(kinds) > 4 else "")
     return f"{name} takes {len(kinds)} kinds: {listed}"
-
-
-def _argument(fn: Any, slot: Any) -> str:
-    """How a message names argument ``slot`` of ``fn``: its position and parameter name, or its keyword."""
-    if isinstance(slot, str):
-        return f"argument {slot!r}"
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    with contextlib.suppress(TypeError, ValueError):  # (no signature to read: the position says it)
-        named = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds]
-        if slot < len(named):
-            return f"argument {slot} ({named[slot]!r})"
-    return f"argument {slot}"
 
 
 def _same(tensors: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
