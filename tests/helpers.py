@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -170,3 +174,38 @@ def _file_gate_body(opened: str, started_dir: str, value: Any) -> Any:
             raise TimeoutError("the test never opened the gate")
         time.sleep(0.002)
     return value
+
+
+def read_until(fd: int, text: str, deadline: float) -> str:
+    """What ``fd`` gives until it has given ``text`` (or the deadline passes, or it ends)."""
+    seen = b""
+    while text.encode() not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            break
+        seen += chunk
+    return seen.decode()
+
+
+def interrupted_twice(code: str) -> tuple[str, str, int | None]:
+    """Run ``code`` in a Python process, Ctrl-C it once it printed "started" and again once the close said
+    how a second Ctrl-C exits (checking it still ran then): what its stderr said up to that, the rest of
+    it, and its exit status."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        assert "started" in read_until(proc.stdout.fileno(), "started", deadline)
+        os.kill(proc.pid, signal.SIGINT)
+        said = read_until(proc.stderr.fileno(), "exit without waiting)", deadline)
+        assert proc.poll() is None, said  # still waiting for the running task
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(TIMEOUT)
+        rest = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return said, rest, proc.returncode

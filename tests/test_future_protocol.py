@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import schedsvc as ss
-from tests.helpers import TIMEOUT, occupied, on_asyncio, within
+from tests.helpers import TIMEOUT, interrupted_twice, occupied, on_asyncio, within
 
 _label: contextvars.ContextVar[str] = contextvars.ContextVar("label", default="none")
 
@@ -510,31 +510,9 @@ asyncio.run(main())
 def test_ctrl_c_during_a_gather_of_futures_ends_the_program_after_a_second_one() -> None:
     """The first Ctrl-C cancels the gather (its callback used to raise there, and the program never ended,
     even on a second Ctrl-C); the close then waits for the running task, and a second Ctrl-C exits."""
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from tests.test_regressions import _read_until
-
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _GATHER_INTERRUPTED], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        assert "started" in _read_until(proc.stdout.fileno(), "started", deadline)
-        os.kill(proc.pid, signal.SIGINT)
-        said = _read_until(proc.stderr.fileno(), "exit without waiting)", deadline)
-        assert "waiting for 1 running task" in said, said
-        os.kill(proc.pid, signal.SIGINT)
-        proc.wait(TIMEOUT)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode != 0
+    said, _, returncode = interrupted_twice(_GATHER_INTERRUPTED)
+    assert "waiting for 1 running task" in said, said
+    assert returncode != 0
 
 
 # -- a done-callback that raises: every other awaiter is still woken ---------------------------------------

@@ -15,8 +15,6 @@ import operator
 import os
 import select
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -31,7 +29,7 @@ import pytest
 import schedsvc as ss
 from schedsvc._core import Scheduler, Task
 
-from .helpers import TIMEOUT, Gate, occupied, started, state, wait_thread_event, within
+from .helpers import TIMEOUT, Gate, interrupted_twice, occupied, started, state, wait_thread_event, within
 
 # -- helpers -----------------------------------------------------------------------------------------
 
@@ -523,44 +521,15 @@ asyncio.run(main()) if "{library}" == "asyncio" else trio.run(main)
 """
 
 
-def _read_until(fd: int, text: str, deadline: float) -> str:
-    """What ``fd`` gives until it has given ``text`` (or the deadline passes, or it ends)."""
-    seen = b""
-    while text.encode() not in seen:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(fd, 4096) if ready else b""
-        if not chunk:
-            break
-        seen += chunk
-    return seen.decode()
-
-
 @pytest.mark.parametrize("library", ["asyncio", "trio"])
 def test_ctrl_c_says_what_the_close_waits_for_and_a_second_one_exits(library: str) -> None:
     """The first Ctrl-C cancelled the queue, then waited for the running tasks without a word (19 s for a 20 s
     task): it now says, once, how many running tasks it waits for and that a second Ctrl-C exits, which it does
     (under trio too, where Ctrl-C is a KeyboardInterrupt in the main task, not a cancellation)."""
     code = textwrap.dedent(_INTERRUPTED_SCRIPT).replace("{library}", library)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        assert "started" in _read_until(proc.stdout.fileno(), "started", deadline)
-        os.kill(proc.pid, signal.SIGINT)
-        said = _read_until(proc.stderr.fileno(), "exit without waiting)", deadline)
-        assert "waiting for 1 running task to finish (press Ctrl-C again to exit without waiting)" in said, (
-            said
-        )
-        assert proc.poll() is None  # still waiting for the running task
-        os.kill(proc.pid, signal.SIGINT)
-        proc.wait(TIMEOUT)
-        rest = proc.stderr.read().decode()
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode != 0
+    said, rest, returncode = interrupted_twice(code)
+    assert "waiting for 1 running task to finish (press Ctrl-C again to exit without waiting)" in said, said
+    assert returncode != 0
     assert "running task" not in rest  # said once
     assert "KeyboardInterrupt" in rest
 
