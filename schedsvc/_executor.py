@@ -47,9 +47,8 @@ T = TypeVar("T")
 _AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
 
 
-_waits = (
-    threading.local()
-)  # this thread's waits in concurrent.futures.wait/as_completed: waiter id -> futures
+#: this thread's waits in concurrent.futures.wait/as_completed (``counts``: waiter id -> how many futures it is on)
+_waits = threading.local()
 
 
 class _Waiters(list[Any]):

@@ -66,9 +66,8 @@ class ThreadToken(Token):
         if then is not None:
             try:
                 then()
-            except (
-                BaseException
-            ) as exc:  # (done-callbacks of a concurrent.futures.Future): never a worker's end
+            # (done-callbacks of a concurrent.futures.Future): whatever they raise, never a worker's end
+            except BaseException as exc:
                 report(exc, f"exception in a done callback of a task's future ({then!r})")
         elif self._gate is not None:
             self._gate.release()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -399,10 +400,7 @@ def work_bytes(graph: Graph) -> int:
 
 
 def _nbytes(node: Node) -> int:
-    size = 1
-    for d in node.shape:
-        size *= d
-    return size * node.dtype.itemsize
+    return math.prod(node.shape) * node.dtype.itemsize
 
 
 def _last_uses(graph: Graph) -> dict[int, int]:
