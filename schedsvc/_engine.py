@@ -465,7 +465,7 @@ class Engine:
         *,
         batch_axis: int,
         max_batch: int = 256,
-        max_delay: float = 0.002,
+        max_delay: float | None = None,
         batched: Sequence[int | str] | None = None,
         exact: bool = False,
         max_signatures: int = 64,
@@ -478,7 +478,7 @@ class Engine:
         *,
         batch_axis: int | None = None,
         max_batch: int = 256,
-        max_delay: float = 0.002,
+        max_delay: float | None = None,
         batched: Sequence[int | str] | None = None,
         exact: bool = False,
         max_signatures: int = 64,
@@ -495,8 +495,8 @@ class Engine:
         ``BatchCall``, an ``ss.Future`` of the caller's own rows), and the
         worker that takes one runs the other ready calls of it with it, up to
         ``max_batch`` rows, as one replay; a lone call runs at once.
-        ``max_delay`` has no effect (kept so existing calls run): no call
-        waits for others.  ``fn`` must keep rows apart (proved from its graph, else ``BatchError``);
+        ``max_delay`` is deprecated and has no effect (a ``DeprecationWarning``
+        says so): no call waits for others.  ``fn`` must keep rows apart (proved from its graph, else ``BatchError``);
         ``batched`` names the batched arguments (default: every array one).
         By default (``exact=False``) a batch runs one matrix product per layer
         for all its rows, so a caller's result may differ from its unbatched

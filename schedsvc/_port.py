@@ -63,6 +63,7 @@ _CALLS = (
     "shutdown",
     "sweeps",
     "throttle",
+    "unwatch",
     "wait",
     "wait_blocking",
     "watch_off_loop",
@@ -119,6 +120,7 @@ class Port:
     run_inline: Callable[[Task], bool]
     shutdown: Callable[[bool, float], Awaitable[list[threading.Thread]]]
     sweeps: Callable[[], dict[str, int]]
+    unwatch: Callable[[Task, Any], None]
     throttle: Callable[[], Awaitable[None]]
     wait: Callable[[Task], Awaitable[None]]
     wait_blocking: Callable[[Task, float | None], bool]

@@ -82,9 +82,9 @@ def _instrument(record: Record, max_batch: int | None) -> None:
 
     replay = _fused.Group._replay
 
-    def engine_batch(self: Any, args: list[Any], rows: list[int]) -> Any:
+    def engine_batch(self: Any, args: list[Any], rows: list[int], staging: Any = None) -> Any:
         start = clock()
-        out = replay(self, args, rows)
+        out = replay(self, args, rows, staging)
         record.kinds["batch"].append([start, clock(), len(rows)])
         return out
 

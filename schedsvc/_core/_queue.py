@@ -21,12 +21,13 @@ class ReadyQueue:
     ``take_like`` (entries that left the ready state are dropped as it meets them).
     """
 
-    __slots__ = ("_buckets", "_like", "_order", "count")
+    __slots__ = ("_buckets", "_order", "count", "fusions")
 
     def __init__(self) -> None:
         self._buckets: dict[int, deque[Task]] = {}
         self._order: list[int] = []  # negated priorities, ascending = highest first
-        self._like: dict[Any, deque[Task]] = {}  # fusion -> its tasks, oldest first
+        #: fusion -> its tasks, oldest first (read without a call: ``runs``)
+        self.fusions: dict[Any, deque[Task]] = {}
         self.count = 0
 
     def push(self, task: Task) -> None:
@@ -40,9 +41,9 @@ class ReadyQueue:
             self._list_like(task)
 
     def _list_like(self, task: Task) -> None:
-        like = self._like.get(task.fusion)
+        like = self.fusions.get(task.fusion)
         if like is None:
-            like = self._like[task.fusion] = deque()
+            like = self.fusions[task.fusion] = deque()
         like.append(task)
 
     def take_like(self, fusion: Any, limit: int, weight: Callable[[Task], int] | None = None) -> list[Task]:
@@ -50,7 +51,7 @@ class ReadyQueue:
         each) add up to at most ``limit``; whatever their priority.  The caller moves them out of the
         ready state (they stay in their buckets, skipped when met, as a cancelled task is)."""
         taken: list[Task] = []
-        like = self._like.get(fusion)
+        like = self.fusions.get(fusion)
         while like and limit > 0:
             task = like[0]
             if task.state != "ready":  # popped, claimed or cancelled since it was listed
@@ -63,7 +64,7 @@ class ReadyQueue:
             limit -= share
             taken.append(task)
         if like is not None and not like:
-            del self._like[fusion]
+            del self.fusions[fusion]
         if taken:
             self.count -= len(taken)
             if not self.count:
@@ -87,6 +88,15 @@ class ReadyQueue:
             self._drop(neg)
         return None
 
+    def runs(self) -> int:
+        """How many workers the ready tasks can keep busy: the tasks of a fusion run as one (the worker that
+        takes one takes the others), so they count once; at least one while any task is ready.  (A
+        fusion's list may still hold tasks that left the ready state: then fewer are counted.)"""
+        if not self.count:
+            return 0
+        listed = sum(len(like) for like in self.fusions.values())
+        return max(1, self.count - listed + len(self.fusions))
+
     def top_priority(self) -> int | None:
         """The highest priority that holds a ready task, or None when empty."""
         while self.count:
@@ -109,7 +119,7 @@ class ReadyQueue:
         """Nothing is ready: drop the stale entries (they hold finished tasks' values)."""
         self._buckets.clear()
         self._order.clear()
-        self._like.clear()
+        self.fusions.clear()
 
     def tasks(self) -> list[Task]:
         """The ready tasks, in pop order (for validation and tests)."""
@@ -117,7 +127,7 @@ class ReadyQueue:
 
     def like(self, fusion: Any) -> list[Task]:
         """The ready tasks of ``fusion``, oldest first (for validation and tests)."""
-        return [t for t in self._like.get(fusion, ()) if t.state == "ready"]
+        return [t for t in self.fusions.get(fusion, ()) if t.state == "ready"]
 
     def _drop(self, neg: int) -> None:
         del self._buckets[-neg]

@@ -17,8 +17,11 @@ coroutine next yields, which is when ``asyncio.create_task`` work starts too.
 A submitting coroutine thus does not fight its own workers for the GIL on
 every call.  Every wait flushes first, so staged work never stalls.  A device
 that launches on the submitting thread (CUDA) has its tasks launched at once,
-never staged -- but for batched calls, which are staged so that the calls of a
-burst launch as one batch.
+never staged.  Batched calls (tasks with a ``fusion``) made on the loop's
+thread are always staged, on every device, and a wait does not flush them
+(``gathering``): the calls of one turn of the loop -- a burst of requests
+parsed together, a gather of many calls -- reach the workers together at its
+end, and run as one batch.
 """
 
 from __future__ import annotations
@@ -88,8 +91,8 @@ class Admission:
         #: takes staged tasks itself once the loop has not come round to it for a while)
         self.flush_scheduled = False
         self.eager_left = 0  # submissions of this loop iteration still handed to the workers at once
-        #: batched calls on a device that launches where work is made ready are staged this turn of the
-        #: loop: the flush at its end launches them together, not the await of each
+        #: batched calls are staged this turn of the loop: the flush at its end hands them over together,
+        #: not the await of each
         self.gathering = False
         #: devices whose tasks are never staged (``Device.staged``): they launch on the submitting thread
         self.unstaged: set[str] = set()
@@ -143,7 +146,7 @@ class Admission:
                 force = how == OVER or task.nested or self.sync_mode
             if tid != self.loop_thread:
                 stage = False
-            elif task.fusion is not None and task.device in self.unstaged:
+            elif task.fusion is not None:
                 stage = self.stage_fused()
             elif task.priority or self.eager_left:  # (stage_next's common answer, without a call)
                 stage = self.stage_next(task.priority)
@@ -337,10 +340,10 @@ class Admission:
         return True
 
     def stage_fused(self) -> bool:
-        """With the lock held, on the loop thread: a batched call on a device that launches where work is
-        made ready is staged, so that the calls of this turn of the loop -- coroutines that each call and
-        await, a gather of many calls -- are launched as one batch by the flush at its end.  Until then an
-        await does not hand staged work over (``gathering``)."""
+        """With the lock held, on the loop thread: a batched call is staged, so that the calls of this turn
+        of the loop -- coroutines that each call and await, a gather of many calls -- reach the workers (or
+        are launched) as one batch by the flush at its end.  Until then an await does not hand staged work
+        over (``gathering``)."""
         self.gathering = True
         if not self.flush_scheduled:
             self.flush_scheduled = True

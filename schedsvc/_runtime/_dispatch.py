@@ -111,6 +111,9 @@ class Dispatch:
         #: (the core's count of admitted tasks, when a worker last saw it change): unchanged for _STALE_S
         #: with the flush still pending, the loop is blocked, not staging a burst
         self.staged_seen = (0, 0.0)
+        #: a worker's fused task -> the ready tasks of its fusion taken with it, under the lock hold that took
+        #: it: a second worker woken for the same burst finds none of them, so no batch shrinks to one call
+        self.joined: dict[Task, list[Task]] = {}
 
     # -- taking work -----------------------------------------------------------------
 
@@ -134,6 +137,8 @@ class Dispatch:
                 self.worker_threads.discard(get_ident())
                 return False
             task = core.take(device.name)
+            if task is not None and task.fusion is not None:
+                self._join(task)
             if task is None and device.parks_timed and self.staging.flush_scheduled:
                 count, now = core.submitted, time.perf_counter()
                 if count != self.staged_seen[0]:  # the loop is submitting (a burst): look again later
@@ -144,6 +149,8 @@ class Dispatch:
                 elif core.staged:  # nothing staged for _STALE_S, and no flush: the loop is blocked
                     core.publish()
                     task = core.take(device.name)
+                    if task is not None and task.fusion is not None:
+                        self._join(task)
                     after = self.collect()  # (the other devices' workers, for what was theirs)
                 else:
                     park = _STALE_S * 5  # (until the loop stages, or its flush comes)
@@ -246,6 +253,8 @@ class Dispatch:
             nxt = self.core.finish(task, value, error, chain)
             if nxt is None and chain:
                 nxt = self.core.take(task.device)
+                if nxt is not None and nxt.fusion is not None:
+                    self._join(nxt)
             after = self.collect()
         finally:
             lock.release()
@@ -259,8 +268,9 @@ class Dispatch:
         fusion: Fusion = first.fusion
         core = self.core
         with self.lock:
-            room = fusion.limit - fusion.weight(first)
-            tasks = [first, *core.take_like(first.device, fusion, room, fusion.weight)]
+            tasks = [first, *self.joined.pop(first, ())]
+            room = fusion.limit - sum(fusion.weight(t) for t in tasks)
+            tasks += core.take_like(first.device, fusion, room, fusion.weight)
         t0 = time.perf_counter()
         for task in tasks:
             self.queue_waits.append(t0 - task.t_ready)
@@ -289,12 +299,20 @@ class Dispatch:
                 nxt = core.finish(task, value, error, i == last)
             if nxt is None:
                 nxt = core.take(first.device)
+                if nxt is not None and nxt.fusion is not None:
+                    self._join(nxt)
             after = self.collect()
         finally:
             lock.release()
         if after is not None:
             after()
         return nxt
+
+    def _join(self, first: Task) -> None:
+        """With the lock held, a worker took ``first``: the ready tasks of its fusion go with it."""
+        fusion: Fusion = first.fusion
+        room = fusion.limit - fusion.weight(first)
+        self.joined[first] = self.core.take_like(first.device, fusion, room, fusion.weight)
 
     def _enter_guest(self) -> bool:
         """A thread that is not a worker runs a task: submissions it makes meanwhile are nested."""

@@ -49,7 +49,7 @@ from .._errors import EngineClosed
 from .._telemetry import Latencies
 from .._timeline import Timeline
 from ._admission import Admission
-from ._bridge import Bridge, open_bridge, settle
+from ._bridge import Bridge, open_bridge, settle, unwatch
 from ._closing import Closing
 from ._copies import DeviceCopies
 from ._dispatch import Dispatch
@@ -351,7 +351,7 @@ class Runtime:
         for device, queue in self._pools:
             if not device.hungry or not queue.count:
                 continue
-            wake = device.dispatch(queue.count)
+            wake = device.dispatch(queue.runs() if queue.fusions else queue.count)
             if wake is not None:
                 if wakes is None:
                     wakes = []
@@ -405,6 +405,11 @@ class Runtime:
             ] or None
             return task.watchers is None
         return False
+
+    def unwatch(self, task: Task, watcher: Any) -> None:
+        """``watcher`` gave up waiting on ``task`` (the await it was made for ended otherwise)."""
+        with self.lock:
+            unwatch(task, watcher)
 
     def cancel(self, task: Task) -> bool:
         """Cancel ``task`` (and what takes its value) if it has not started; True if it is cancelled,

@@ -12,11 +12,15 @@ Fusion happens at dispatch (``_fused.py``): every call carries the ``Group``
 of its batch key -- the arguments' shapes but the batch axis, their dtypes,
 the unbatched arrays (by identity) and the other values -- as its
 ``fusion``.  The worker that takes one ready call also takes the other ready
-calls of its group, oldest first, up to ``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
+calls of its group, in the same hold of the lock, oldest first, up to
+``max_batch`` rows (``Scheduler.take_like``), concatenates their rows
 (padded to a power of two, so that a few sizes are traced), replays once, and
-splits the result back: each call is finished with its own rows.  So the
-backlog is the batch: a lone call on an idle engine runs at once, and a burst
-that queues up fills batches; nothing waits for a timer.  If a fused run
+splits the result back: each call is finished with its own rows.  Calls made
+on the event loop's thread reach the workers at the end of the loop's turn
+(the runtime stages them), so the requests a server parses in one turn are
+one batch; calls that queue while the workers are busy join the next.  So the
+backlog is the batch: a lone call on an idle engine runs as soon as its
+coroutine yields, and nothing waits for a timer.  If a fused run
 raises, it is split in halves, down to single calls, so each caller gets the
 outcome it would have had alone.
 
@@ -37,11 +41,13 @@ keys them (shapes, not array addresses), at most ``max_signatures`` of them.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec
 
@@ -50,7 +56,7 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
 from .._future import Future
-from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, scan
+from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, is_cancellation, scan
 from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor, order_after
 from ._compiled import MAX_SIGNATURES, Compiled, static_part
@@ -63,12 +69,10 @@ from ._rows import plan_rows, same_program
 if TYPE_CHECKING:
     from .._port import Port
 
-__all__ = ["MAX_BATCH", "MAX_DELAY", "BatchCall", "Batched", "check_exact"]
+__all__ = ["MAX_BATCH", "BatchCall", "Batched", "check_exact"]
 
 #: rows per batch by default: past it a batch's replay gains little per row (``schedsvc bench batch``)
 MAX_BATCH = 256
-#: the default of ``max_delay``, which has no effect: batches form from the calls ready at dispatch
-MAX_DELAY = 0.002
 #: the most rows a key's first call is also traced with, to prove its rows apart where there are many
 _PROBE = 256
 #: the engine's batch counts are added to from every worker
@@ -88,6 +92,50 @@ class BatchCall(Future[Any]):
     fusion: Group | None
     number: int  # the how-manieth call of its function (the trace lists a batch's callers)
     rows: int  # its rows along the batch axis (0: not known until its Future arguments are there)
+
+    def rows_call(self, port: Port, group: Group, x: np.ndarray, rows: int, device: str) -> None:
+        """``__init__`` for a call of one ndarray batched on axis 0 (the common case of serving), every
+        field set here: one read of its buffer, no dependencies, and a list of waiters (awaited on the
+        loop without the lock)."""
+        self.fn = group
+        self.args = (x,)
+        self.kwargs = None
+        self.device = device
+        self.buffers = ((*buffer_of(x), False),)
+        self.deps = self.after = ()
+        self.priority = self.n_waiting = 0
+        self.out_bytes = group.row_bytes * rows
+        self.nested = False
+        self.seq = -1
+        self.staged = 0
+        self.state = "new"
+        self.dependents = self.value = self.error = None
+        self.watchers = []
+        self.t_ready = 0.0
+        self._port = port
+        self.fusion = group
+        self.rows = rows
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """The caller's rows.  On the engine's loop a call of one array waits on a future of that loop
+        put on the list of waiters the call was made with: no lock and no hand-over of staged work (the
+        calls of this turn of the loop are handed to the workers together at its end, as one batch)."""
+        watchers = self.watchers
+        if self.state in FINAL_STATES or watchers is None:
+            return (yield from Future.__await__(self))
+        loop = asyncio._get_running_loop()
+        if loop is None or loop is not self._port.loop:
+            return (yield from Future.__await__(self))
+        waiter = loop.create_future()
+        watchers.append(waiter)
+        try:
+            yield from waiter.__await__()
+        except BaseException as exc:
+            self._port.unwatch(self, waiter)
+            if is_cancellation(exc):
+                self.cancel()  # the awaiter gave up: an unstarted call is not wanted
+            raise
+        return self._outcome()
 
     def __repr__(self) -> str:
         rows = f" rows={self.rows}" if self.rows else ""
@@ -130,7 +178,7 @@ class Batched(Generic[P]):
     caller's rows.
 
     Made by ``eng.compile(fn, batch_axis=..., max_batch=..., exact=False)``.
-    ``max_delay`` is accepted and has no effect: a batch is the calls ready
+    ``max_delay`` is deprecated and has no effect: a batch is the calls ready
     when a worker takes one of them, so no call waits for more to come.  By
     default a batch runs one matrix product per layer, and a caller's rows may
     differ from its lone call's in the last bits (float32: about 1e-6 of the
@@ -146,7 +194,7 @@ class Batched(Generic[P]):
         *,
         batch_axis: int,
         max_batch: int = MAX_BATCH,
-        max_delay: float = MAX_DELAY,
+        max_delay: float | None = None,
         batched: Sequence[int | str] | None = None,
         exact: bool = False,
         max_signatures: int = MAX_SIGNATURES,
@@ -156,8 +204,16 @@ class Batched(Generic[P]):
             raise TypeError(f"batch_axis must be an int, got {batch_axis!r}")
         if type(max_batch) is not int or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
-        if not isinstance(max_delay, int | float) or not 0 <= max_delay < float("inf"):
-            raise ValueError(f"max_delay must be a non-negative number of seconds, got {max_delay!r}")
+        if max_delay is not None:
+            if not isinstance(max_delay, int | float) or not 0 <= max_delay < float("inf"):
+                raise ValueError(f"max_delay must be a non-negative number of seconds, got {max_delay!r}")
+            warnings.warn(
+                "eng.compile(max_delay=...) has no effect and is deprecated: no call waits for others; "
+                "the calls made in one turn of the event loop, and those that queue while the workers are "
+                "busy, run as one batch. Leave max_delay out",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         check_exact(exact)
         if batched is not None and any(type(s) not in (int, str) for s in batched):
             raise TypeError(f"batched must name argument positions (int) or keywords (str), got {batched!r}")
@@ -169,7 +225,6 @@ class Batched(Generic[P]):
         self.name = self._plain.name  # (also each call's name: ``_label``)
         self.batch_axis = batch_axis
         self.max_batch = max_batch
-        self.max_delay = float(max_delay)
         self.exact = exact
         self._batched = None if batched is None else frozenset(batched)
         self._lock = threading.Lock()  # the plans and groups: calls come from any thread, runs from workers
@@ -178,8 +233,9 @@ class Batched(Generic[P]):
         #: keys proved at many rows too (as the signature cache keys them) -> their output bytes per row
         self._proved: OrderedDict[Any, Proved] = OrderedDict()
         self._groups: weakref.WeakValueDictionary[Any, Group] = weakref.WeakValueDictionary()
-        #: (key, group) of the latest call of one array: a server's calls have one key (``_rows_call``)
-        self._last: tuple[Any, Group] | None = None
+        #: (shape but the rows, dtype, group) of the latest call of one array: a server's calls have one key
+        #: (``_rows_call``)
+        self._last: tuple[tuple[int, ...], np.dtype[Any], Group] | None = None
         self._deferred = _Deferred(self)
         self._numbers = itertools.count(1)
         self.calls = 0
@@ -211,7 +267,14 @@ class Batched(Generic[P]):
             return self._fn(*args, **kwargs)  # type: ignore[no-any-return]
         tid = get_ident()
         port = self._port
-        call = self._call(args, kwargs, tid)
+        if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
+            x = args[0]
+            if type(x) is np.ndarray and x.ndim and x.shape[0]:
+                call = self._rows_call(x, tid)
+            else:
+                call = self._call(args, kwargs, tid)
+        else:
+            call = self._call(args, kwargs, tid)
         if not port.admit(call, tid, NOW):
             raise QueueFull(port.full_message(call, "await fn.submit(...)"))
         return call
@@ -275,21 +338,23 @@ class Batched(Generic[P]):
         """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: one buffer
         read and no dependencies, for which ``order_after`` adds nothing (the core's hazard on the buffer
         still orders it after the writes queued to that memory, a Tensor's included)."""
-        key = ((0, "rows", x.shape[1:], x.dtype),)
+        shape, dtype = x.shape[1:], x.dtype
         last = self._last
-        if last is not None and last[0] == key:
-            group = last[1]
+        if last is not None and last[1] is dtype and last[0] == shape:  # (NumPy's dtypes are shared objects)
+            group = last[2]
         else:
             host = self._port.host_device
+            key = ((0, "rows", shape, dtype),)
             group = self._group(
                 key, [x], x.shape[0], None, host if host in self._port.memory_devices else None
             )
-            self._last = (key, group)
+            self._last = (shape, dtype, group)
         rows = x.shape[0]
-        call = self._new_call(
-            group, (x,), None, group.row_bytes * rows, ((*buffer_of(x), False),), (), tid, group.device
-        )
-        call.fusion, call.rows = group, rows
+        port = self._port
+        call = BatchCall.__new__(BatchCall)
+        call.rows_call(port, group, x, rows, group.device or port.host_device)
+        call.number = self.calls = next(self._numbers)
+        call.name = self._label
         return call
 
     def _task(self, group: Group, values: list[Any], rows: int, tid: int) -> BatchCall:

@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from ..helpers import on_asyncio, within
+from ..helpers import on_asyncio, started, within
 from .helpers import assert_rows_close, assert_same_bits, batching_engine, both_backends, occupied
 
 F = 64
@@ -49,6 +49,23 @@ async def test_a_lone_call_runs_at_once_and_a_burst_fills_batches(anyio_backend:
         for x, call in zip(xs, calls, strict=True):
             assert_rows_close(await within(call), mlp(x))
         assert sizes(f) == {1: 1, 8: 2, 4: 1}  # the backlog is the batch: full ones, then the rest
+
+
+async def test_a_burst_made_in_one_turn_is_one_batch_however_many_workers_are_idle(
+    anyio_backend: str,
+) -> None:
+    """Four idle workers, and sixteen calls made in one turn of the loop: they go to the workers together
+    at the turn's end, and the worker that takes the first takes the others with it -- no worker woken
+    beside it gets one of them alone."""
+    async with started(cpu_workers=4, inline_threshold_us=0) as eng:
+        f = eng.compile(mlp, batch_axis=0, max_batch=64)
+        assert_rows_close(await within(f(rows(1, 0))), mlp(rows(1, 0)))
+        for burst in range(3):
+            xs = [rows(1, seed) for seed in range(16 * burst, 16 * burst + 16)]
+            calls = [f(x) for x in xs]
+            for x, call in zip(xs, calls, strict=True):
+                assert_rows_close(await within(call), mlp(x))
+        assert sizes(f) == {1: 1, 16: 3}
 
 
 # -- the default mode: one product for the batch, up to max_batch rows ------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -334,8 +335,22 @@ async def test_a_lone_call_on_an_idle_engine_runs_at_once(anyio_backend: str) ->
         f = eng.compile(mlp, batch_axis=0)
         for n in (2, 1):  # the engine is idle again once the first has finished
             x = rows(n, n)
-            assert_same_bits(await within(f(x)), mlp(x))  # within TIMEOUT, far under max_delay
+            assert_same_bits(await within(f(x)), mlp(x))  # within TIMEOUT: no timer holds it
         assert sizes(f) == {2: 1, 1: 1}
+
+
+async def test_max_delay_is_deprecated_and_changes_nothing(anyio_backend: str) -> None:
+    async with engine() as eng:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            eng.compile(mlp, batch_axis=0)  # left out: no warning
+        with pytest.warns(DeprecationWarning, match=r"max_delay=\.\.\.\) has no effect") as caught:
+            f = eng.compile(mlp, batch_axis=0, max_delay=0.5)
+        assert caught[0].filename == __file__  # pointed at the caller's line
+        x = rows(1, 3)
+        assert_same_bits(await within(f(x)), mlp(x))  # within TIMEOUT, far under the 0.5 s asked for
+        with pytest.raises(ValueError, match="max_delay must be a non-negative number"):
+            eng.compile(mlp, batch_axis=0, max_delay=-1)
 
 
 async def test_a_batch_takes_at_most_max_batch_rows_of_the_calls_ready(anyio_backend: str) -> None:

@@ -134,7 +134,7 @@ def test_the_listing_of_a_fusion_is_dropped_once_nothing_is_ready() -> None:
     a = Fusable("a", f)
     submit(s, a)
     assert s.take("cpu") is a
-    assert s.queues["cpu"]._like == {}  # (the queue emptied: its stale entries went with it)
+    assert s.queues["cpu"].fusions == {}  # (the queue emptied: its stale entries went with it)
     s.finish(a, None, None, chain=False)
     out_of(s)
     assert take_like(s, f, 10) == []
