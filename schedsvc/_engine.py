@@ -494,7 +494,9 @@ class Engine:
         With ``batch_axis``, calls are batched: each is a task of its own (a
         ``BatchCall``, an ``ss.Future`` of the caller's own rows), and the
         worker that takes one runs the other ready calls of it with it, up to
-        ``max_batch`` rows, as one replay; a lone call runs at once.
+        ``max_batch`` rows, as one replay; a lone call runs at once, and a
+        call of one row whose replay is faster than a hand-off to a worker
+        runs inline, in the call (``stats()["inline_calls"]``).
         ``max_delay`` is deprecated and has no effect (a ``DeprecationWarning``
         says so): no call waits for others.  ``fn`` must keep rows apart (proved from its graph, else ``BatchError``);
         ``batched`` names the batched arguments (default: every array one).

@@ -57,6 +57,7 @@ _CALLS = (
     "latency_histograms",
     "launches",
     "limits_text",
+    "may_run_now",
     "on_loop_thread",
     "remove_done_callback",
     "run_inline",
@@ -114,6 +115,7 @@ class Port:
     join: Callable[[float], Awaitable[list[threading.Thread]]]
     latency_histograms: Callable[[], tuple[Mapping[float, int], float, Mapping[float, int], float]]
     launches: Callable[[], dict[str, int]]
+    may_run_now: Callable[[int, int], bool]
     limits_text: Callable[[Task | None], str]
     on_loop_thread: Callable[[], bool]
     remove_done_callback: Callable[[Task, Callable[[Any], Any]], int]

@@ -141,6 +141,7 @@ _ENTRY_POINTS = (
     "running",
     "describe",
     "has_room",
+    "may_run_now",
     "writer_of",
     "limits_text",
     "device_full",
@@ -271,6 +272,7 @@ class Runtime:
         self.describe = status.describe
         self.has_room = status.has_room
         self.writer_of = status.writer_of
+        self.may_run_now = status.may_run_now
         self.limits_text = status.limits_text
         self.device_full = status.device_full
         self.launches = status.launches

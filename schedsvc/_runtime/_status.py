@@ -64,6 +64,14 @@ class Status:
         with self.rt.lock:
             return self.core.writer_of(key)
 
+    def may_run_now(self, key: int, nbytes: int) -> bool:
+        """May a call that reads the memory ``key`` and holds ``nbytes`` run at once on its caller's thread:
+        the engine is under its limits (a call made at them goes through the door, which refuses or queues
+        it), and no unfinished task is queued to write that memory (it must run after it)?  Read without the
+        lock: a hint, as any answer is once the lock is released; what it lets run holds nothing."""
+        core = self.core
+        return core.has_room(nbytes) and core.writer_of(key) is None
+
     def has_room(self, nbytes: int, device: str | None = None) -> bool:
         """Would a submission holding ``nbytes`` new bytes be admitted now: room under ``max_pending`` and
         ``max_pending_bytes``, nobody queued ahead, and room in the byte budget (``max_device_bytes``) of

@@ -11,7 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._batched import BatchCall, Batched, check_exact
+    from ._batchcall import BatchCall, check_exact
+    from ._batched import Batched
     from ._compiled import Compiled, load
     from ._counts import Counts
     from ._graph import Graph
@@ -24,8 +25,8 @@ _WHERE = {
     "Counts": "._counts",
     "Graph": "._graph",
     "Batched": "._batched",
-    "BatchCall": "._batched",
-    "check_exact": "._batched",
+    "BatchCall": "._batchcall",
+    "check_exact": "._batchcall",
 }
 
 

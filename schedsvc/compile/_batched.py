@@ -41,13 +41,13 @@ keys them (shapes, not array addresses), at most ``max_signatures`` of them.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
+import logging
 import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec
 
@@ -56,12 +56,13 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
 from .._future import Future
-from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, is_cancellation, scan
+from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, scan
 from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor, order_after
+from ._batchcall import BatchCall, Deferred, check_exact
 from ._compiled import MAX_SIGNATURES, Compiled, static_part
 from ._cuda import CudaReplay
-from ._fused import Group, Proved, SizePlan, pow2, signature_key
+from ._fused import Group, Plan, Proved, SizePlan, pow2, signature_key, without_own_frames
 from ._graph import Graph, emit
 from ._params import check_batched
 from ._rows import plan_rows, same_program
@@ -69,105 +70,22 @@ from ._rows import plan_rows, same_program
 if TYPE_CHECKING:
     from .._port import Port
 
-__all__ = ["MAX_BATCH", "BatchCall", "Batched", "check_exact"]
+__all__ = ["HANDOFF_US", "INLINE_US", "MAX_BATCH", "Batched"]
 
 #: rows per batch by default: past it a batch's replay gains little per row (``schedsvc bench batch``)
 MAX_BATCH = 256
 #: the most rows a key's first call is also traced with, to prove its rows apart where there are many
 _PROBE = 256
+#: about what handing a call to a worker and back costs, µs: the loop's share and the worker's (a few µs each,
+#: ``scripts/batch_loop_cost.py``); a function whose one-row replay is faster gains little or nothing from
+#: batching, and the engine says so (once in the log, and in ``stats()``)
+HANDOFF_US = 10.0
+#: a call of one row whose replay is faster than this, µs, runs inline in the call: cheaper than the hand-off
+#: even with the call's own bookkeeping (at most ``Config.inline_threshold_us``, whose 0 turns this off)
+INLINE_US = 3.0
+_log = logging.getLogger("schedsvc.compile")
 #: the engine's batch counts are added to from every worker
 _counts_lock = threading.Lock()
-
-
-class BatchCall(Future[Any]):
-    """One call of a batched compiled function: a task of its own, ``await call`` gives the caller's rows.
-
-    It is an ``ss.Future``: ``result(timeout)`` from other threads, ``cancel()``
-    (before it runs), ``exception()``, ``add_done_callback`` and passing it to
-    other tasks work as for any task.
-    """
-
-    __slots__ = ("fusion", "number", "rows")
-
-    fusion: Group | None
-    number: int  # the how-manieth call of its function (the trace lists a batch's callers)
-    rows: int  # its rows along the batch axis (0: not known until its Future arguments are there)
-
-    def rows_call(self, port: Port, group: Group, x: np.ndarray, rows: int, device: str) -> None:
-        """``__init__`` for a call of one ndarray batched on axis 0 (the common case of serving), every
-        field set here: one read of its buffer, no dependencies, and a list of waiters (awaited on the
-        loop without the lock)."""
-        self.fn = group
-        self.args = (x,)
-        self.kwargs = None
-        self.device = device
-        self.buffers = ((*buffer_of(x), False),)
-        self.deps = self.after = ()
-        self.priority = self.n_waiting = 0
-        self.out_bytes = group.row_bytes * rows
-        self.nested = False
-        self.seq = -1
-        self.staged = 0
-        self.state = "new"
-        self.dependents = self.value = self.error = None
-        self.watchers = []
-        self.t_ready = 0.0
-        self._port = port
-        self.fusion = group
-        self.rows = rows
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        """The caller's rows.  On the engine's loop a call of one array waits on a future of that loop
-        put on the list of waiters the call was made with: no lock and no hand-over of staged work (the
-        calls of this turn of the loop are handed to the workers together at its end, as one batch)."""
-        watchers = self.watchers
-        if self.state in FINAL_STATES or watchers is None:
-            return (yield from Future.__await__(self))
-        loop = asyncio._get_running_loop()
-        if loop is None or loop is not self._port.loop:
-            return (yield from Future.__await__(self))
-        waiter = loop.create_future()
-        watchers.append(waiter)
-        try:
-            yield from waiter.__await__()
-        except BaseException as exc:
-            self._port.unwatch(self, waiter)
-            if is_cancellation(exc):
-                self.cancel()  # the awaiter gave up: an unstarted call is not wanted
-            raise
-        return self._outcome()
-
-    def __repr__(self) -> str:
-        rows = f" rows={self.rows}" if self.rows else ""
-        extra = f" {type(self.error).__name__}" if self.state == "failed" and self.error is not None else ""
-        return f"<BatchCall {self.label} #{self.number}{rows} {self.state}{extra}>"
-
-
-class _Deferred:
-    """The function of a call whose Future arguments were pending at the call: its rows and key are
-    known only when they are there, so it runs alone, checked then."""
-
-    __slots__ = ("batched",)
-
-    def __init__(self, batched: Batched[...]) -> None:
-        self.batched = batched
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        batched = self.batched
-        statics: dict[Any, Any] = {}
-        key, values, rows = batched._parse(args, kwargs, statics)
-        if any(type(v) in BUFFER_TYPES for v in values):
-            raise BatchError(
-                f"{batched!r}: a call whose Futures were pending at the call runs alone on the host, and "
-                "their values are device arrays; pass them as Tensors (eng.asarray(future, shape=..., "
-                "dtype=...))"
-            )
-        group = batched._group(key, values, rows, statics or None, None)
-        return group(*values)
-
-    @property
-    def __name__(self) -> str:
-        return f"batch:{self.batched.name}"
 
 
 P = ParamSpec("P")
@@ -236,9 +154,15 @@ class Batched(Generic[P]):
         #: (shape but the rows, dtype, group) of the latest call of one array: a server's calls have one key
         #: (``_rows_call``)
         self._last: tuple[tuple[int, ...], np.dtype[Any], Group] | None = None
-        self._deferred = _Deferred(self)
+        self._deferred = Deferred(self)
         self._numbers = itertools.count(1)
         self.calls = 0
+        self.inline_calls = 0
+        #: a padded size whose replay takes less than this runs its calls inline, on the calling thread
+        self.inline_s = min(port.config.inline_threshold_us, INLINE_US) / 1e6
+        self._told_inline = False
+        self.row_s = 0.0  # the fastest replay of one row seen on the host, seconds (0: none yet)
+        self._told_cheap = False
         self.batches = 0
         self.rows = 0
         self.batch_sizes: dict[int, int] = {}
@@ -271,6 +195,8 @@ class Batched(Generic[P]):
             x = args[0]
             if type(x) is np.ndarray and x.ndim and x.shape[0]:
                 call = self._rows_call(x, tid)
+                if call.state != "new":  # ran inline: cheaper than a hand-off
+                    return call
             else:
                 call = self._call(args, kwargs, tid)
         else:
@@ -355,7 +281,34 @@ class Batched(Generic[P]):
         call.rows_call(port, group, x, rows, group.device or port.host_device)
         call.number = self.calls = next(self._numbers)
         call.name = self._label
+        if group.lone is not None and rows == 1:
+            self._inline(call, group.lone, x)
         return call
+
+    def _inline(self, call: BatchCall, plan: Plan, x: np.ndarray) -> None:
+        """Run ``call``, of one row, here and now: its replay (``plan``) is faster than handing it to a
+        worker would be.  Unless the engine is at its limits (then the door says what happens) or a write
+        is queued to its row (then it runs after it, on a worker)."""
+        port = self._port
+        port.running()  # (EngineClosed, as the door would raise)
+        if not port.may_run_now(call.buffers[0][0], call.out_bytes + x.nbytes):
+            return
+        try:
+            call.value = plan.replay(x, [(0, 1)]) if plan.spans else plan.replay(x)
+            call.state = "done"
+        except Exception as exc:
+            call.error, call.state = without_own_frames(exc), "failed"
+        with _counts_lock:
+            self.inline_calls += 1
+        if not self._told_inline:
+            self._told_inline = True
+            _log.info(
+                "%r runs its calls of one row inline, on the calling thread: their replay takes %.1f µs, "
+                "less than handing them to a worker costs (%.0f µs); stats()['inline_calls'] counts them",
+                self,
+                plan.seconds * 1e6,
+                self.inline_s * 1e6,
+            )
 
     def _task(self, group: Group, values: list[Any], rows: int, tid: int) -> BatchCall:
         """A call's task: it reads its arrays, and depends on its Tensors and the writes queued to them."""
@@ -510,6 +463,23 @@ class Batched(Generic[P]):
                 self._proved.popitem(last=False)
         return proved
 
+    def row_timed(self, seconds: float) -> None:
+        """A replay of one row on the host took ``seconds``: say once if that is about what a hand-off
+        costs, so batching the function may serve slower than calling it (a call that fast runs inline)."""
+        if self.row_s and self.row_s <= seconds:
+            return
+        self.row_s = seconds
+        if self.inline_s <= seconds < HANDOFF_US / 1e6 and not self._told_cheap:
+            self._told_cheap = True
+            _log.warning(
+                "%r: one row's replay takes %.1f µs, about what handing a call to a worker and back costs "
+                "(%g µs): batching it gains little, and may serve slower than calling the function "
+                "directly; stats()['row_replay_us'] has the figure",
+                self,
+                seconds * 1e6,
+                HANDOFF_US,
+            )
+
     def count(self, rows: int) -> None:
         """One replay of ``rows`` callers' rows gave its callers their outcomes."""
         counts = self._port.compile_counts
@@ -620,10 +590,15 @@ class Batched(Generic[P]):
 
     def stats(self) -> dict[str, Any]:
         """The compiled function's counts, and its replays of calls (``batches``, a lone call's too),
-        their ``rows``, ``batch_sizes`` (rows -> replays) and the traced batch sizes kept (``plans``)."""
+        their ``rows``, ``batch_sizes`` (rows -> replays), the traced batch sizes kept (``plans``), and the
+        calls of one row run inline, on the calling thread, because their replay was cheaper than a
+        hand-off (``inline_calls``; not counted as batches), and the fastest replay of one row seen on the
+        host, µs (``row_replay_us``; None before one)."""
         with _counts_lock:
             return {
                 **self._plain.stats(),
+                "inline_calls": self.inline_calls,
+                "row_replay_us": self.row_s * 1e6 if self.row_s else None,
                 "batches": self.batches,
                 "rows": self.rows,
                 "batch_sizes": dict(sorted(self.batch_sizes.items())),
@@ -632,15 +607,6 @@ class Batched(Generic[P]):
 
     def __repr__(self) -> str:
         return f"<Batched {self.name} batch_axis={self.batch_axis} max_batch={self.max_batch} batches={self.batches}>"
-
-
-def check_exact(exact: Any) -> None:
-    """``eng.compile(exact=...)`` is a bool (checked with or without ``batch_axis``)."""
-    if type(exact) is not bool:
-        raise TypeError(
-            f"eng.compile(exact=...) must be a bool (True: each caller's rows bit for bit as the unbatched "
-            f"call; False: results may differ from it in the last bits), got {type(exact).__name__} {exact!r}"
-        )
 
 
 def _count_shared(key: Any) -> int:

@@ -18,6 +18,7 @@ device rows a view of the device output.  A launch that raises is split as a run
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from ._compiled import Entry
     from ._graph import Graph
 
-__all__ = ["Group", "Plan", "Planner", "Proved", "SizePlan", "pow2", "signature_key"]
+__all__ = ["Group", "Plan", "Planner", "Proved", "SizePlan", "pow2", "signature_key", "without_own_frames"]
 
 
 class Plan(Protocol):
@@ -44,6 +45,7 @@ class Plan(Protocol):
     plan: RowPlan
     spans: bool
     same: bool
+    seconds: float  # its fastest replay on the host, seconds (0: not timed yet)
 
     @property
     def graph(self) -> Graph: ...
@@ -55,6 +57,8 @@ class Planner(Protocol):
     name: str
     batch_axis: int
     max_batch: int
+    #: a padded size whose replay is known to take less than this runs its calls inline (0: never)
+    inline_s: float
 
     def plan(
         self,
@@ -73,8 +77,12 @@ class Planner(Protocol):
         """One replay of ``rows`` callers' rows gave its callers their outcomes."""
         ...
 
+    def row_timed(self, seconds: float) -> None:
+        """A replay of one row on the host took ``seconds``."""
+        ...
 
-#: the modules whose frames an error of a fused run is stripped of (``_without_own_frames``)
+
+#: the modules whose frames an error of a fused run is stripped of (``without_own_frames``)
 _OWN_MODULES = frozenset({__name__, f"{__package__}._batched"})
 
 
@@ -93,7 +101,7 @@ class SizePlan:
     """One traced size of one key: the entry, the row plan, and the replay that runs it; ``same``: its
     program was found the same as at the key's other sizes (``same_program``)."""
 
-    __slots__ = ("entry", "plan", "replay", "same", "spans")
+    __slots__ = ("entry", "plan", "replay", "same", "seconds", "spans")
 
     def __init__(
         self, entry: Entry, plan: RowPlan, exact: bool, on_device: Callable[..., Any] | None = None
@@ -101,6 +109,7 @@ class SizePlan:
         self.entry = entry
         self.plan = plan
         self.same = False
+        self.seconds = 0.0  # its fastest replay on the host, seconds (0: not timed yet)
         graph = entry.graph
         rows = {}
         if exact:
@@ -126,6 +135,7 @@ class Group:
         "host_rows",
         "key",
         "limit",
+        "lone",
         "nbatched",
         "positions",
         "reference",
@@ -158,6 +168,10 @@ class Group:
         self.positions = _positions(key)
         self.row_bytes = proved.row_bytes  # the bytes of its outputs per row
         self.reference = proved.graph, proved.rows  # what a batch of any size must trace to (same_program)
+        #: the plan of one row on the host, once its replay is known to take less than ``batched.inline_s``
+        #: and it gives one array with the rows on axis 0: a call of one row then runs it inline, on the
+        #: calling thread (``Batched._inline``)
+        self.lone: Plan | None = None
 
     @staticmethod
     def weight(task: Task) -> int:
@@ -222,7 +236,7 @@ class Group:
             if len(args) == 1:
                 self.batched.count(rows[0])
                 runs.append(rows[0])
-                return [(None, _without_own_frames(exc))]
+                return [(None, without_own_frames(exc))]
             half = len(args) // 2
             first = self.outcomes(args[:half], rows[:half], runs, staging)
             return first + self.outcomes(args[half:], rows[half:], runs, staging)
@@ -271,7 +285,17 @@ class Group:
             else:
                 inputs.append(_joined_on(staging, parts, axis, pad))
         n = len(rows)
-        out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
+        if staging is None:
+            untimed = not plan.seconds
+            began = time.perf_counter()
+            out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
+            if untimed:  # (a size's first replay is slow: cold caches, first allocations; a second one too)
+                self._timed(plan, size, time.perf_counter() - began)
+                began = time.perf_counter()
+                out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
+            self._timed(plan, size, time.perf_counter() - began)
+        else:
+            out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         if staging is not None and self.host_rows:  # the host's callers: their rows back on the host, at once
             out = staging.to_host(out) if graph.out_kind == "single" else [staging.to_host(o) for o in out]
         if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
@@ -284,6 +308,19 @@ class Group:
             pieces = [_rows_of(o, a, s, e) for o, a in zip(outs, plan.plan.outputs, strict=True)]
             results.append(pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces)
         return results, size
+
+    def _timed(self, plan: Plan, size: int, seconds: float) -> None:
+        """A replay of ``size`` rows on the host took ``seconds``: is that size cheaper to run inline?  The
+        fastest replay seen is its cost (a slower one waited for the GIL or the caches: the same program on
+        the same shapes does the same work)."""
+        if plan.seconds and plan.seconds <= seconds:
+            return
+        plan.seconds = seconds
+        if size != 1:
+            return
+        self.batched.row_timed(seconds)
+        if plan.graph.out_kind == "single" and plan.plan.outputs[0] == 0 and seconds < self.batched.inline_s:
+            self.lone = plan
 
 
 def signature_key(key: Any) -> Any:
@@ -305,7 +342,7 @@ def _positions(key: Any) -> list[tuple[str, int]]:
     return arrays
 
 
-def _without_own_frames(exc: BaseException) -> BaseException:
+def without_own_frames(exc: BaseException) -> BaseException:
     """``exc`` without the frames of batching on its traceback (this module's and the ``Batched``
     front's, which traces a size the run needs): they hold every caller's arrays."""
     tb: TracebackType | None = exc.__traceback__
