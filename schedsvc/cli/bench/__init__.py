@@ -47,7 +47,7 @@ def register(sub: Any) -> None:
 
 
 #: the serve suite's options and their defaults (None: the option was not given)
-SERVE_OPTIONS = ("duration", "connections", "model", "client", "overload", "max_pending")
+SERVE_OPTIONS = ("duration", "connections", "model", "client", "overload", "max_pending", "cpus", "processes")
 
 
 def _serve_options(group: Any) -> None:
@@ -64,6 +64,19 @@ def _serve_options(group: Any) -> None:
         help="also batched with a small max_pending under 256 connections: 503s, health, peak RSS",
     )
     group.add_argument("--max-pending", type=int, help="the overload server's max_pending (default 64)")
+    group.add_argument(
+        "--cpus",
+        metavar="LIST",
+        help="pin the servers and the load to cores: SERVER:CLIENT cpu lists (e.g. 0-7:8-15), or one list "
+        "both share (e.g. 0,1); default: not pinned",
+    )
+    group.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="uvicorn processes per server on one socket, each with its own loop and engine, each on its "
+        "share of the server's cores (default 1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,6 +144,14 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None:
             options[name] = value
     options |= {k: getattr(args, k) for k in ("client", "overload") if getattr(args, k) is not None}
+    try:
+        if args.cpus is not None:
+            options["server_cpus"], options["client_cpus"] = serve.parse_cpus(args.cpus)
+        if args.processes is not None:
+            options["processes"] = args.processes
+        serve.server_shares(options.get("server_cpus"), options.get("processes", 1))
+    except ValueError as exc:
+        return fail("bench serve", str(exc))
     try:
         report = serve.run(reps=args.reps, progress=None if args.json == "-" else progress, **options)
     except serve.ServeError as exc:

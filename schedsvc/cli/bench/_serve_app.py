@@ -2,16 +2,24 @@
 
 Run by the bench in a process of its own, one per variant and model::
 
-    python -m schedsvc.cli.bench._serve_app VARIANT MODEL [--max-pending N]
+    python -m schedsvc.cli.bench._serve_app VARIANT MODEL [--max-pending N] [--cpus LIST] [--processes N]
 
 It binds a free port on 127.0.0.1 only, and once its startup is done (the engine open, the model traced)
-writes ``ready PORT`` on stdout.  It stops at SIGTERM or Ctrl-C, and by itself when the process that
-started it goes away, so that no server outlives its bench.
+writes ``ready PORT PID...`` on stdout (the pids of its processes).  It stops at SIGTERM or Ctrl-C, and by
+itself when the process that started it goes away, so that no server outlives its bench.
+
+``--processes N``: N processes serve one listening socket, each with its own event loop, app and engine.
+This one binds the socket and starts the N - 1 others (``--fd FD``: the socket, inherited), writes
+``ready`` once every one serves, and stops them when it stops; each of them stops by itself when this one
+is gone (killed).  ``--cpus LIST``: the cores of the whole server, split in N contiguous shares, one per
+process (each process pinned to its share; default: the cores this process may run on, pinned only for
+N > 1), so that each engine starts a worker per core of its share.
 
 Routes: ``POST /predict`` takes ``{"x": [IN numbers]}`` (one row) and answers ``{"y": [OUT numbers]}``, the
-model's output for the row; ``GET /health`` answers ``ok`` from the event loop, without the model.  The
-variants differ only in how ``/predict`` runs the model (``VARIANTS``).  The model is a float32 MLP with
-ReLU whose weights come from a fixed seed (``MODELS``).
+model's output for the row; ``GET /health`` answers ``ok`` from the event loop, without the model, with the
+answering process's pid in an ``X-Pid`` header.  The variants differ only in how ``/predict`` runs the
+model (``VARIANTS``).  The model is a float32 MLP with ReLU whose weights come from a fixed seed
+(``MODELS``).
 """
 
 from __future__ import annotations
@@ -22,13 +30,18 @@ import contextlib
 import itertools
 import json
 import os
+import select
+import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ._serve_procs import Cores, format_cpu_list, parse_cpu_list, pin_process, server_shares, thread_pinned
 
 __all__ = [
     "ENGINE_VARIANTS",
@@ -74,6 +87,10 @@ SEED = 2024
 HOST = "127.0.0.1"
 #: seconds between two checks that the process that started this one is still there
 PARENT_POLL_S = 0.5
+#: seconds the other processes of a server get to stop after SIGTERM before they are killed
+WORKER_STOP_S = 5.0
+#: this module's name, as ``python -m`` takes it (``__name__`` is ``__main__`` when it runs so)
+MODULE = __spec__.name if __spec__ is not None else __name__
 
 
 # -- the model ---------------------------------------------------------------------------------------------
@@ -289,7 +306,7 @@ def create_app(variant: str, model: str, *, max_pending: int | None = None) -> A
         return JSONResponse({"y": (await run(request, x)).tolist()})
 
     async def health(request: Request) -> Response:
-        return PlainTextResponse("ok")
+        return PlainTextResponse("ok", headers={"X-Pid": str(os.getpid())})
 
     routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"])]
     if variant == "handmade":
@@ -336,8 +353,8 @@ def _listening_socket() -> socket.socket:
     return sock
 
 
-def _say_ready(port: int) -> None:
-    print(f"ready {port}", flush=True)
+def _say_ready(port: int, pids: Sequence[int] = ()) -> None:
+    print(" ".join(["ready", str(port), *map(str, pids)]), flush=True)
 
 
 async def _watch_parent(parent: int, stop: Callable[[], None]) -> None:
@@ -347,24 +364,83 @@ async def _watch_parent(parent: int, stop: Callable[[], None]) -> None:
     stop()
 
 
-async def _serve_uvicorn(app: Any) -> bool:
-    """Serve ``app`` until told to stop; whether it started (its lifespan's startup may fail)."""
+async def _serve_uvicorn(
+    app: Any, sock: socket.socket, workers: Sequence[subprocess.Popen[bytes]] = ()
+) -> bool:
+    """Serve ``app`` on ``sock`` until told to stop; whether it started, and ``workers`` (the server's other
+    processes) with it: ``ready`` is written once every one serves."""
     import uvicorn
 
-    sock = _listening_socket()
     config = uvicorn.Config(app, lifespan="on", ws="none", log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     watch = asyncio.ensure_future(_watch_parent(os.getppid(), lambda: setattr(server, "should_exit", True)))
+    started = False
     try:
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
         if server.started:
-            _say_ready(sock.getsockname()[1])
+            started = await _workers_ready(workers, serving)
+        if started:
+            _say_ready(sock.getsockname()[1], [os.getpid(), *(w.pid for w in workers)])
+        elif server.started:
+            print("a process of the server failed to start (its words are above)", file=sys.stderr)
+            server.should_exit = True
         await serving
     finally:
         watch.cancel()
-    return bool(server.started)
+    return started
+
+
+async def _workers_ready(workers: Sequence[subprocess.Popen[bytes]], serving: asyncio.Future[Any]) -> bool:
+    """Wait for each worker's ``ready`` line; False where one ends before it, or this one stops meanwhile."""
+    waiting = [w.stdout for w in workers if w.stdout is not None]
+    while waiting and not serving.done():
+        readable = select.select(waiting, [], [], 0)[0]
+        for out in readable:
+            if not out.readline().startswith(b"ready "):  # it ended (EOF) before it served
+                return False
+        waiting = [out for out in waiting if out not in readable]
+        if waiting:
+            await asyncio.sleep(0.01)
+    return not waiting and not serving.done()
+
+
+def _start_worker(args: argparse.Namespace, cores: Cores, sock: socket.socket) -> subprocess.Popen[bytes]:
+    """Another process of the server: this variant and model served on ``sock``, pinned to ``cores`` from
+    its start; its ``ready`` line comes to this process, its errors go where this one's go."""
+    cmd = [sys.executable, "-m", MODULE, args.variant, args.model, "--cpus", format_cpu_list(cores)]
+    cmd += ["--fd", str(sock.fileno())]
+    if args.max_pending is not None:
+        cmd += ["--max-pending", str(args.max_pending)]
+    with thread_pinned(cores):
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, pass_fds=[sock.fileno()]
+        )
+
+
+def _stop_workers(workers: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each worker (a graceful shutdown), then SIGKILL those still there after ``WORKER_STOP_S``."""
+    import time
+
+    for worker in workers:
+        if worker.poll() is None:
+            worker.terminate()
+    deadline = time.monotonic() + WORKER_STOP_S
+    for worker in workers:
+        try:
+            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        if worker.stdout is not None:
+            worker.stdout.close()
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM in a server of several processes: unwind (uvicorn raises the signal again once it has shut
+    down), so that the server's other processes are stopped on the way out."""
+    raise SystemExit(128 + signum)
 
 
 def _serve_ray(model: str) -> None:
@@ -406,17 +482,40 @@ def _serve_ray(model: str) -> None:
         serve.shutdown()
 
 
+def _cpu_list(text: str) -> Cores:
+    try:
+        return parse_cpu_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("variant", choices=[*VARIANTS, OVERLOAD])
     parser.add_argument("model", choices=list(MODELS))
     parser.add_argument("--max-pending", type=int, default=None, help="the engine's max_pending")
-    return parser.parse_args(argv)
+    parser.add_argument("--cpus", type=_cpu_list, help="the server's cores, split among its processes")
+    parser.add_argument("--processes", type=int, default=1, help="processes serving one socket (default 1)")
+    parser.add_argument(
+        "--fd", type=int, help="serve on this inherited listening socket (one of --processes)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        args.shares = server_shares(args.cpus, args.processes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.variant == "ray" and (args.processes > 1 or args.fd is not None):
+        parser.error("ray runs one process of its own: no --processes, no --fd")
+    if args.fd is not None and args.processes > 1:
+        parser.error("--fd: a process of a server, which starts no other")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGTERM, Ctrl-C, or the parent's exit; the exit status."""
     args = _parse_args(argv)
+    if args.shares is not None:  # a pinned server: this process on the first share, the others on theirs
+        pin_process(args.shares[0])
     if args.variant == "ray":
         _serve_ray(args.model)
         return 0
@@ -424,11 +523,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=1)  # for the life of this process: every thread's BLAS at 1 thread
+    sock = (
+        _listening_socket()
+        if args.fd is None
+        else socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, fileno=args.fd)
+    )
+    workers: list[subprocess.Popen[bytes]] = []
     started = False
-    with contextlib.suppress(KeyboardInterrupt):
-        started = asyncio.run(
-            _serve_uvicorn(create_app(args.variant, args.model, max_pending=args.max_pending))
-        )
+    try:
+        if args.shares is not None and len(args.shares) > 1:
+            signal.signal(signal.SIGTERM, _exit_on_signal)
+            workers += (_start_worker(args, share, sock) for share in args.shares[1:])
+        with contextlib.suppress(KeyboardInterrupt):
+            app = create_app(args.variant, args.model, max_pending=args.max_pending)
+            started = asyncio.run(_serve_uvicorn(app, sock, workers))
+    finally:
+        _stop_workers(workers)
     return 0 if started else 1
 
 

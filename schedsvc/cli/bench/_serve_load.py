@@ -199,9 +199,12 @@ def parse_wrk(output: str) -> Load:
 
 
 def wrk_load(wrk: str, port: int, body: bytes, n_out: int, duration: float, connections: int) -> Load:
-    """``connections`` connections of wrk POSTing ``body`` for ``duration`` s (whole seconds, rounded up)."""
+    """``connections`` connections of wrk POSTing ``body`` for ``duration`` s (whole seconds, rounded up).
+
+    wrk starts on the cores the calling thread may run on (it inherits them: the bench pins that thread to
+    the client's cores), with a thread per core of those, at most 4."""
     seconds = max(1, math.ceil(duration))
-    threads = max(1, min(connections, os.cpu_count() or 1, 4))
+    threads = max(1, min(connections, len(os.sched_getaffinity(0)), 4))
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(wrk_script(body, n_out))
     try:

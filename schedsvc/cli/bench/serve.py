@@ -19,6 +19,12 @@ the model run here.
 
 ``overload``: ``batched`` with a small ``max_pending`` under ``OVERLOAD_CONNECTIONS`` connections: the 503s
 keep the queue, and the server's memory (peak RSS, ``VmHWM``), bounded while ``/health`` still answers.
+
+``processes``: each server is that many processes on one listening socket, each with its own event loop,
+app and engine, each pinned to its share of the server's cores (``_serve_app``).  ``server_cpus`` and
+``client_cpus`` pin the servers and the load (wrk or the asyncio client, and the health probe) to those
+cores; without them nothing is pinned, but the processes of a server of several still split the cores
+this process may run on.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from ._serve_load import (
     wrk_load,
     wrk_script,
 )
+from ._serve_procs import Cores, format_cpu_list, parse_cpus, server_shares, split_cores, thread_pinned
 
 __all__ = [
     "CLIENTS",
@@ -63,10 +70,13 @@ __all__ = [
     "ServeError",
     "asyncio_load",
     "format_report",
+    "parse_cpus",
     "parse_wrk",
     "plan",
     "run",
     "running",
+    "server_shares",
+    "split_cores",
     "variant_problems",
     "wrk_load",
     "wrk_script",
@@ -95,11 +105,25 @@ COUNTS = ("requests", "ok", "errors", "status_503", "bad", "health_errors")
 
 
 class Server:
-    """One server process: started by ``start``, ready once it wrote its port, stopped by ``stop``."""
+    """One server: started by ``start``, ready once it wrote its port, stopped by ``stop``.
 
-    def __init__(self, variant: str, model: str, max_pending: int | None = None) -> None:
+    ``processes`` processes serve it (``proc`` is the first, which starts and stops the others; ``pids``
+    are all of theirs once it is ready), on ``cpus`` split among them (None: not pinned; with more than one
+    process, the cores this process may run on)."""
+
+    def __init__(
+        self,
+        variant: str,
+        model: str,
+        max_pending: int | None = None,
+        *,
+        processes: int = 1,
+        cpus: Cores | None = None,
+    ) -> None:
         self.variant, self.model, self.max_pending = variant, model, max_pending
+        self.processes, self.shares = processes, server_shares(cpus, processes)
         self.port = 0
+        self.pids: list[int] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -112,17 +136,22 @@ class Server:
         cmd = [sys.executable, "-m", app.__name__, self.variant, self.model]
         if self.max_pending is not None:
             cmd += ["--max-pending", str(self.max_pending)]
+        if self.shares is not None:
+            cmd += ["--cpus", format_cpu_list(c for share in self.shares for c in share)]
+        if self.processes > 1:
+            cmd += ["--processes", str(self.processes)]
         return cmd
 
     def start(self) -> None:
-        """Start the process (do not wait for it: ``wait_ready``)."""
+        """Start the process (do not wait for it: ``wait_ready``), on its share of the cores from the start."""
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - its stderr, kept until stop() closes it
-        self.proc = subprocess.Popen(
-            self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log
-        )
+        with thread_pinned(self.shares[0] if self.shares is not None else None):
+            self.proc = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log
+            )
 
     def wait_ready(self, deadline: float) -> None:
-        """Wait (until ``deadline``, a ``time.monotonic()``) for the server's ``ready PORT`` line."""
+        """Wait (until ``deadline``, a ``time.monotonic()``) for the server's ``ready PORT [PID...]`` line."""
         import selectors
 
         assert self.proc is not None and self.proc.stdout is not None
@@ -131,11 +160,12 @@ class Server:
             if not sel.select(max(0.0, deadline - time.monotonic())):
                 raise ServeError(f"the {self.name} server did not start within {STARTUP_TIMEOUT_S:g} s")
         line = self.proc.stdout.readline().decode(errors="replace").split()
-        if len(line) != 2 or line[0] != "ready" or not line[1].isdigit():
+        if len(line) < 2 or line[0] != "ready" or not all(word.isdigit() for word in line[1:]):
             with contextlib.suppress(subprocess.TimeoutExpired):  # its last words in the log
                 self.proc.wait(timeout=STOP_TIMEOUT_S)
             raise ServeError(f"the {self.name} server failed to start:\n{self.log_tail()}")
         self.port = int(line[1])
+        self.pids = [int(pid) for pid in line[2:]] or [self.proc.pid]
 
     def log_tail(self, lines: int = 20) -> str:
         if self._log is None:
@@ -144,18 +174,23 @@ class Server:
         return "\n".join(self._log.read().decode(errors="replace").splitlines()[-lines:])
 
     def peak_rss_mib(self) -> float | None:
-        """The process's peak resident memory so far (``VmHWM``), MiB; None where /proc does not say."""
-        if self.proc is None:
-            return None
-        try:
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        except OSError:
-            return None
-        match = re.search(r"^VmHWM:\s+(\d+)\s+kB", status, re.MULTILINE)
-        return int(match.group(1)) / 1024 if match else None
+        """The peak resident memory so far (``VmHWM``) of the server's processes, summed, MiB; None where
+        /proc does not say."""
+        total = 0
+        for pid in self.pids:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                return None
+            match = re.search(r"^VmHWM:\s+(\d+)\s+kB", status, re.MULTILINE)
+            if match is None:
+                return None
+            total += int(match.group(1))
+        return total / 1024 if self.pids else None
 
     def stop(self) -> None:
-        """SIGTERM (a graceful shutdown), then SIGKILL after ``STOP_TIMEOUT_S``."""
+        """SIGTERM (a graceful shutdown: the first process stops the others), then SIGKILL after
+        ``STOP_TIMEOUT_S`` (the others then stop by themselves: their parent is gone)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -235,11 +270,11 @@ class _Row:
         return self.server.variant
 
 
-def _measure(row: _Row, load: Callable[..., Load], duration: float) -> Figures:
-    """One round of ``row``'s variant: the load, and the health probe meanwhile."""
+def _measure(row: _Row, load: Callable[..., Load], duration: float, cpus: Cores | None = None) -> Figures:
+    """One round of ``row``'s variant: the load, and the health probe meanwhile, both on ``cpus``."""
     model = row.server.model
     body = json.dumps({"x": app.request_row(model)}, separators=(",", ":")).encode()
-    with HealthProbe(row.server.port) as probe:
+    with thread_pinned(cpus), HealthProbe(row.server.port) as probe:
         result = load(row.server.port, body, app.MODELS[model][-1], duration, row.connections)
     figures = result.figures()
     figures |= {"health_p99_us": probe.p99_us(), "health_errors": float(probe.errors)}
@@ -299,15 +334,28 @@ def variant_problems() -> dict[str, str]:
 
 
 def plan(
-    models: tuple[str, ...], variants: tuple[str, ...], connections: int, overload: bool, max_pending: int
+    models: tuple[str, ...],
+    variants: tuple[str, ...],
+    connections: int,
+    overload: bool,
+    max_pending: int,
+    processes: int = 1,
+    cpus: Cores | None = None,
 ) -> tuple[list[_Row], dict[str, str]]:
-    """The report's rows in the order of a round (``none`` first for each model), and the skipped variants."""
+    """The report's rows in the order of a round (``none`` first for each model), and the skipped variants;
+    each server of ``processes`` processes on ``cpus``."""
     names = ["none", *(v for v in variants if v != "none")]
-    skipped = {v: why for v, why in variant_problems().items() if v in names}
+    problems = variant_problems()
+    if processes > 1:
+        problems.setdefault("ray", "Ray Serve runs processes of its own: --processes does not apply")
+    skipped = {v: why for v, why in problems.items() if v in names}
     names = [v for v in names if v not in skipped]
-    rows = [_Row(Server(v, m), connections) for m in models for v in names]
+    rows = [_Row(Server(v, m, processes=processes, cpus=cpus), connections) for m in models for v in names]
     if overload:
-        rows += [_Row(Server(OVERLOAD, m, max_pending), OVERLOAD_CONNECTIONS) for m in models]
+        rows += [
+            _Row(Server(OVERLOAD, m, max_pending, processes=processes, cpus=cpus), OVERLOAD_CONNECTIONS)
+            for m in models
+        ]
     return rows, skipped
 
 
@@ -322,32 +370,49 @@ def run(
     client: str = "auto",
     overload: bool = False,
     max_pending: int = OVERLOAD_MAX_PENDING,
+    processes: int = 1,
+    server_cpus: Cores | None = None,
+    client_cpus: Cores | None = None,
 ) -> dict[str, Any]:
-    """``reps`` interleaved rounds over every variant and model; the report (medians, counts, failures)."""
+    """``reps`` interleaved rounds over every variant and model; the report (medians, counts, failures).
+
+    Each server is ``processes`` processes, pinned to their shares of ``server_cpus``; the load runs on
+    ``client_cpus`` (None: not pinned).  ``ValueError`` where there are fewer server cores than processes."""
     _require_server_stack()
     client_label, load = _pick_load(client)
-    rows, skipped = plan(models, variants, connections, overload, max_pending)
+    rows, skipped = plan(models, variants, connections, overload, max_pending, processes, server_cpus)
     phases = [[row for row in rows if row.variant != "ray"]]
     ray = [row for row in rows if row.variant == "ray"]
     if ray:  # Ray's daemons work in the background while its server is up: it is measured apart, against
         # a no-model server of its own, so that it loads none of the other variants' rounds
-        phases.append([_Row(Server("none", r.server.model), connections, label=RAY_BASE) for r in ray] + ray)
+        base = [Server("none", r.server.model, processes=processes, cpus=server_cpus) for r in ray]
+        phases.append([_Row(server, connections, label=RAY_BASE) for server in base] + ray)
     for number, phase in enumerate(phases, 1):
         with running([row.server for row in phase]):
             for row in phase:
                 row.failure = check_answer(row.server)
             for rep in range(reps):
                 for row in phase:
-                    row.samples.append(_measure(row, load, duration))
+                    row.samples.append(_measure(row, load, duration, client_cpus))
                 _ratios(phase, rep)
                 if progress is not None:
                     part = f" (part {number} of {len(phases)})" if len(phases) > 1 else ""
                     progress(f"round {rep + 1}/{reps}{part}")
             for row in phase:
                 row.peak_rss_mib = row.server.peak_rss_mib()
-    return _report(
-        [row for phase in phases for row in phase], skipped, reps, duration, client_label, max_pending
-    )
+    cpus = _cpus(server_shares(server_cpus, processes), client_cpus)
+    setup = {"client": client_label, "processes": processes, "cpus": cpus}
+    return _report([row for phase in phases for row in phase], skipped, reps, duration, setup, max_pending)
+
+
+def _cpus(server: list[Cores] | None, client: Cores | None) -> dict[str, Any]:
+    """The report's cores: the servers', each process's share of them, the load's (None: not pinned)."""
+    shares = [list(share) for share in server] if server is not None else None
+    return {
+        "server": [c for share in shares for c in share] if shares is not None else None,
+        "shares": shares,
+        "client": list(client) if client is not None else None,
+    }
 
 
 def _http_parser() -> str:
@@ -376,7 +441,7 @@ def _report(
     skipped: dict[str, str],
     reps: int,
     duration: float,
-    client: str,
+    setup: dict[str, Any],
     max_pending: int,
 ) -> dict[str, Any]:
     import uvicorn
@@ -398,12 +463,18 @@ def _report(
                 "failed": _failure(row),
             }
         )
+    processes = setup["processes"]
+    each = (
+        "a process per variant and model"
+        if processes == 1
+        else f"{processes} processes per variant and model on one socket, an event loop and app each"
+    )
     return {
         "rounds": reps,
         "duration_s": duration,
-        "client": client,
+        **setup,
         "server": f"uvicorn {uvicorn.__version__} ({_http_parser()}, asyncio's own event loop), Starlette, "
-        "127.0.0.1, a process per variant and model",
+        f"127.0.0.1, {each}",
         "models": {
             m: "-".join(map(str, app.MODELS[m])) + ", ReLU, float32"
             for m in dict.fromkeys(r.server.model for r in rows)
@@ -446,6 +517,18 @@ def _right_aligned(headers: list[str], rows: list[list[str]], first: int) -> lis
     ]
 
 
+def _cores_line(report: dict[str, Any]) -> str:
+    """Where the servers and the load ran: ``cores: server 0-1 (2 processes, on 0 | 1); load and ... 1``."""
+    cpus, processes = report["cpus"], report["processes"]
+    if cpus["server"] is None and cpus["client"] is None:
+        return "  cores: not pinned"
+    server = "not pinned" if cpus["server"] is None else format_cpu_list(cpus["server"])
+    if processes > 1:
+        server += f" ({processes} processes, on {' | '.join(map(format_cpu_list, cpus['shares']))})"
+    client = "not pinned" if cpus["client"] is None else format_cpu_list(cpus["client"])
+    return f"  cores: server {server}; load and health probe {client}"
+
+
 def format_report(report: dict[str, Any]) -> str:
     headers = ["model", "variant", "conns", "req/s", "x none", "p50 us", "p99 us", "health p99 us"]
     headers += ["errors", "503s", "peak RSS MiB"]
@@ -453,6 +536,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"schedsvc bench serve: {runs_phrase(report['rounds'])} (rounds interleaved), "
         f"{report['duration_s']:g} s of load each, {report['client']}; {report['server']}",
+        _cores_line(report),
         *(f"  model {m}: {desc}" for m, desc in report["models"].items()),
         "  req/s: answers with the model's output per second; x none: over the no-model server's, same round;",
         "  health p99: GET /health every 20 ms meanwhile; errors: all not-good answers, 503s among them;",

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +23,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from schedsvc.cli import main
-from schedsvc.cli.bench import serve
+from schedsvc.cli.bench import _serve_procs, serve
 
 WRK = shutil.which("wrk")
 needs_wrk = pytest.mark.skipif(WRK is None, reason="wrk is not on PATH")
@@ -158,6 +164,252 @@ def test_bench_serve_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> 
     assert "--max-pending applies to the overload server" in capsys.readouterr().err
     assert main(["bench", "core", "--connections", "4"]) == 2
     assert "--connections applies to the serve suite only" in capsys.readouterr().err
+
+
+# -- --cpus and --processes: cores, and servers of several processes -------------------------------------
+
+CORES = sorted(os.sched_getaffinity(0))
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="this process may run on one core only")
+
+
+@pytest.mark.parametrize(
+    ("text", "cores"),
+    [("0-3,8,10-11", (0, 1, 2, 3, 8, 10, 11)), ("5", (5,)), (" 3,1,1-2 ", (1, 2, 3)), ("4-4", (4,))],
+)
+def test_cpu_lists_are_read_in_the_linux_syntax(text: str, cores: tuple[int, ...]) -> None:
+    assert _serve_procs.parse_cpu_list(text) == cores
+    assert _serve_procs.parse_cpu_list(_serve_procs.format_cpu_list(cores)) == cores
+
+
+def test_cpu_lists_are_written_with_ranges() -> None:
+    assert _serve_procs.format_cpu_list([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+    assert _serve_procs.format_cpu_list([4]) == "4"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "the cpu list is empty"),
+        ("0-", "'0-' is not a core or a range of cores (e.g. 0-3,8,10-11)"),
+        ("0,,1", "'' is not a core or a range of cores"),
+        ("-1", "'-1' is not a core or a range of cores"),
+        ("a", "'a' is not a core or a range of cores"),
+        ("3-1", "the range '3-1' goes down: write it 1-3"),
+        ("0-99999999", "no machine has a core 99999999"),
+    ],
+)
+def test_bad_cpu_lists_are_refused_saying_why(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _serve_procs.parse_cpu_list(text)
+
+
+def test_the_cpus_option_gives_the_servers_and_the_loads_cores() -> None:
+    allowed = (0, 1, 2, 3, 4, 5, 6, 7)
+    assert serve.parse_cpus("0-5:6,7", allowed) == ((0, 1, 2, 3, 4, 5), (6, 7))
+    assert serve.parse_cpus("0,1", allowed) == ((0, 1), (0, 1))  # one list: both share it
+    refusals = {
+        "0-8:1": "--cpus '0-8:1': this process may not run on core 8; it may run on 0-7",
+        "0:9-10": "--cpus '0:9-10': this process may not run on cores 9-10; it may run on 0-7",
+        "0:": "--cpus '0:': the client's cpu list is empty",
+        ":0": "--cpus ':0': the server's cpu list is empty",
+        "0:x": "--cpus '0:x': the client's cpu list: 'x' is not a core or a range of cores",
+        "0:1:2": "--cpus '0:1:2': give one cpu list, or SERVER:CLIENT (e.g. 0-7:8-15)",
+    }
+    for text, message in refusals.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            serve.parse_cpus(text, allowed)
+
+
+def test_the_server_cores_are_split_in_contiguous_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert serve.split_cores((0, 1, 2, 3, 4, 5, 6, 7), 2) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert serve.split_cores((0, 1, 2, 3, 8), 3) == [(0, 1), (2, 3), (8,)]  # sizes at most one apart
+    assert serve.split_cores((2, 5), 2) == [(2,), (5,)]
+    assert serve.split_cores((0, 1, 2), 1) == [(0, 1, 2)]
+    with pytest.raises(ValueError, match="2 cores cannot be split in 3 shares"):
+        serve.split_cores((0, 1), 3)
+    assert serve.server_shares(None, 1) is None  # one process, no cores given: nothing pinned
+    assert serve.server_shares((4, 5), 1) == [(4, 5)]
+    monkeypatch.setattr(_serve_procs, "allowed_cores", lambda: (0, 1, 2))
+    assert serve.server_shares(None, 2) == [(0, 1), (2,)]  # several processes: this process's cores split
+    with pytest.raises(ValueError, match=re.escape("--processes 4 is more than the server's 3 cores (0-2)")):
+        serve.server_shares(None, 4)
+    with pytest.raises(ValueError, match="--processes must be at least 1"):
+        serve.server_shares((0,), 0)
+
+
+def test_bench_serve_refuses_bad_cpus_and_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    outside = max(CORES) + 1
+    refusals = {
+        (
+            "--cpus",
+            str(outside),
+        ): f"--cpus '{outside}': this process may not run on core {outside}; it may run on",
+        ("--cpus", ""): "--cpus '': the cpu list is empty",
+        ("--cpus", "0:"): "--cpus '0:': the client's cpu list is empty",
+        ("--cpus", "0-x"): "--cpus '0-x': '0-x' is not a core or a range of cores (e.g. 0-3,8,10-11)",
+        ("--processes", "0"): "--processes must be at least 1",
+        ("--processes", str(len(CORES) + 1)): f"--processes {len(CORES) + 1} is more than the server's",
+        ("--cpus", str(CORES[0]), "--processes", "2"): "--processes 2 is more than the server's 1 core",
+    }
+    for options, message in refusals.items():
+        assert main(["bench", "serve", *options]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("schedsvc bench serve: ") and message in err, (options, err)
+    for option in ("--cpus", "--processes"):
+        assert main(["bench", "core", option, "1"]) == 2
+        assert f"{option} applies to the serve suite only" in capsys.readouterr().err
+
+
+def test_the_server_process_refuses_more_processes_than_cores(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        serve.app.main(["none", "digits", "--cpus", "0", "--processes", "2"])
+    assert exited.value.code == 2
+    assert "--processes 2 is more than the server's 1 core (0)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve.app.main(["none", "digits", "--cpus", "2-1"])
+    assert "the range '2-1' goes down" in capsys.readouterr().err
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a process that still runs (not gone, not a zombie waiting for its parent)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still running: {[p for p in pids if _alive(p)]}"
+        time.sleep(0.02)
+
+
+def _answering_pids(port: int, want: int, timeout: float = 10.0) -> set[int]:
+    """The pids in the answers to ``GET /health`` on fresh connections, until ``want`` of them answered."""
+    pids: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(pids) < want and time.monotonic() < deadline:
+        conns = [http.client.HTTPConnection(serve.app.HOST, port, timeout=5) for _ in range(8)]
+        try:
+            for conn in conns:  # all connected before any asks: the kernel hands them to waiting processes
+                conn.connect()
+            for conn in conns:
+                conn.request("GET", "/health")
+                response = conn.getresponse()
+                assert response.read() == b"ok"
+                pids.add(int(response.headers["X-Pid"]))
+        finally:
+            for conn in conns:
+                conn.close()
+    return pids
+
+
+@needs_two_cores
+def test_a_server_of_two_processes_answers_from_each_on_its_cores_and_leaves_none() -> None:
+    a, b = CORES[:2]
+    server = serve.Server("batched", "digits", processes=2, cpus=(a, b))
+    assert server.command()[-4:] == ["--cpus", _serve_procs.format_cpu_list((a, b)), "--processes", "2"]
+    with serve.running([server]):
+        assert server.proc is not None
+        assert len(server.pids) == 2 and server.pids[0] == server.proc.pid
+        assert [os.sched_getaffinity(pid) for pid in server.pids] == [{a}, {b}]
+        assert _answering_pids(server.port, 2) == set(server.pids)
+        assert serve.check_answer(server) is None
+        assert server.peak_rss_mib() is not None
+    _wait_gone(server.pids)
+
+
+@needs_two_cores
+def test_the_other_processes_of_a_server_stop_when_the_first_is_killed() -> None:
+    server = serve.Server("none", "digits", processes=2)
+    with serve.running([server]):
+        assert server.proc is not None
+        server.proc.kill()
+        server.proc.wait()
+        _wait_gone(server.pids[1:])  # no orphan: it saw that its parent is gone
+
+
+@needs_two_cores
+def test_a_server_of_two_processes_stops_whole_when_its_bench_is_killed() -> None:
+    bench = (
+        "import time; from schedsvc.cli.bench import serve; "
+        "s = serve.Server('none', 'digits', processes=2); s.start(); s.wait_ready(time.monotonic() + 60); "
+        "print(*s.pids, flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", bench], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        pids = [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    _wait_gone(pids)  # the first saw its bench gone and stopped the other
+
+
+@pytest.mark.slow
+@needs_two_cores
+def test_bench_serve_with_two_processes_on_chosen_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    a, b = CORES[:2]
+    served: list[tuple[str, set[int], list[int]]] = []
+    loads: list[set[int]] = []
+    stop, asyncio_load = serve.Server.stop, serve.asyncio_load
+
+    def stop_after_asking(server: serve.Server) -> None:
+        if server.port:  # it started: which of its processes answer, before it stops
+            served.append((server.variant, _answering_pids(server.port, 2), list(server.pids)))
+        stop(server)
+
+    def load_noting_its_cores(*args: Any) -> serve.Load:
+        loads.append(os.sched_getaffinity(0))
+        return asyncio_load(*args)
+
+    monkeypatch.setattr(serve.Server, "stop", stop_after_asking)
+    monkeypatch.setattr(serve, "asyncio_load", load_noting_its_cores)
+    before = os.sched_getaffinity(0)
+    options = ["--variants", "none,batched,handmade", "--client", "asyncio", "--processes", "2"]
+    status, report = _bench(tmp_path, *options, "--cpus", f"{a},{b}:{b}")
+    assert status == 0, report["failed"]
+    assert os.sched_getaffinity(0) == before  # the bench's own thread is unpinned after the load
+    assert report["processes"] == 2
+    assert report["cpus"] == {"server": [a, b], "shares": [[a], [b]], "client": [b]}
+    assert [r["variant"] for r in report["results"]] == ["none", "batched", "handmade"]
+    for result in report["results"]:
+        _check_working(result)
+    assert loads == [{b}] * 3  # the client ran on its cores
+    assert [variant for variant, _, _ in served] == ["none", "batched", "handmade"]
+    for _, answering, pids in served:
+        assert len(pids) == 2 and answering == set(pids)  # both processes served
+    _wait_gone([pid for _, _, pids in served for pid in pids])
+    text = serve.format_report(report)
+    assert "2 processes per variant and model on one socket" in text
+    both = _serve_procs.format_cpu_list((a, b))
+    assert f"  cores: server {both} (2 processes, on {a} | {b}); load and health probe {b}" in text
+
+
+@needs_wrk
+def test_wrk_runs_on_the_clients_cores(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    server, client = CORES[0], CORES[-1]
+    loads: list[set[int]] = []
+    wrk_load = serve.wrk_load
+
+    def load_noting_its_cores(*args: Any) -> serve.Load:
+        loads.append(os.sched_getaffinity(0))  # the thread that starts wrk: wrk inherits its cores at fork
+        return wrk_load(*args)
+
+    monkeypatch.setattr(serve, "wrk_load", load_noting_its_cores)
+    status, report = _bench(tmp_path, "--variants", "none", "--client", "wrk", "--cpus", f"{server}:{client}")
+    assert status == 0
+    assert report["processes"] == 1
+    assert report["cpus"] == {"server": [server], "shares": [[server]], "client": [client]}
+    assert loads == [{client}]
+    _check_working(report["results"][0])
 
 
 # -- the load generators, against a server of the bench ---------------------------------------------------
