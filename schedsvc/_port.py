@@ -53,6 +53,7 @@ _CALLS = (
     "detach",
     "device_full",
     "has_room",
+    "hold",
     "join",
     "latency_histograms",
     "launches",
@@ -112,6 +113,8 @@ class Port:
     device_full: Callable[[Task], tuple[int, int] | None]
     #: ``has_room(nbytes, device=None)`` (``Status.has_room``)
     has_room: Callable[[int, str | None], bool]
+    #: ``hold(task, tid)``: a batched call admitted the short way, or False (``Admission.hold``)
+    hold: Callable[[Task, int], bool]
     join: Callable[[float], Awaitable[list[threading.Thread]]]
     latency_histograms: Callable[[], tuple[Mapping[float, int], float, Mapping[float, int], float]]
     launches: Callable[[], dict[str, int]]

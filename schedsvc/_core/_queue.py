@@ -9,7 +9,10 @@ from typing import Any
 
 from ._task import Task
 
-__all__ = ["ReadyQueue"]
+__all__ = ["HELD", "ReadyQueue"]
+
+#: a task's ``staged`` while it is held (``ReadyQueue.hold``): listed by its fusion only
+HELD = -1
 
 
 class ReadyQueue:
@@ -19,9 +22,12 @@ class ReadyQueue:
     cancelling is O(1); ``count`` always counts ready tasks only.  Tasks with a
     ``fusion`` are also listed by it, in the order they became ready, for
     ``take_like`` (entries that left the ready state are dropped as it meets them).
+    A *held* task (``hold``) is listed by its fusion only, in no bucket, and counted
+    in ``held``, not ``count``: ``take_like`` takes it with the others of its fusion,
+    and ``pop_held`` once no task of a bucket is ready.
     """
 
-    __slots__ = ("_buckets", "_order", "count", "fusions")
+    __slots__ = ("_buckets", "_order", "count", "fusions", "held")
 
     def __init__(self) -> None:
         self._buckets: dict[int, deque[Task]] = {}
@@ -29,6 +35,7 @@ class ReadyQueue:
         #: fusion -> its tasks, oldest first (read without a call: ``runs``)
         self.fusions: dict[Any, deque[Task]] = {}
         self.count = 0
+        self.held = 0  # held tasks ready (``hold``): listed by their fusion only
 
     def push(self, task: Task) -> None:
         bucket = self._buckets.get(task.priority)
@@ -39,6 +46,11 @@ class ReadyQueue:
         self.count += 1
         if task.fusion is not None:  # hot path: the one check a task without one pays
             self._list_like(task)
+
+    def hold(self, task: Task) -> None:
+        """List a ready task by its fusion only (its ``staged`` is ``HELD``)."""
+        self._list_like(task)
+        self.held += 1
 
     def _list_like(self, task: Task) -> None:
         like = self.fusions.get(task.fusion)
@@ -66,10 +78,30 @@ class ReadyQueue:
         if like is not None and not like:
             del self.fusions[fusion]
         if taken:
-            self.count -= len(taken)
+            held = sum(1 for task in taken if task.staged == HELD)
+            self.held -= held
+            self.count -= len(taken) - held
             if not self.count:
                 self._clear()
         return taken
+
+    def pop_held(self) -> Task | None:
+        """Remove and return the oldest held task of the first fusion that has one, or None."""
+        for fusion, like in self.fusions.items():
+            while like:
+                task = like.popleft()
+                if task.state == "ready" and task.staged == HELD:
+                    self.held -= 1
+                    if not like:
+                        del self.fusions[fusion]
+                    return task
+            del self.fusions[fusion]
+            return self.pop_held()  # (the dict changed: look again)
+        return None
+
+    def discard_held(self) -> None:
+        """Account for one held task that left the ready state (cancelled or claimed)."""
+        self.held -= 1
 
     def pop(self) -> Task | None:
         """Remove and return the highest-priority ready task, or None."""
@@ -92,9 +124,9 @@ class ReadyQueue:
         """How many workers the ready tasks can keep busy: the tasks of a fusion run as one (the worker that
         takes one takes the others), so they count once; at least one while any task is ready.  (A
         fusion's list may still hold tasks that left the ready state: then fewer are counted.)"""
-        if not self.count:
+        if not self.count and not self.held:
             return 0
-        listed = sum(len(like) for like in self.fusions.values())
+        listed = sum(len(like) for like in self.fusions.values()) - self.held
         return max(1, self.count - listed + len(self.fusions))
 
     def top_priority(self) -> int | None:
@@ -116,14 +148,20 @@ class ReadyQueue:
             self._clear()
 
     def _clear(self) -> None:
-        """Nothing is ready: drop the stale entries (they hold finished tasks' values)."""
+        """No task of a bucket is ready: drop the stale entries (they hold finished tasks' values)."""
         self._buckets.clear()
         self._order.clear()
-        self.fusions.clear()
+        if not self.held:
+            self.fusions.clear()
 
     def tasks(self) -> list[Task]:
-        """The ready tasks, in pop order (for validation and tests)."""
-        return [t for neg in self._order for t in self._buckets[-neg] if t.state == "ready"]
+        """The ready tasks, in pop order, then the held ones (for validation, cancelling, and tests)."""
+        ready = [t for neg in self._order for t in self._buckets[-neg] if t.state == "ready"]
+        if self.held:
+            ready += [
+                t for like in self.fusions.values() for t in like if t.state == "ready" and t.staged == HELD
+            ]
+        return ready
 
     def like(self, fusion: Any) -> list[Task]:
         """The ready tasks of ``fusion``, oldest first (for validation and tests)."""
@@ -134,4 +172,4 @@ class ReadyQueue:
         self._order.pop(0)
 
     def __len__(self) -> int:
-        return self.count
+        return self.count + self.held

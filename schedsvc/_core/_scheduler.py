@@ -80,7 +80,7 @@ from itertools import chain
 from typing import Any
 
 from .._errors import DependencyError, MemoryLimitError
-from ._queue import ReadyQueue
+from ._queue import HELD, ReadyQueue
 from ._task import FINAL_STATES, TRANSITIONS, Task, TaskState, name_of
 
 __all__ = ["Instruction", "Scheduler"]
@@ -270,6 +270,44 @@ class Scheduler:
         self._admit(task)
         return True
 
+    def hold(self, task: Task) -> bool:
+        """Admit ``task`` -- a call with a ``fusion``, no dependencies, and one buffer it reads -- if it fits
+        and is ready at once: counted within the limits and its read registered as ``submit`` does, but
+        held, not queued: listed by its fusion only, so that the worker that takes one of its fusion takes
+        it too (``take_like``), and a worker takes it itself only once nothing else is ready.  False, and
+        nothing done, where ``submit`` would do more than that: the task does not fit (or others wait
+        for room), a pending task writes its buffer, the engine is cancelling its work, or the core keeps
+        books that a held task would skip (check mode, riders, device budgets, a recorded timeline)."""
+        if self._hooks or self._admission or self._cancelling or self.edges is not None:
+            return False
+        if self.pending - self.riding >= self._limit:
+            return False
+        key, nbytes, _ = task.buffers[0]
+        buf = self._buffers.get(key)
+        need = task.out_bytes
+        if buf is None:
+            need += nbytes
+        elif buf.writer is not None:
+            return False
+        if self.pending_bytes + need > self.max_pending_bytes:
+            return False
+        if buf is None:
+            buf = self._buffers[key] = _BufferState(nbytes)
+        buf.users += 1
+        buf.readers[task] = None
+        self.submitted += 1
+        self._seq += 1
+        task.seq = self._seq
+        self.pending += 1
+        self.pending_bytes += need
+        if self.pending_bytes > self.peak_pending_bytes:
+            self.peak_pending_bytes = self.pending_bytes
+        task.state = "ready"
+        task.t_ready = self._clock()
+        task.staged = HELD
+        self.queues[task.device].hold(task)
+        return True
+
     def _submit_along(self, task: Task, force: bool, stage: bool, along: list[Task]) -> bool:
         for extra in along:
             self._refuse_never_fitting(extra)
@@ -371,8 +409,12 @@ class Scheduler:
         self._admit_waiters()
 
     def take(self, device: str) -> Task | None:
-        """Hand the next ready task of ``device`` to a worker (ready -> running)."""
-        task = self.queues[device].pop()
+        """Hand the next ready task of ``device`` to a worker (ready -> running): a held one (``hold``) once
+        no other is ready."""
+        queue = self.queues[device]
+        task = queue.pop()
+        if task is None and queue.held:
+            task = queue.pop_held()
         if task is not None:
             if self._check:  # hot path: no call unless checking
                 self._move(task, "running")
@@ -704,13 +746,16 @@ class Scheduler:
         return len(self._admission)
 
     def ready_count(self, device: str) -> int:
-        return self.queues[device].count
+        queue = self.queues[device]
+        return queue.count + queue.held
 
     # -- internals -----------------------------------------------------------
 
     def _unqueue(self, task: Task) -> None:
         if task.staged == self._epoch:
             task.staged = 0  # still in self.staged: publish() skips it
+        elif task.staged == HELD:
+            self.queues[task.device].discard_held()
         else:
             self.queues[task.device].discard()
 
@@ -1217,7 +1262,7 @@ class Scheduler:
         assert self.launched == states.count("launched")
         for device, queue in self.queues.items():
             ready = queue.tasks()
-            assert len(ready) == queue.count, (device, len(ready), queue.count)
+            assert len(ready) == queue.count + queue.held, (device, len(ready), queue.count, queue.held)
             assert all(t.device == device and t in live for t in ready)
             for task in ready:  # each ready task with a fusion is listed by it, once
                 if task.fusion is not None:

@@ -195,6 +195,22 @@ class Admission:
             return self._wait_admission(task, token, timeout)
         return token if how == QUEUE else False
 
+    def hold(self, task: Task, tid: int) -> bool:
+        """A batched call made on the loop's thread, admitted the short way if it can be: within the
+        limits and ready at once, it is held with the others of its fusion (``Scheduler.hold``) for a
+        worker to take together -- the one a previous call of it woke, or the one the flush at the end of
+        this turn of the loop wakes.  False, and nothing done: ``admit`` decides (a closed engine, the
+        limits, a write queued to its rows, a nested call, sync mode, devices that copy or forward)."""
+        if tid != self.loop_thread or not self.plain or tid in self.worker_threads or self.bridge.closed():
+            return False
+        with self.lock:
+            if self.closed or not self.core.hold(task):
+                return False
+            if not self.flush_scheduled:
+                self.flush_scheduled = True
+                self.bridge.call_soon(self._flush)
+        return True
+
     def _claim(self, task: Task, claims: Any, counted: Callable[[], None] | None) -> None:
         """With the lock held, once ``task`` is admitted or queued: the frontend's claims on what it
         writes, and its count."""

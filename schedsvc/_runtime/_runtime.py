@@ -101,6 +101,7 @@ _PARTS = (
 _ENTRY_POINTS = (
     "wait",
     "admit",
+    "hold",
     "admission",
     "admitted",
     "throttle",
@@ -227,6 +228,7 @@ class Runtime:
         # the entry points, bound once
         # -- submissions
         self.admit = admission.admit
+        self.hold = admission.hold
         self.admission = admission.admission
         self.admitted = admission.admitted
         self.throttle = admission.throttle
@@ -351,7 +353,7 @@ class Runtime:
             if items:
                 bridge.post(items, wakes)
         for device, queue in self._pools:
-            if not device.hungry or not queue.count:
+            if not device.hungry or not (queue.count or queue.held):
                 continue
             wake = device.dispatch(queue.runs() if queue.fusions else queue.count)
             if wake is not None:

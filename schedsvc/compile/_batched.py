@@ -195,7 +195,7 @@ class Batched(Generic[P]):
             x = args[0]
             if type(x) is np.ndarray and x.ndim and x.shape[0]:
                 call = self._rows_call(x, tid)
-                if call.state != "new":  # ran inline: cheaper than a hand-off
+                if call.state != "new" or port.hold(call, tid):  # ran inline, or held for a worker
                     return call
             else:
                 call = self._call(args, kwargs, tid)

@@ -138,3 +138,75 @@ def test_the_listing_of_a_fusion_is_dropped_once_nothing_is_ready() -> None:
     s.finish(a, None, None, chain=False)
     out_of(s)
     assert take_like(s, f, 10) == []
+
+
+# -- held tasks: listed by their fusion only ------------------------------------------------------------
+
+
+def reader(name: str, fusion: Any, key: int, nbytes: int = 8) -> Fusable:
+    return Fusable(name, fusion, buffers=((key, nbytes, False),), nbytes=4)
+
+
+def test_held_tasks_are_counted_and_taken_with_their_fusion_or_alone_once_nothing_else_is_ready() -> None:
+    s = Scheduler(max_pending=1000, max_pending_bytes=BIG)
+    f = object()
+    h1, h2, h3 = reader("h1", f, 1), reader("h2", f, 2), reader("h3", f, 3)
+    plain = Task(name="p")
+    assert s.hold(h1) and s.hold(h2)
+    assert s.submit(plain)
+    assert s.hold(h3)
+    queue = s.queues["cpu"]
+    assert (queue.count, queue.held, len(queue), s.ready_count("cpu")) == (1, 3, 4, 4)
+    assert [t.seq for t in (h1, h2, plain, h3)] == [1, 2, 3, 4]
+    assert s.pending == 4 and s.pending_bytes == 3 * (4 + 8) and s.submitted == 4
+    assert s.take("cpu") is plain  # a queued task first: held ones wait for a worker of their fusion
+    first = s.take("cpu")
+    assert first is h1 and first.state == "running"
+    assert s.take_like("cpu", f, 10) == [h2, h3]
+    assert queue.held == 0 and queue.count == 0 and s.take("cpu") is None
+    for t in (plain, h1, h2, h3):
+        s.finish(t, 0, None, False)
+    assert s.pending == 0 and s.pending_bytes == 0 and s.completed == 4
+
+
+def test_a_held_task_cancelled_or_cancelled_at_close_leaves_the_counts_right() -> None:
+    s = Scheduler(max_pending=1000, max_pending_bytes=BIG)
+    f = object()
+    h1, h2, h3 = reader("h1", f, 1), reader("h2", f, 2), reader("h3", f, 3)
+    for t in (h1, h2, h3):
+        assert s.hold(t)
+    assert s.cancel(h2) and h2.state == "cancelled"
+    queue = s.queues["cpu"]
+    assert queue.held == 2 and queue.tasks() == [h1, h3]
+    assert s.claim(h3) and h3.state == "running" and queue.held == 1  # (a thread runs the call it waits for)
+    s.cancel_pending()
+    assert h1.state == "cancelled" and queue.held == 0 and s.take("cpu") is None
+    s.finish(h3, 0, None, False)
+    assert s.pending == 0 and s.pending_bytes == 0 and (s.completed, s.cancelled) == (1, 2)
+
+
+def test_a_task_is_not_held_where_submit_would_do_more() -> None:
+    s = Scheduler(max_pending=2, max_pending_bytes=100)
+    f = object()
+    writer = Task(name="w", buffers=((7, 8, True),))
+    assert s.submit(writer)
+    assert not s.hold(reader("after-a-write", f, 7))  # it must wait for the write: submit orders it
+    assert not s.hold(reader("too-big", f, 8, nbytes=200))  # over max_pending_bytes: submit refuses
+    assert s.hold(reader("fits", f, 9))
+    assert not s.hold(reader("over", f, 10))  # max_pending=2
+    assert s.pending == 2
+    checked = Scheduler(max_pending=10, max_pending_bytes=BIG, check=True)
+    assert not checked.hold(reader("checked", f, 1))  # check mode keeps books a held task would skip
+    assert checked.pending == 0
+
+
+def test_a_write_after_a_held_read_waits_for_it() -> None:
+    s = Scheduler(max_pending=1000, max_pending_bytes=BIG)
+    f = object()
+    held = reader("read", f, 5)
+    assert s.hold(held)
+    write = Task(name="w", buffers=((5, 8, True),))
+    assert s.submit(write) and write.state == "waiting"
+    assert s.take("cpu") is held
+    s.finish(held, 0, None, False)
+    assert write.state == "ready" and s.take("cpu") is write
