@@ -80,7 +80,7 @@ async def measure(variant: str, args: argparse.Namespace) -> dict[str, float]:
         figures = await closed_loop(model, row, args)
         stats = model.stats()
         figures["rows_per_batch"] = stats["rows"] / max(1, stats["batches"])
-        figures["inline_calls"] = stats["inline_calls"]
+        figures["inline_calls"] = stats.get("inline_calls", 0)
         return figures
 
 
