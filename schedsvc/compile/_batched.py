@@ -61,9 +61,8 @@ from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor, order_after
 from ._batchcall import BatchCall, Deferred, check_exact
 from ._compiled import MAX_SIGNATURES, Compiled, static_part
-from ._cuda import CudaReplay
+from ._cuda import batch_replay
 from ._fused import Group, Plan, Proved, SizePlan, pow2, signature_key, without_own_frames
-from ._graph import Graph, emit
 from ._params import check_batched
 from ._rows import plan_rows, same_program
 
@@ -76,9 +75,8 @@ __all__ = ["HANDOFF_US", "INLINE_US", "MAX_BATCH", "Batched"]
 MAX_BATCH = 256
 #: the most rows a key's first call is also traced with, to prove its rows apart where there are many
 _PROBE = 256
-#: about what handing a call to a worker and back costs, µs: the loop's share and the worker's (a few µs each,
-#: ``scripts/batch_loop_cost.py``); a function whose one-row replay is faster gains little or nothing from
-#: batching, and the engine says so (once in the log, and in ``stats()``)
+#: about what handing a call to a worker and back costs, µs (``scripts/batch_loop_cost.py``): a function whose
+#: one-row replay is faster gains little from batching, and the engine says so (in the log, and ``stats()``)
 HANDOFF_US = 10.0
 #: a call of one row whose replay is faster than this, µs, runs inline in the call: cheaper than the hand-off
 #: even with the call's own bookkeeping (at most ``Config.inline_threshold_us``, whose 0 turns this off)
@@ -563,23 +561,12 @@ class Batched(Generic[P]):
         plan = plan_rows(entry.graph, batched, repr(self))
         if device is None:
             return SizePlan(entry, plan, self.exact)
-        return SizePlan(entry, plan, False, self._on_device(entry.graph, device))
-
-    def _on_device(self, graph: Graph, device: str) -> CudaReplay:
-        """The replay of ``graph`` on ``device`` (a CUDA graph where it can capture): only arrays the calls
-        pass, no captured ones, and not in exact mode."""
-        if self.exact:
-            raise BatchError(
-                f"{self!r}: exact=True computes each caller's rows as NumPy would on the CPU, and this call runs "
-                f"on {device}; call it with host arrays, or compile it with exact=False"
-            )
-        if any(node.op == "const" and type(node.value) is np.ndarray for node in graph.nodes):
-            raise BatchError(
-                f"{self!r} captures arrays, and its calls run on {device}: a batched function takes the "
-                "arrays it uses there as arguments; pass the weights as Tensors on that device "
-                "(eng.asarray(w, device=...)), as unbatched arguments"
-            )
-        return CudaReplay(graph, emit(graph), graph.inputs, self._plain.graph_counts)
+        return SizePlan(
+            entry,
+            plan,
+            False,
+            batch_replay(repr(self), self.exact, entry.graph, device, self._plain.graph_counts),
+        )
 
     # -- reading ------------------------------------------------------------------------
 

@@ -42,11 +42,12 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import BatchError
 from ..devices import CudaApi, binding_of
 from ..tensor import OPS
-from ._graph import Graph, Node, Ref
+from ._graph import Graph, Node, Ref, emit
 
-__all__ = ["CudaReplay", "GraphCounts"]
+__all__ = ["CudaReplay", "GraphCounts", "batch_replay"]
 
 #: ops that only make a view (no kernel): a run of nothing else is not captured
 _VIEWS = frozenset({"transpose", "getitem"})
@@ -409,3 +410,20 @@ def _graph_pool(api: CudaApi, device: int) -> Any:
         if pool is None:
             pool = _pools[key] = api.graph_pool(device)
         return pool
+
+
+def batch_replay(who: str, exact: bool, graph: Graph, device: str, counts: Any) -> CudaReplay:
+    """The replay of a batched function's ``graph`` (``who``) on ``device`` (a CUDA graph where it can
+    capture): only arrays the calls pass, no captured ones, and not in exact mode (BatchError)."""
+    if exact:
+        raise BatchError(
+            f"{who}: exact=True computes each caller's rows as NumPy would on the CPU, and this call runs "
+            f"on {device}; call it with host arrays, or compile it with exact=False"
+        )
+    if any(node.op == "const" and type(node.value) is np.ndarray for node in graph.nodes):
+        raise BatchError(
+            f"{who} captures arrays, and its calls run on {device}: a batched function takes the "
+            "arrays it uses there as arguments; pass the weights as Tensors on that device "
+            "(eng.asarray(w, device=...)), as unbatched arguments"
+        )
+    return CudaReplay(graph, emit(graph), graph.inputs, counts)
