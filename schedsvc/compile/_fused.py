@@ -45,7 +45,8 @@ class Plan(Protocol):
     plan: RowPlan
     spans: bool
     same: bool
-    seconds: float  # its fastest replay on the host, seconds (0: not timed yet)
+    seconds: float  # its fastest replay on the host, seconds (0: not timed yet); one row's only
+    samples: int  # its replays timed (at most ``_ROW_TIMINGS``)
 
     @property
     def graph(self) -> Graph: ...
@@ -82,6 +83,8 @@ class Planner(Protocol):
         ...
 
 
+#: replays of one row timed, the first of them twice (``Group._timed``): the fastest is the row's cost
+_ROW_TIMINGS = 3
 #: the modules whose frames an error of a fused run is stripped of (``without_own_frames``)
 _OWN_MODULES = frozenset({__name__, f"{__package__}._batched"})
 
@@ -101,7 +104,7 @@ class SizePlan:
     """One traced size of one key: the entry, the row plan, and the replay that runs it; ``same``: its
     program was found the same as at the key's other sizes (``same_program``)."""
 
-    __slots__ = ("entry", "plan", "replay", "same", "seconds", "spans")
+    __slots__ = ("entry", "plan", "replay", "same", "samples", "seconds", "spans")
 
     def __init__(
         self, entry: Entry, plan: RowPlan, exact: bool, on_device: Callable[..., Any] | None = None
@@ -109,7 +112,8 @@ class SizePlan:
         self.entry = entry
         self.plan = plan
         self.same = False
-        self.seconds = 0.0  # its fastest replay on the host, seconds (0: not timed yet)
+        self.seconds = 0.0  # its fastest replay on the host, seconds (0: not timed yet); one row's only
+        self.samples = 0  # its replays timed
         graph = entry.graph
         rows = {}
         if exact:
@@ -285,15 +289,15 @@ class Group:
             else:
                 inputs.append(_joined_on(staging, parts, axis, pad))
         n = len(rows)
-        if staging is None:
-            untimed = not plan.seconds
+        if staging is None and size == 1 and plan.samples < _ROW_TIMINGS:  # what one row costs: timed
+            untimed = not plan.samples
             began = time.perf_counter()
             out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
-            if untimed:  # (a size's first replay is slow: cold caches, first allocations; a second one too)
-                self._timed(plan, size, time.perf_counter() - began)
+            if untimed:  # (a first replay is slow: cold caches, first allocations; a second one is timed too)
+                self._timed(plan, time.perf_counter() - began)
                 began = time.perf_counter()
                 out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
-            self._timed(plan, size, time.perf_counter() - began)
+            self._timed(plan, time.perf_counter() - began)
         else:
             out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         if staging is not None and self.host_rows:  # the host's callers: their rows back on the host, at once
@@ -309,15 +313,14 @@ class Group:
             results.append(pieces[0] if kind == "single" else tuple(pieces) if kind == "tuple" else pieces)
         return results, size
 
-    def _timed(self, plan: Plan, size: int, seconds: float) -> None:
-        """A replay of ``size`` rows on the host took ``seconds``: is that size cheaper to run inline?  The
-        fastest replay seen is its cost (a slower one waited for the GIL or the caches: the same program on
-        the same shapes does the same work)."""
+    def _timed(self, plan: Plan, seconds: float) -> None:
+        """A replay of one row on the host took ``seconds``: is a call of one row cheaper to run inline?  The
+        fastest of the first few replays is its cost (a slower one waited for the GIL or the caches: the same
+        program on the same shapes does the same work), and the answer is kept after them."""
+        plan.samples += 1
         if plan.seconds and plan.seconds <= seconds:
             return
         plan.seconds = seconds
-        if size != 1:
-            return
         self.batched.row_timed(seconds)
         if plan.graph.out_kind == "single" and plan.plan.outputs[0] == 0 and seconds < self.batched.inline_s:
             self.lone = plan
