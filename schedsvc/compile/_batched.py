@@ -159,7 +159,7 @@ class Batched(Generic[P]):
         #: a padded size whose replay takes less than this runs its calls inline, on the calling thread
         self.inline_s = min(port.config.inline_threshold_us, INLINE_US) / 1e6
         self._told_inline = False
-        self.row_s = 0.0  # the fastest replay of one row seen on the host, seconds (0: none yet)
+        self.row_s = 0.0  # the fastest of the first replays of one row on the host, seconds (0: none yet)
         self._told_cheap = False
         self.batches = 0
         self.rows = 0
@@ -579,8 +579,8 @@ class Batched(Generic[P]):
         """The compiled function's counts, and its replays of calls (``batches``, a lone call's too),
         their ``rows``, ``batch_sizes`` (rows -> replays), the traced batch sizes kept (``plans``), and the
         calls of one row run inline, on the calling thread, because their replay was cheaper than a
-        hand-off (``inline_calls``; not counted as batches), and the fastest replay of one row seen on the
-        host, µs (``row_replay_us``; None before one)."""
+        hand-off (``inline_calls``; not counted as batches), and the fastest of the first replays of one
+        row on the host, µs (``row_replay_us``; None before one)."""
         with _counts_lock:
             return {
                 **self._plain.stats(),
