@@ -27,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="schedsvc", description="schedsvc: async array compute engine")
     parser.add_argument("--version", action="version", version=f"schedsvc {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{demo,bench,tune,info}")
     for command in (demo, bench, tune, info):  # the order --help lists them in
         command.register(sub)
     args = parser.parse_args(argv)
+    if args.command is None:  # a bare ``schedsvc``: what it can do, not an error
+        parser.print_help()
+        return 0
     try:
         status: int = args.run(args)
     except (ConfigError, NeedsExtra) as exc:  # e.g. a bad SCHEDSVC_* variable, met building an engine

@@ -988,6 +988,10 @@ def register(sub: Any) -> None:
         "demo",
         help="run schedsvc's experiments on the claims of the 'Computational Performance' chapter of "
         "Dive into Deep Learning, and print what they measured on this machine",
+        description="Run schedsvc's experiments on the claims of the 'Computational Performance' chapter of "
+        "Dive into Deep Learning (asynchronous computation, automatic parallelism, memory under a flooded "
+        "queue, hybridize, profiling, CPU/GPU overlap, and minibatches through dynamic batching), and print "
+        "what each measured on this machine beside the claim it tests.",
     )
     demo.add_argument("--reps", type=int, default=3, help="repetitions per experiment; medians shown (3)")
     demo.add_argument("--quick", action="store_true", help="small sizes: a quick look, in a few seconds")

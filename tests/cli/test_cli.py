@@ -1,7 +1,10 @@
-"""The ``schedsvc`` command: every subcommand checks its output path first, and a bad setting exits 2."""
+"""The ``schedsvc`` command: every subcommand checks its output path first, and a bad setting exits 2; a
+bare ``schedsvc`` prints its help, every subcommand describes itself, and ``python -m schedsvc`` runs it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,31 @@ def test_a_bad_setting_in_the_environment_exits_2_with_the_message(
         f"schedsvc {command[0]}: invalid schedsvc configuration: max_pending_bytes: 1.7 is not a whole number"
         in err
     )
+
+
+def test_a_bare_schedsvc_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to end in argparse's 'the following arguments are required' error."""
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: schedsvc") and "{demo,bench,tune,info}" in out
+    for command in ("demo", "bench", "tune", "info"):
+        assert f"\n    {command} " in out  # each listed with its one-line help
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "tune", "info"])
+def test_every_subcommand_describes_itself(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]  # argparse: usage, a blank line, the description
+    assert not description.startswith(("positional arguments", "options")), out
+    assert len(description.split()) >= 12, description
+
+
+def test_python_m_schedsvc_runs_the_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "schedsvc", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("schedsvc ")

@@ -24,7 +24,14 @@ SUITES = ("core", "tensor", "batch", "dask", "gpu", "serve")
 
 
 def register(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="benchmarks against baselines measured in the same run")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks against baselines measured in the same run",
+        description="Run one benchmark suite; every figure is a median over interleaved repetitions and "
+        "every ratio is against a baseline measured in the same run. Suites: core (the scheduler against "
+        "a thread pool), tensor (Tensor ops and compiled functions), batch (dynamic batching), dask, gpu "
+        "(needs a GPU; --peers: PyTorch, JAX), serve (an HTTP model server under wrk).",
+    )
     bench.add_argument("suite", choices=list(SUITES), help="which benchmark suite")
     bench.add_argument(
         "--reps", "--rounds", type=int, default=5, help="interleaved repetitions (median reported)"
