@@ -132,6 +132,20 @@ class Future(Task, Generic[T]):
             return value.get_blocking(left)  # type: ignore[no-any-return]
         return self._outcome()
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """``np.asarray(fut)`` (and NumPy functions given a future): the task's value as an array, as
+        ``result()`` gives it -- waited for off the event loop; on it, only once the task is final, else
+        TypeError (waiting would stall the loop: ``await fut`` first).  Its error is raised."""
+        import numpy as np  # (here: NumPy is the frontend's, not every submission's)
+
+        if self.state not in FINAL_STATES and self._port.on_loop_thread():
+            raise TypeError(
+                f"np.asarray() of {self!r} needs its value, and waiting here would block the event loop; "
+                "use 'await fut' (then np.asarray() of the value)"
+            )
+        value = np.asarray(self.result(), dtype=dtype)
+        return value.copy() if copy else value
+
     def exception(self) -> BaseException | None:
         """The task's exception, or None if it succeeded; it must be done."""
         if self.state not in FINAL_STATES:

@@ -588,3 +588,46 @@ async def test_a_done_callback_that_raises_under_trio_leaves_the_other_awaiters_
     finally:
         logging.getLogger("schedsvc").removeHandler(handler)
     assert any("done callback" in r for r in reported), reported
+
+
+# -- NumPy's protocol: a future's value as an array ------------------------------------------------
+
+
+async def test_a_future_is_an_array_once_its_value_is_there_and_refuses_before_on_the_loop() -> None:
+    """``np.asarray(fut)`` and ``np.sum(fut)`` used to give an object array around the future."""
+    async with _engine() as eng:
+        async with occupied(eng, 1):
+            fut = eng.submit_nowait(np.arange, 6.0)
+            with pytest.raises(TypeError, match=r"would block the event loop; use 'await fut'"):
+                np.asarray(fut)
+        await within(fut)
+        assert np.asarray(fut).dtype == np.float64 and np.sum(fut) == 15.0
+        assert np.asarray(fut, dtype=np.float32).dtype == np.float32
+        assert (np.asarray(fut) + 1).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        failed = eng.submit_nowait(np.sqrt, "x")
+        await within(failed.wait())
+        with pytest.raises(Exception) as raised:
+            np.asarray(failed)
+        assert raised.value is failed.error
+
+
+async def test_off_the_loop_a_future_as_an_array_waits_for_its_value() -> None:
+    async with _engine() as eng, occupied(eng, 1) as (gate, _):
+        fut = eng.submit_nowait(np.ones, 3)
+        waiting = asyncio.get_running_loop().run_in_executor(None, np.sum, fut)
+        gate.open()
+        assert await asyncio.wait_for(waiting, TIMEOUT) == 3.0
+
+
+def test_a_tensor_is_an_array_after_its_loop_has_ended() -> None:
+    """It used to say waiting "would block the event loop" though the loop was gone and the value there."""
+
+    async def main() -> ss.Tensor:
+        async with _engine() as eng:
+            t = eng.asarray(np.arange(4.0)) * 2
+            await within(t)
+            assert np.asarray(t).tolist() == [0.0, 2.0, 4.0, 6.0]  # there: no wait on the loop either
+            return t
+
+    t = asyncio.run(main())
+    assert np.asarray(t).tolist() == [0.0, 2.0, 4.0, 6.0] and t.tolist() == [0.0, 2.0, 4.0, 6.0]

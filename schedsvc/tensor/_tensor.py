@@ -20,7 +20,6 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Generator
-from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import numpy as np
@@ -194,7 +193,7 @@ class Tensor(ArrayOps, Future[Array]):
         """Block this thread until the value (and every queued write to it) is there; return it."""
         owner = self.owner
         last = owner._last_write
-        writes = self._port.tensors.unfinished(owner) if last is not None and last.state != "done" else []
+        writes = self._unfinished_writes()
         if (self.state not in FINAL_STATES or writes) and self._port.on_loop_thread():
             raise blocks_the_loop(self, "wait_to_read()", "t")
         if last is not None:
@@ -218,8 +217,16 @@ class Tensor(ArrayOps, Future[Array]):
         """Same as ``wait_to_read()`` (MXNet's name)."""
         return self.wait_to_read(timeout)
 
+    def _unfinished_writes(self) -> list[Any]:
+        """The writes queued to its memory that have not finished."""
+        owner = self.owner
+        last = owner._last_write
+        return self._port.tensors.unfinished(owner) if last is not None and last.state != "done" else []
+
     def _value_now(self, what: str) -> Any:
-        if get_ident() == self._port.loop_thread:
+        """The value for ``what`` (a conversion): waited for off the event loop; on it, only if it is there
+        (its task final, no write to its memory unfinished), else TypeError -- waiting would stall the loop."""
+        if self._port.on_loop_thread() and (self.state not in FINAL_STATES or self._unfinished_writes()):
             raise TypeError(
                 f"{what} of a Tensor needs its value, and waiting here would block the event loop; "
                 f"use 'await t' (then {what} of the array)"
