@@ -80,10 +80,13 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> Engine:
-        """Start the workers on the running event loop."""
+        """Start the workers on the running event loop; an engine starts once (``RuntimeError`` while it runs,
+        ``EngineClosed`` once it has closed)."""
         port = self._port
+        if port.state == "running":  # a mistake, not a closed engine
+            raise RuntimeError(f"{self!r} is running already: start() it once ('async with eng:' starts it)")
         if port.state != "new":
-            raise EngineClosed(f"{self!r} was already started; create a new Engine")
+            raise EngineClosed(f"{self!r} was started and closed; an engine starts once: create a new Engine")
         await port.start(None if self.config.trace_path is None else Timeline(self.config.trace_path))
         STARTED.add(port)  # for a fork: the child's copy refuses work
         port.loop_watch = watch_loop_end(port)

@@ -809,8 +809,17 @@ async def test_start_aclose_and_restart() -> None:
     assert await within(eng.run(operator.add, 2, 2)) == 4
     await within(eng.aclose())
     await within(eng.aclose())  # closing twice is harmless
-    with pytest.raises(ss.EngineClosed):
+    with pytest.raises(ss.EngineClosed, match="started and closed; an engine starts once"):
         await eng.start()
+
+
+async def test_a_second_start_of_a_running_engine_says_it_runs() -> None:
+    """It used to raise EngineClosed, though the engine was running and took work."""
+    async with ss.Engine(cpu_workers=1) as eng:
+        with pytest.raises(RuntimeError, match="is running already: start\\(\\) it once") as raised:
+            await eng.start()
+        assert not isinstance(raised.value, ss.EngineClosed)
+        assert await within(eng.run(operator.add, 2, 2)) == 4
 
 
 async def test_aclose_waits_for_pending_work() -> None:
