@@ -189,14 +189,11 @@ class Batched(Generic[P]):
             return self._fn(*args, **kwargs)  # type: ignore[no-any-return]
         tid = get_ident()
         port = self._port
-        if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
-            x = args[0]
-            if type(x) is np.ndarray and x.ndim and x.shape[0]:
-                call = self._rows_call(x, tid)
-                if call.state != "new" or port.hold(call, tid):  # ran inline, or held for a worker
-                    return call
-            else:
-                call = self._call(args, kwargs, tid)
+        x = args[0] if len(args) == 1 and not kwargs and self._simple else None
+        if type(x) is np.ndarray and x.ndim and x.shape[0]:  # one array, the batch on axis 0 (hot path)
+            call = self._rows_call(x, tid, True)
+            if call.state != "new" or port.hold(call, tid):  # ran inline, or held for a worker
+                return call
         else:
             call = self._call(args, kwargs, tid)
         if not port.admit(call, tid, NOW):
@@ -218,7 +215,7 @@ class Batched(Generic[P]):
         if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
             x = args[0]
             if type(x) is np.ndarray and x.ndim and x.shape[0]:
-                return self._rows_call(x, tid)
+                return self._rows_call(x, tid, False)
         device = None  # the device with memory of its own its arrays are on, if any
         pending = None  # a Future argument not final yet: the call runs alone once it is (on the host)
         port = self._port
@@ -258,10 +255,12 @@ class Batched(Generic[P]):
             )
         return device
 
-    def _rows_call(self, x: np.ndarray, tid: int) -> BatchCall:
+    def _rows_call(self, x: np.ndarray, tid: int, inline: bool) -> BatchCall:
         """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: one buffer
         read and no dependencies, for which ``order_after`` adds nothing (the core's hazard on the buffer
-        still orders it after the writes queued to that memory, a Tensor's included)."""
+        still orders it after the writes queued to that memory, a Tensor's included).  With ``inline``
+        (a call that is not to wait for room: ``fn(x)``), one cheap enough runs here (``_inline``): the
+        call comes back final, not to be admitted."""
         shape, dtype = x.shape[1:], x.dtype
         last = self._last
         if last is not None and last[1] is dtype and last[0] == shape:  # (NumPy's dtypes are shared objects)
@@ -279,7 +278,7 @@ class Batched(Generic[P]):
         call.rows_call(port, group, x, rows, group.device or port.host_device)
         call.number = self.calls = next(self._numbers)
         call.name = self._label
-        if group.lone is not None and rows == 1:
+        if inline and group.lone is not None and rows == 1:
             self._inline(call, group.lone, x)
         return call
 

@@ -129,3 +129,17 @@ async def test_a_function_about_as_cheap_as_a_hand_off_batches_and_says_so_once(
         said = [r for r in caplog.records if "batching it gains little" in r.getMessage()]
         assert len(said) == 1 and said[0].levelno == logging.WARNING
         assert "<Batched double" in said[0].getMessage()
+
+
+async def test_a_call_that_waits_for_room_is_admitted_once_never_run_inline(
+    anyio_backend: str, cheap: None
+) -> None:
+    """``await fn.submit(x)`` used to run a cheap call inline and then admit it as well: run twice, its
+    state going back from done to ready."""
+    async with started(cpu_workers=1, inline_threshold_us=1e6) as eng:
+        f = eng.compile(double, batch_axis=0)
+        await within(f(np.ones((1, 4))))
+        before = eng.stats().submitted
+        call = await f.submit(np.full((1, 4), 3.0))
+        assert_same_bits(await within(call), double(np.full((1, 4), 3.0)))
+        assert f.stats()["inline_calls"] == 0 and eng.stats().submitted == before + 1
