@@ -158,8 +158,7 @@ class Bridge:
         try:
             await waiter
         except BaseException:  # cancelled (either library's way), or interrupted
-            with rt.lock:
-                unwatch(task, waiter)
+            rt.unwatch(task, waiter)
             raise
 
     # -- the burst of instructions ---------------------------------------------------
