@@ -41,7 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from ._serve_procs import Cores, format_cpu_list, parse_cpu_list, pin_process, server_shares, thread_pinned
+from ._serve_procs import (
+    Cores,
+    format_cpu_list,
+    parse_cpu_list,
+    pin_process,
+    server_shares,
+    stop_processes,
+    thread_pinned,
+)
 
 __all__ = [
     "ENGINE_VARIANTS",
@@ -419,24 +427,6 @@ def _start_worker(args: argparse.Namespace, cores: Cores, sock: socket.socket) -
         )
 
 
-def _stop_workers(workers: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each worker (a graceful shutdown), then SIGKILL those still there after ``WORKER_STOP_S``."""
-    import time
-
-    for worker in workers:
-        if worker.poll() is None:
-            worker.terminate()
-    deadline = time.monotonic() + WORKER_STOP_S
-    for worker in workers:
-        try:
-            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        if worker.stdout is not None:
-            worker.stdout.close()
-
-
 def _exit_on_signal(signum: int, frame: Any) -> None:
     """SIGTERM in a server of several processes: unwind (uvicorn raises the signal again once it has shut
     down), so that the server's other processes are stopped on the way out."""
@@ -538,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             app = create_app(args.variant, args.model, max_pending=args.max_pending)
             started = asyncio.run(_serve_uvicorn(app, sock, workers))
     finally:
-        _stop_workers(workers)
+        stop_processes(workers, WORKER_STOP_S)
     return 0 if started else 1
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Iterator
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = [
     "Cores",
@@ -26,6 +28,7 @@ __all__ = [
     "pin_process",
     "server_shares",
     "split_cores",
+    "stop_processes",
     "thread_pinned",
 ]
 
@@ -156,3 +159,20 @@ def thread_pinned(cores: Cores | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM each of ``procs`` still running (a graceful shutdown), SIGKILL those still there ``grace``
+    seconds later, and close their stdout."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -57,7 +57,15 @@ from ._serve_load import (
     wrk_load,
     wrk_script,
 )
-from ._serve_procs import Cores, format_cpu_list, parse_cpus, server_shares, split_cores, thread_pinned
+from ._serve_procs import (
+    Cores,
+    format_cpu_list,
+    parse_cpus,
+    server_shares,
+    split_cores,
+    stop_processes,
+    thread_pinned,
+)
 
 __all__ = [
     "CLIENTS",
@@ -193,15 +201,7 @@ class Server:
         ``STOP_TIMEOUT_S`` (the others then stop by themselves: their parent is gone)."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        stop_processes([self.proc], STOP_TIMEOUT_S)
         if self._log is not None:
             self._log.close()
 
