@@ -57,6 +57,8 @@ class Node:
     base: int  # the node whose memory holds this value
     out: int | None = None  # write node: the node whose memory it writes
     value: Any = None  # const: the array (read-only); input: its position
+    # where the traced function made it (file, line), for messages; not part of what the node computes
+    site: tuple[str, int] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass

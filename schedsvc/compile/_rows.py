@@ -31,8 +31,10 @@ as in its own call: measured bit-equal), else on each caller's own rows.
 
 from __future__ import annotations
 
+import linecache
 import math
 import operator
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -251,12 +253,21 @@ def _type(node: Node) -> str:
     return f"{node.dtype}[{', '.join(map(str, node.shape))}]"
 
 
-def _refuse(node: Node, why: str, axis: int | None = None) -> BatchError:
+def _refuse(node: Node, why: str, axis: int | None = None, fix: str = "") -> BatchError:
     where = "" if axis is None else f" (batch axis {axis})"
+    made = "" if node.site is None else f". The {node.op}() is made at {_line(node.site)}"
+    fix = fix or "leave this op out of the batched function, or compile it without batch_axis"
     return BatchError(
-        f"{node.op}(){where}: {why}, so a batched call would give a caller values that depend on other "
-        "callers' rows. Leave this op out of the batched function, or compile it without batch_axis"
+        f"{node.op}(){where}: {why}, so a batched call would mix the rows of different callers (a "
+        f"caller's values would depend on other callers' rows). To batch, {fix}{made}"
     )
+
+
+def _line(site: tuple[str, int]) -> str:
+    """``file:line: code`` of a call site."""
+    path, number = site
+    code = linecache.getline(path, number).strip()
+    return f"{os.path.basename(path)}:{number}" + (f" ({code!r})" if code else "")
 
 
 def _broadcast(
@@ -302,7 +313,13 @@ def _reduce(graph: Graph, axes: list[int | None], node: Node) -> int:
         raise _refuse(node, "it reduces every axis, the batch axis too", axis)
     reduced = {_norm(x, ndim) for x in (over if isinstance(over, tuple) else (over,))}
     if axis in reduced:
-        raise _refuse(node, f"it reduces the batch axis {axis}", axis)
+        own = tuple(x for x in range(ndim) if x != axis)
+        fix = "reduce only each row's own axes" + (
+            f" (axis={own[0] if len(own) == 1 else own}; keepdims=True keeps it broadcastable against the rows)"
+            if own
+            else ""
+        )
+        raise _refuse(node, f"it reduces the batch axis {axis}", axis, fix)
     if node.attrs.get("keepdims", False):
         return axis
     return axis - sum(1 for x in reduced if x < axis)

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import gc
 import inspect
+import os
+import sys
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -175,7 +178,7 @@ class _Trace:
         if target is not None:
             return self.write(op, tuple(args), attrs, shape, dtype, target)
         base = self.nodes[args[0]].base if view else index
-        self.nodes.append(Node(op.name, tuple(args), dict(attrs), shape, dtype, base))
+        self.nodes.append(Node(op.name, tuple(args), dict(attrs), shape, dtype, base, site=_site()))
         return self.symbol(index)
 
     def write(
@@ -196,9 +199,26 @@ class _Trace:
                 f"the caller's data. Write 'y = x + ...' instead of 'x += ...'"
             )
         index = len(self.nodes)
-        self.nodes.append(Node(op.name, args, dict(attrs), target.shape, target.dtype, base, out=target.node))
+        node = Node(op.name, args, dict(attrs), target.shape, target.dtype, base, out=target.node, site=_site())
+        self.nodes.append(node)
         target.node = index  # the Python name now means the written value
         return target
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_NUMPY = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
+
+
+def _site() -> tuple[str, int] | None:
+    """The (file, line) of the user's code that made the op being recorded: the first caller outside
+    schedsvc and NumPy.  (Tracing only: a replay never records.)"""
+    frame: types.FrameType | None = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_PACKAGE) or path.startswith(_NUMPY)):
+            return path, frame.f_lineno
+        frame = frame.f_back
+    return None
 
 
 def trace(

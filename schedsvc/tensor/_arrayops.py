@@ -139,8 +139,7 @@ class ArrayOps:
         if op is None or method != "__call__":
             call = name if method == "__call__" else f"{name}.{method}"
             raise TypeError(
-                f"np.{call} is not queued on Tensors (only ufunc calls with one output are); "
-                f"use eng.submit(np.{call}, ...) and await the result"
+                f"np.{call} is not queued on Tensors (only ufunc calls with one output are); {instead(call)}"
             )
         out = kwargs.pop("out", None)
         attrs: dict[str, Any] = {}
@@ -150,7 +149,7 @@ class ArrayOps:
         if kwargs:
             raise TypeError(
                 f"np.{name}(..., {', '.join(kwargs)}=...) is not supported on Tensors "
-                "(out= and dtype= are); use eng.submit"
+                f"(out= and dtype= are); {instead(name)}"
             )
         if out is None:
             return apply(op, inputs, attrs)
@@ -165,7 +164,7 @@ class ArrayOps:
             name = f"{module}.{getattr(func, '__name__', repr(func))}".removeprefix("np.")
             raise TypeError(
                 f"np.{name} is not queued on Tensors; supported: {', '.join(sorted(_FUNCTION_NAMES))} "
-                f"and every one-output ufunc. Use eng.submit(np.{name}, ...) instead."
+                f"and every one-output ufunc; {instead(name)}"
             )
         return handler(*args, **kwargs)
 
@@ -317,8 +316,7 @@ def _basic_index(index: Any) -> Any:
             )
         raise TypeError(
             f"Tensor indexing takes ints, slices, None and '...'; got {type(item).__name__}. "
-            "Advanced (array or boolean) indexing depends on data: use eng.submit(np.take, t, idx) "
-            "or await the array"
+            f"Advanced (array or boolean) indexing depends on data: {instead('take', 't, idx')}"
         )
     if isinstance(index, tuple):
         return tuple(int(i) if isinstance(i, np.integer) else i for i in index)
@@ -350,10 +348,22 @@ def apply(op: Op, operands: Sequence[Any], attrs: dict[str, Any], target: Any = 
 # -- NumPy functions ---------------------------------------------------------------------
 
 
+def instead(name: str, args: str = "...") -> str:
+    """What to do instead of ``np.<name>``, which Tensors do not queue: where it was called from decides."""
+    if ACTIVE[0] and tracing.depth:  # inside a compiled function, which cannot submit
+        return (
+            "inside a compiled function, compose it of operations Tensors queue, or call it outside: "
+            f"await the compiled call, then eng.submit(np.{name}, {args}) on its result"
+        )
+    return f"use eng.submit(np.{name}, {args}) and await the result"
+
+
 def _no(name: str, **given: Any) -> None:
     bad = [k for k, v in given.items() if v is not None and v is not np._NoValue]
+    if bad == ["out"]:
+        raise TypeError(f"np.{name}(..., out=...) is not supported on Tensors; assign its result: y = np.{name}(...)")
     if bad:
-        raise TypeError(f"np.{name}(..., {', '.join(bad)}=...) is not supported on Tensors; use eng.submit")
+        raise TypeError(f"np.{name}(..., {', '.join(bad)}=...) is not supported on Tensors; {instead(name)}")
 
 
 def _np_extremum(name: str) -> Callable[..., Any]:
@@ -404,7 +414,7 @@ def _np_stack(arrays: Sequence[Any], axis: int = 0, out: Any = None, **rest: Any
 def _np_where(condition: Any, *xy: Any) -> Any:
     if len(xy) != 2:
         raise TypeError(
-            "np.where(condition) (one argument) depends on data; use np.where(c, x, y) or eng.submit"
+            f"np.where(condition) (one argument) depends on data; use np.where(c, x, y), or {instead('where')}"
         )
     return apply(OPS["where"], (condition, *xy), {})
 
@@ -427,6 +437,34 @@ def _np_reshape(a: Any, shape: Any = None, order: str = "C", **rest: Any) -> Any
 
 def _np_transpose(a: Any, axes: Any = None) -> Any:
     return apply(OPS["transpose"], (a,), {"axes": None if axes is None else tuple(axes)})
+
+
+def _np_norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:
+    """np.linalg.norm of vectors, composed of queued ops: along ``axis`` (an int), or of all the values
+    (``axis=None``, ``ord=None``: the Frobenius norm of a matrix); matrix norms are refused."""
+    if isinstance(axis, list):
+        axis = tuple(axis)
+    vector = isinstance(axis, int | np.integer) or (axis is None and (ord is None or len(x.shape) == 1))
+    if not vector or (isinstance(axis, tuple) and len(axis) != 1):
+        raise TypeError(
+            f"np.linalg.norm(..., ord={ord!r}, axis={axis!r}) of a matrix is not queued on Tensors (norms of "
+            f"vectors are: an int axis, or ord=None); {instead('linalg.norm')}"
+        )
+    if not np.issubdtype(x.dtype, np.inexact):
+        x = x.astype(np.float64)  # as NumPy does
+    size = abs(x) if np.issubdtype(x.dtype, np.complexfloating) else x
+    if ord is None or ord == 2:
+        return np.sqrt((size * size).sum(axis=axis, keepdims=keepdims))
+    size = abs(size)
+    if ord == 1:
+        return size.sum(axis=axis, keepdims=keepdims)
+    if ord == np.inf:
+        return size.max(axis=axis, keepdims=keepdims)
+    if ord == -np.inf:
+        return size.min(axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return (size != 0).astype(size.dtype).sum(axis=axis, keepdims=keepdims)
+    return ((size**ord).sum(axis=axis, keepdims=keepdims)) ** (1.0 / ord)
 
 
 _FUNCTIONS: dict[Any, Callable[..., Any]] = {
@@ -452,5 +490,6 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     np.ndim: lambda a: len(a.shape),
     np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
     np.copy: lambda a, order="K", subok=False: apply(OPS["copy"], (a,), {}),
+    np.linalg.norm: _np_norm,
 }
-_FUNCTION_NAMES = frozenset(f.__name__ for f in _FUNCTIONS)
+_FUNCTION_NAMES = frozenset(f"linalg.{f.__name__}" if f is np.linalg.norm else f.__name__ for f in _FUNCTIONS)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeAlias
 
 import numpy as np
 
@@ -276,6 +276,31 @@ class Tensor(ArrayOps, Future[Array]):
         return f"{head}, {self.state if settled else 'writing'})"
 
     __str__ = __repr__
+
+
+#: the names other array libraries give what a Tensor does its own way, and the way
+_ELSEWHERE = {
+    "numpy": "'await t' gives the NumPy array (t.wait_to_read() on a thread that is not the event loop's)",
+    "cpu": "t.to('cpu') is the Tensor on the host; 'await t' gives the NumPy array",
+    "cuda": "t.to('cuda:0') is the Tensor on that GPU",
+    "get": "'await t' gives the array (CuPy's .get(): await t.to('cpu') for NumPy from a GPU)",
+    "block_until_ready": "'await t' waits for it (t.wait_to_read() on a thread that is not the event loop's)",
+    "detach": "a Tensor has no gradient to detach from; use it as it is",
+}
+
+
+def _no_attribute(name: str, hint: str) -> property:
+    """A name Tensor lacks that another library has: AttributeError with the way to do it here
+    (``hasattr`` stays False; a property, not ``__getattr__``, so other failed lookups cost nothing more)."""
+
+    def refuse(self: Tensor) -> NoReturn:
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}: {hint}")
+
+    return property(refuse)
+
+
+for _name, _hint in _ELSEWHERE.items():
+    setattr(Tensor, _name, _no_attribute(_name, _hint))
 
 
 def _operand(obj: Any, op: Op) -> tuple[Any, Any, Port | None]:

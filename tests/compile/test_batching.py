@@ -235,6 +235,7 @@ ALLOWED: list[tuple[str, Callable[[Any], Any]]] = [
     ("concatenate along axis 1", lambda x: np.concatenate([x, np.sin(x)], axis=1)),
     ("stack along axis 1", lambda x: np.stack([x, x * 2], axis=1)),
     ("a constant of one row", lambda x: x + np.arange(6.0)[None, :]),
+    ("each row over its norm", lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)),
 ]
 
 
@@ -282,6 +283,30 @@ async def test_row_mixing_functions_raise_batch_error_at_the_first_call(
         for word in named:
             assert word in str(info.value), f"{word!r} not in: {info.value}"
         assert eng.stats().submitted == 0
+
+
+async def test_a_norm_over_the_batch_axis_says_the_rows_mix_which_axis_to_reduce_and_where(
+    anyio_backend: str,
+) -> None:
+    async with engine() as eng:
+        f = eng.compile(lambda x: x / np.linalg.norm(x, axis=0), batch_axis=0)  # the line the message shows
+        with pytest.raises(ss.BatchError) as info:
+            f(rows(2))
+    message = str(info.value)
+    assert "mix the rows of different callers" in message
+    assert "reduce only each row's own axes (axis=1;" in message
+    assert "test_batching.py:" in message and "np.linalg.norm(x, axis=0)" in message
+    assert "eng.submit" not in message
+
+
+async def test_a_numpy_function_tensors_do_not_queue_is_advised_for_inside_a_compiled_function(
+    anyio_backend: str,
+) -> None:
+    async with engine() as eng:
+        f = eng.compile(lambda x: np.linalg.svd(x)[1])
+        with pytest.raises(TypeError, match="inside a compiled function, compose it of operations") as info:
+            await f(rows(2))
+        assert "await the compiled call, then eng.submit(np.linalg.svd, ...) on its result" in str(info.value)
 
 
 async def test_an_output_that_does_not_depend_on_the_rows_is_refused(anyio_backend: str) -> None:

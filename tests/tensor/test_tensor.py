@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import re
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -555,9 +556,11 @@ async def test_metadata_is_known_while_pending(engine: ss.Engine) -> None:
 
 async def test_unsupported_calls_raise_type_errors(engine: ss.Engine) -> None:
     t = engine.asarray(np.arange(6.0))
-    with pytest.raises(TypeError, match=r"eng\.submit") as info:
-        np.linalg.norm(t)
+    with pytest.raises(TypeError, match=r"use eng\.submit\(np\.linalg\.svd, \.\.\.\) and await") as info:
+        np.linalg.svd(t)
     assert "concatenate" in str(info.value)  # it lists what is supported
+    with pytest.raises(TypeError, match=r"np\.sum\(\.\.\., out=\.\.\.\).*assign its result"):
+        np.sum(t, out=np.zeros(()))
     with pytest.raises(TypeError):
         np.add(t, 1, where=np.ones(6, bool))
     with pytest.raises(TypeError):
@@ -570,6 +573,44 @@ async def test_unsupported_calls_raise_type_errors(engine: ss.Engine) -> None:
         with pytest.raises(TypeError):
             t[index]
     np.testing.assert_array_equal(await within(t[1::2]), [1.0, 3.0, 5.0])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.complex128])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"keepdims": True}, {"axis": 0}, {"axis": -1, "keepdims": True}, {"ord": 1, "axis": 1}]
+    + [{"ord": np.inf, "axis": 0}, {"ord": -np.inf, "axis": 1}, {"ord": 0, "axis": 1}, {"ord": 3, "axis": 1}],
+)
+async def test_vector_norms_are_queued_as_numpy_computes_them(
+    engine: ss.Engine, dtype: Any, options: dict[str, Any]
+) -> None:
+    values = np.arange(-5, 7).reshape(3, 4) * (1 + 1j if dtype is np.complex128 else 1)
+    a = values.astype(dtype)
+    want = np.linalg.norm(a, **options)
+    got = await within(np.linalg.norm(engine.asarray(a), **options))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert (got.shape, got.dtype) == (np.shape(want), np.asarray(want).dtype)
+
+
+async def test_matrix_norms_are_refused_with_what_to_do(engine: ss.Engine) -> None:
+    t = engine.asarray(np.ones((2, 2)))
+    for options in ({"ord": 2}, {"axis": (0, 1)}, {"ord": "fro", "axis": (0, 1)}):
+        with pytest.raises(TypeError, match=r"of a matrix is not queued.*eng\.submit\(np\.linalg\.norm"):
+            np.linalg.norm(t, **options)
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [("numpy", "'await t' gives the NumPy array"), ("cpu", "t.to('cpu')"), ("get", "'await t' gives the array")]
+    + [("block_until_ready", "'await t' waits"), ("cuda", "t.to('cuda:0')"), ("detach", "a Tensor has no gradient")],
+)
+async def test_other_libraries_names_for_a_tensors_value_say_how_it_is_done_here(
+    engine: ss.Engine, name: str, hint: str
+) -> None:
+    t = engine.asarray(np.ones(3))
+    assert not hasattr(t, name)  # duck typing on these names is not fooled
+    with pytest.raises(AttributeError, match=f"'Tensor' object has no attribute '{name}': {re.escape(hint)}"):
+        getattr(t, name)
 
 
 # -- engines -------------------------------------------------------------------------------------------------
