@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import sys
@@ -28,6 +29,7 @@ from ._asyncdef import async_generator_function, refused_while_tracing
 from ._errors import EngineClosed, InvalidTask, QueueFull
 from ._future import Future
 from ._lifecycle import STARTED, finish, watch_loop_end
+from ._logging import ENGINE, settings, tally
 from ._options import given, refuse_taken
 from ._port import LOOP_CLOSED, Port
 from ._runtime import NOW, QUEUE, is_cancellation
@@ -50,6 +52,7 @@ R = TypeVar("R")
 
 _JOIN_TIMEOUT_S = 30.0
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, how long a close waits for running tasks before saying so
+_log = logging.getLogger(ENGINE)
 
 
 class Engine:
@@ -90,6 +93,7 @@ class Engine:
         await port.start(None if self.config.trace_path is None else Timeline(self.config.trace_path))
         STARTED.add(port)  # for a fork: the child's copy refuses work
         port.loop_watch = watch_loop_end(port)
+        _log.info("engine started: %s", settings(self.config))
         return self
 
     async def aclose(self, *, cancel_pending: bool = False) -> None:
@@ -121,6 +125,8 @@ class Engine:
                 self._write_life_trace()
             if stuck:
                 warnings.warn(f"schedsvc: threads still running after close: {stuck}", RuntimeWarning, 2)
+            if _log.isEnabledFor(logging.INFO):
+                _log.info("engine closed: %s", tally(self.stats()))
         finally:
             port.state = "closed"
             self._closing.set()

@@ -31,7 +31,9 @@ Its pieces, each usable alone::
 - ``exception_handlers()`` maps ``ss.QueueFull`` (the engine is at its limits) and ``ss.EngineClosed`` (it is
   shutting down) to ``503 Service Unavailable`` with a ``Retry-After`` header, and a request whose client
   left (``ClientDisconnect``) to a 499 that nobody receives, instead of a 500 in the server's log; pass it as
-  ``exception_handlers=``, or call ``add_exception_handlers(app)``.
+  ``exception_handlers=``, or call ``add_exception_handlers(app)``.  Each 503 is a warning on the
+  ``schedsvc.serving`` logger, with the request and why: the first at once, then at most one a minute that
+  counts the others, so a flood of refusals is a few lines in the server's log, not one per request.
 - ``while_connected(request, call)`` awaits an engine future (or any awaitable) while it watches the
   request's connection: when the client goes away first, the call is cancelled -- one that has not started
   never runs, and a batched call leaves its batch -- and ``ClientDisconnect`` is raised.
@@ -43,6 +45,7 @@ Starlette is imported by this module only: ``import schedsvc`` never imports it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, cast
@@ -50,6 +53,7 @@ from typing import Any, TypeVar, cast
 import anyio
 
 from . import Config, Engine, EngineClosed, Future, QueueFull, SchedsvcError
+from ._logging import SERVING, Throttled
 
 try:
     from starlette.applications import Starlette
@@ -80,6 +84,8 @@ RETRY_AFTER_S = 1
 CLIENT_CLOSED_REQUEST = 499
 
 Handler = Callable[[Request, Exception], Coroutine[Any, Any, Response]]
+
+_log = logging.getLogger(SERVING)
 
 
 def lifespan(
@@ -131,16 +137,24 @@ def get_engine(request: Request) -> Engine:
 
 def exception_handlers(*, retry_after: int = RETRY_AFTER_S) -> dict[Any, Handler]:
     """Handlers for ``exception_handlers=``: ``QueueFull`` and ``EngineClosed`` are 503s with
-    ``Retry-After: <retry_after>`` (seconds), ``ClientDisconnect`` a 499 that no one receives."""
+    ``Retry-After: <retry_after>`` (seconds), ``ClientDisconnect`` a 499 that no one receives.
+
+    The 503s are logged on ``schedsvc.serving`` at WARNING, at most one record a minute of each kind
+    (the first at once; the next says how many were not logged)."""
     if type(retry_after) is not int or retry_after < 0:
         raise ValueError(f"retry_after must be a whole number of seconds, 0 or more; got {retry_after!r}")
     headers = {"Retry-After": str(retry_after)}
+    busy_log, closing_log = Throttled(_log), Throttled(_log)
 
     async def busy(request: Request, exc: Exception) -> Response:
+        busy_log.warning(
+            "503 to %s %s, Retry-After %d s: %s", request.method, request.url.path, retry_after, exc
+        )
         detail = f"the service is busy: retry after {retry_after} s"
         return JSONResponse({"detail": detail}, 503, headers=headers)
 
     async def closing(request: Request, exc: Exception) -> Response:
+        closing_log.warning("503 to %s %s, the engine is closing: %s", request.method, request.url.path, exc)
         detail = "the service is shutting down: retry on another instance, or after it restarts"
         return JSONResponse({"detail": detail}, 503, headers=headers)
 

@@ -4,6 +4,8 @@ client leaves (driven through ASGI by hand, on asyncio and trio)."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import subprocess
 import sys
 import threading
@@ -176,6 +178,68 @@ async def test_the_handlers_serve_fastapi_too() -> None:
     responses = await status_of(app)
     assert responses["/full"].status_code == 503
     assert responses["/full"].headers["Retry-After"] == str(serving.RETRY_AFTER_S) == "1"
+
+
+async def test_a_flood_of_503s_is_one_warning_then_a_count(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each kind of 503 is logged on schedsvc.serving with the request and why, once; the 503s after it are
+    counted into the next record, one interval later -- not one record per request."""
+    from schedsvc import _logging
+
+    caplog.set_level(logging.DEBUG, logger="schedsvc")
+    monkeypatch.setattr(_logging, "INTERVAL_S", math.inf)  # (no interval passes during the test)
+    app = Starlette(
+        routes=[Route(path, raising(exc)) for path, exc in ERRORS.items()],
+        exception_handlers=serving.exception_handlers(retry_after=7),
+    )
+    for _ in range(5):
+        responses = await status_of(app)
+        assert responses["/full"].status_code == responses["/closed"].status_code == 503
+    records = [r for r in caplog.records if r.name.startswith("schedsvc")]
+    assert [(r.name, r.levelno) for r in records] == [("schedsvc.serving", logging.WARNING)] * 2
+    busy, closing = (r.getMessage() for r in records)
+    assert busy == "503 to GET /full, Retry-After 7 s: at the limits"
+    assert closing == "503 to GET /closed, the engine is closing: closing"
+    monkeypatch.setattr(_logging, "INTERVAL_S", 0.0)  # the interval has passed
+    await status_of(app)
+    counted = [r.getMessage() for r in caplog.records if r.name.startswith("schedsvc")][2:]
+    assert len(counted) == 2
+    assert all("(and 4 more like it in the " in said for said in counted), counted
+
+
+async def test_a_503_from_an_engine_at_its_limits_is_logged_with_its_limits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """End to end: a held worker and max_pending=1; a second request is refused, a 503, and the warning
+    names the limit that was full."""
+    import httpx
+
+    caplog.set_level(logging.WARNING, logger="schedsvc.serving")
+    gate = Gate()
+
+    async def hold(request: Request) -> JSONResponse:
+        await within(serving.get_engine(request).submit_nowait(gate.hold()))  # QueueFull at the limits
+        return JSONResponse({"ok": True})
+
+    app = Starlette(
+        routes=[Route("/hold", hold, methods=["POST"])],
+        lifespan=serving.lifespan(ss.Config(max_pending=1, **HELD)),
+        exception_handlers=serving.exception_handlers(),
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://service") as client,
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(client.post, "/hold")
+        await gate.wait_started(1)
+        refused = await within(client.post("/hold"))
+        gate.open()
+    assert refused.status_code == 503
+    (record,) = (r for r in caplog.records if r.name == "schedsvc.serving")
+    assert record.getMessage().startswith("503 to POST /hold, Retry-After 1 s: engine at its limits (")
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "1", True])

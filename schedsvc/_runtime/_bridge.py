@@ -371,14 +371,17 @@ def fire(watcher: Any, task: Task | None) -> None:
 
 
 def report(exc: BaseException, message: str) -> None:
-    """An error nobody can be raised to: to asyncio's exception handler, or else the ``schedsvc`` logger."""
+    """An error nobody can be raised to: to asyncio's exception handler, or else the ``schedsvc.engine``
+    logger."""
     loop = asyncio._get_running_loop()
     if loop is not None:
         loop.call_exception_handler({"message": message, "exception": exc})
     else:
         import logging  # (only for an error nobody can be raised to)
 
-        logging.getLogger("schedsvc").error(message, exc_info=exc)
+        from .._logging import ENGINE
+
+        logging.getLogger(ENGINE).error(message, exc_info=exc)
 
 
 def settle(token: Any, error: BaseException | None = None) -> None:

@@ -56,6 +56,7 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
 from .._future import Future
+from .._logging import COMPILE, Throttled
 from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, scan
 from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor, order_after
@@ -81,7 +82,7 @@ HANDOFF_US = 10.0
 #: a call of one row whose replay is faster than this, µs, runs inline in the call: cheaper than the hand-off
 #: even with the call's own bookkeeping (at most ``Config.inline_threshold_us``, whose 0 turns this off)
 INLINE_US = 3.0
-_log = logging.getLogger("schedsvc.compile")
+_log = logging.getLogger(COMPILE)
 #: the engine's batch counts are added to from every worker
 _counts_lock = threading.Lock()
 
@@ -161,6 +162,7 @@ class Batched(Generic[P]):
         self._told_inline = False
         self.row_s = 0.0  # the fastest of the first replays of one row on the host, seconds (0: none yet)
         self._told_cheap = False
+        self._splits = Throttled(_log)
         self.batches = 0
         self.rows = 0
         self.batch_sizes: dict[int, int] = {}
@@ -476,6 +478,19 @@ class Batched(Generic[P]):
                 seconds * 1e6,
                 HANDOFF_US,
             )
+
+    def split(self, calls: int, errors: list[BaseException]) -> None:
+        """A batch of ``calls`` calls raised and was split: ``errors``, those of the calls that failed alone."""
+        first = errors[0]
+        self._splits.warning(
+            "%r: a batch of %d calls raised, and was split to give each caller its own outcome: %d of the "
+            "calls failed alone (the first: %s: %s), the others ran",
+            self,
+            calls,
+            len(errors),
+            type(first).__name__,
+            first,
+        )
 
     def count(self, rows: int) -> None:
         """One replay of ``rows`` callers' rows gave its callers their outcomes."""

@@ -36,6 +36,7 @@ same CuPy calls on the same values.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import BatchError
+from .._logging import COMPILE
 from ..devices import CudaApi, binding_of
 from ..tensor import OPS
 from ._graph import Graph, Node, Ref, emit
@@ -52,13 +54,14 @@ __all__ = ["CudaReplay", "GraphCounts", "batch_replay"]
 #: ops that only make a view (no kernel): a run of nothing else is not captured
 _VIEWS = frozenset({"transpose", "getitem"})
 _BASIC = (int, slice, type(None), type(Ellipsis))
+_log = logging.getLogger(COMPILE)
 
 
 class GraphCounts:
     """A compiled function's replays on cuda devices: graphs captured, replays as graphs and as stream
     replays, and why capture is off (``Compiled.stats()``)."""
 
-    __slots__ = ("graph_replays", "graphs", "lock", "stream_replays", "why_not")
+    __slots__ = ("graph_replays", "graphs", "lock", "stream_replays", "told", "why_not")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -66,6 +69,7 @@ class GraphCounts:
         self.graph_replays = 0
         self.stream_replays = 0
         self.why_not: str | None = None
+        self.told: set[str] = set()  # the reasons logged (once each)
 
     def stats(self) -> dict[str, int]:
         with self.lock:
@@ -112,13 +116,18 @@ class CudaReplay:
     def give_up(self, why: str) -> None:
         """Capture is off for this signature from now on."""
         self.why_not = why
-        self.note(why)
+        self.note(why, "replays without CUDA graphs, as CuPy calls on its stream")
 
-    def note(self, why: str) -> None:
-        """Say why (some of) its ops are not in its graphs (``Compiled.capture_off``), if nothing was said."""
+    def note(self, why: str, what: str = "runs some of its ops between its CUDA graphs") -> None:
+        """Say why (some of) its ops are not in its graphs (``Compiled.capture_off``), if nothing was said;
+        log it once (a fallback that costs launches)."""
         with self.counts.lock:
             if self.counts.why_not is None:
                 self.counts.why_not = why
+            new = why not in self.counts.told
+            self.counts.told.add(why)
+        if new:
+            _log.warning("compiled function %s %s: %s", self.graph.name, what, why)
 
     def plan_with(self, gemm: Any) -> list[tuple[str, list[int]]]:
         """The plan of the ops when a capture can hold matrix products (``gemm``, a function) or not (its

@@ -82,6 +82,10 @@ class Planner(Protocol):
         """A replay of one row on the host took ``seconds``."""
         ...
 
+    def split(self, calls: int, errors: list[BaseException]) -> None:
+        """A batch of ``calls`` calls raised and was split: ``errors``, those of the calls that failed alone."""
+        ...
+
 
 #: replays of one row timed, the first of them twice (``Group._timed``): the fastest is the row's cost
 _ROW_TIMINGS = 3
@@ -188,6 +192,8 @@ class Group:
         rows = [self.weight(t) for t in tasks]
         runs: list[int] = []
         outcomes = self.outcomes(args, rows, runs)
+        if len(runs) > 1:
+            self._told_split(outcomes)
         return outcomes, self._described(tasks, rows, runs)
 
     def launch(
@@ -197,7 +203,15 @@ class Group:
         rows = [self.weight(t) for t in tasks]
         runs: list[int] = []
         outcomes = self.outcomes(args, rows, runs, staging)
+        if len(runs) > 1:
+            self._told_split(outcomes)
         return outcomes, self._described(tasks, rows, runs)
+
+    def _told_split(self, outcomes: list[tuple[Any, BaseException | None]]) -> None:
+        """The calls ran in parts: if some failed, the batch was split because it raised."""
+        errors = [error for _, error in outcomes if error is not None]
+        if errors:
+            self.batched.split(len(outcomes), errors)
 
     def _described(self, tasks: list[Task], rows: list[int], runs: list[int]) -> dict[str, Any]:
         return {

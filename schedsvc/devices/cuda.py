@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -56,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import DeviceError, InvalidTask, MemoryLimitError
+from .._logging import DEVICES_CUDA, Throttled
 from .._runtime import (
     SCALAR_TYPES,
     Copies,
@@ -82,6 +84,7 @@ _ndarray = np.ndarray
 
 
 _OOM_WAIT_S = 30.0  # the longest an allocation that failed waits for the device's work in flight
+_log = logging.getLogger(DEVICES_CUDA)
 
 
 class _NotLaunched(Exception):
@@ -126,6 +129,7 @@ class CudaDevice(Device):
         self.flying: dict[Task, Flight] = {}  # launched, not complete (read by the launching thread)
         self.completions = threading.Condition(threading.Lock())  # an OOM retry waits on it
         self.oom_waiting = 0  # launches waiting on it (under its lock): only then is it notified
+        self.oom_retries, self.oom_failures = Throttled(_log), Throttled(_log)  # (warnings)
         self.translate = _translation(api.xp)
         # (streams are made on their device without making it current: the opening thread -- the
         # user's event loop -- keeps its own current device)
@@ -244,6 +248,13 @@ class CudaDevice(Device):
     def _retry(self, task: Task, first: _LaunchFailed) -> Next | None:
         """On the device's thread: ``task`` ran out of device memory; wait for the work in flight on the
         device to complete, then launch it again, once."""
+        self.oom_retries.warning(
+            "%s ran out of device memory launching %s (%s): it waits for the work in flight on it to "
+            "complete, then retries once",
+            self.name,
+            task.label,
+            first.error,
+        )
         first.track.push(Flight(None, first.track, first.event, None, first.held, first.t0))
         with self.completions:
             self.oom_waiting += 1
@@ -294,6 +305,7 @@ class CudaDevice(Device):
             "you keep, or raise max_device_bytes"
         )
         error.__cause__ = exc
+        self.oom_failures.warning("%s", error)
         return error
 
     def pick(self, task: Task, parents: list[Flight]) -> Track:

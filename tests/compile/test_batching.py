@@ -5,6 +5,7 @@ stats, never from timing.  Every async test runs on asyncio and on trio (``anyio
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import warnings
 from collections.abc import Callable
@@ -671,6 +672,27 @@ async def test_an_error_in_a_batch_fails_only_the_caller_whose_rows_raise_it(any
             assert_same_bits(await within(calls[i]), np.log(xs[i]))
             assert calls[i].exception() is None
         assert_same_bits(await within(f(np.ones((2, F)))), np.zeros((2, F)))  # the engine keeps serving
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # so NumPy's invalid-value warning raises at replay
+async def test_a_batch_split_after_an_error_is_one_warning_on_schedsvc_compile(
+    anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Splitting replays the batch in parts: said once per batch (not per part, nor per caller)."""
+    caplog.set_level(logging.DEBUG, logger="schedsvc")
+    async with engine() as eng:
+        f = eng.compile(np.log, batch_axis=0, max_batch=8)
+        signs = [1.0, -1.0, 2.0, 3.0, -1.0]  # -1 has no log
+        async with occupied(eng, 1):
+            calls = [f(np.full((1, F), sign)) for sign in signs]
+        for call in calls:
+            await within(call.wait())
+        assert [c.exception() is not None for c in calls] == [False, True, False, False, True]
+    (split,) = [r for r in caplog.records if "split" in r.getMessage()]
+    assert (split.name, split.levelno) == ("schedsvc.compile", logging.WARNING)
+    said = split.getMessage()
+    assert "a batch of 5 calls raised, and was split to give each caller its own outcome" in said
+    assert "2 of the calls failed alone (the first: RuntimeWarning: " in said
 
 
 # -- cancellation -------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ graph whose capture's memory went back to the shared pool.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,6 +101,30 @@ async def test_without_a_capturable_gemm_the_products_run_between_the_graphs_and
         assert (
             "between the graphs" in compiled.capture_off and "not usable here (test)" in compiled.capture_off
         )
+
+
+async def test_a_capture_fallback_is_one_warning_on_schedsvc_compile_per_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Products split off (no capturable gemm), and a function that returns its argument (no graph at
+    all): each said once, however many replays and streams, with the reason ``capture_off`` gives."""
+    caplog.set_level(logging.DEBUG, logger="schedsvc.compile")
+    api = type(cuda_api())
+    monkeypatch.setattr(api, "capture_gemm", lambda self, device: "cuBLAS's C API is not usable here (test)")
+    async with cuda_engine(streams_per_device=2) as eng:
+        weights = _mlp_args(eng)
+        x = eng.asarray(_rows(1), device=DEVICE)
+        split = eng.compile(_mlp)
+        same = eng.compile(lambda x: (x, x + 1.0))
+        for _ in range(4):
+            await _value(split(x, *weights))
+            await _value(same(x)[1])
+    said = [r for r in caplog.records if r.name == "schedsvc.compile"]
+    assert [r.levelno for r in said] == [logging.WARNING] * 2, [r.getMessage() for r in said]
+    assert {r.getMessage() for r in said} == {
+        f"compiled function mlp runs some of its ops between its CUDA graphs: {split.capture_off}",
+        f"compiled function lambda replays without CUDA graphs, as CuPy calls on its stream: {same.capture_off}",
+    }
 
 
 async def test_a_product_the_captured_gemm_does_not_take_runs_between_the_graphs() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import threading
 from collections.abc import Iterator
@@ -833,6 +834,31 @@ async def test_allocation_failing_twice_fails_the_task_with_sizes_and_the_engine
         await within(held)
         again = await eng.submit(np.multiply, x, 4.0, device="cuda:0")
         np.testing.assert_array_equal(host(await within(again)), np.arange(4.0) * 4)
+
+
+@simulator_only
+async def test_out_of_device_memory_is_a_warning_on_schedsvc_devices_cuda(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The retry is said, and so is the task's failure when the retry runs out of memory too."""
+    caplog.set_level(logging.DEBUG, logger="schedsvc.devices")
+    gate = StreamGate()
+    async with cuda_engine() as eng:
+        x = await within(await eng.submit(np.arange, 4.0, device="cuda:0"))
+        held = await eng.submit(gate.hold, x, device="cuda:0")
+        await gate.wait_reached()
+        sim().fail_allocations(2)
+        doomed = await eng.submit(np.multiply, x, 3.0, device="cuda:0", name="doomed")
+        gate.open()
+        with pytest.raises(ss.MemoryLimitError) as info:
+            await within(doomed)
+        await within(held)
+    retry, failure = (r for r in caplog.records if r.name.startswith("schedsvc"))
+    assert (retry.name, retry.levelno) == ("schedsvc.devices.cuda", logging.WARNING)
+    assert retry.getMessage().startswith("cuda:0 ran out of device memory launching doomed (")
+    assert retry.getMessage().endswith("it waits for the work in flight on it to complete, then retries once")
+    assert (failure.name, failure.levelno) == ("schedsvc.devices.cuda", logging.WARNING)
+    assert failure.getMessage() == str(info.value)
 
 
 @simulator_only
