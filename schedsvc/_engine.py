@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
@@ -329,8 +329,7 @@ class Engine:
             refuse_taken(fn, "eng.map", {"device": device, **options} if device is not None else options)
         return pipeline(self, self._port, fn, source, max_inflight, ordered, device, options)
 
-    @contextlib.contextmanager
-    def trace(self, path: str | os.PathLike[str], *, max_spans: int = 2_000_000) -> Iterator[Timeline]:
+    def trace(self, path: str | os.PathLike[str], *, max_spans: int = 2_000_000) -> Recording:
         """Record what runs inside the block; write it to ``path`` as Chrome trace JSON at the end.
 
         Open the file in https://ui.perfetto.dev or ``chrome://tracing``: a
@@ -339,19 +338,12 @@ class Engine:
         dependency edges, and counter tracks of pending tasks and bytes.  Tasks that finish inside the block are
         recorded: await the work (``await eng.waitall()``) before leaving it.
         Spans past ``max_spans`` are counted, not kept (about 100 bytes each).
+        The block is ``with`` or ``async with``, alike.
         A path whose directory is missing or not writable raises
         ``FileNotFoundError`` or ``PermissionError`` here, before recording
         (a directory: ``IsADirectoryError``; an empty path or ``max_spans < 1``: ``ValueError``).
         """
-        port = self._port
-        port.running()
-        timeline = Timeline(path, max_spans)
-        port.attach(timeline)
-        try:
-            yield timeline
-        finally:
-            port.detach()
-            timeline.write()
+        return Recording(self._port, path, max_spans)
 
     def stats(self) -> Stats:
         """A snapshot of the counters."""
@@ -539,6 +531,31 @@ class Engine:
 
     def __repr__(self) -> str:
         return self._port.describe()
+
+
+class Recording:
+    """The block of ``eng.trace(path)``, ``with`` or ``async with``: records a timeline, written at its end."""
+
+    def __init__(self, port: Port, path: str | os.PathLike[str], max_spans: int) -> None:
+        self._port = port
+        self._args = (path, max_spans)
+
+    def __enter__(self) -> Timeline:
+        port = self._port
+        port.running()
+        timeline = self._timeline = Timeline(*self._args)
+        port.attach(timeline)
+        return timeline
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._port.detach()
+        self._timeline.write()
+
+    async def __aenter__(self) -> Timeline:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__()
 
 
 async def _say_what_close_waits_for(port: Port) -> None:

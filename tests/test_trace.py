@@ -141,6 +141,16 @@ async def test_a_parent_finished_before_its_child_was_submitted_still_has_its_ar
     assert before.seq not in by_task
 
 
+async def test_the_trace_block_is_async_with_as_well(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    async with ss.Engine(cpu_workers=1) as eng:
+        async with eng.trace(path) as timeline:
+            a = await eng.submit(np.ones, 4)
+            await within(a)
+        assert timeline.path == str(path)
+    assert [s["args"]["task"] for s in spans(load(path))] == [a.seq]
+
+
 async def test_tracks_are_the_threads_that_ran_tasks(tmp_path: Path) -> None:
     """Two tasks held at once run on two workers: two tracks, named after the workers."""
     path = tmp_path / "run.json"
