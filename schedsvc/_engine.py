@@ -20,7 +20,7 @@ import warnings
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Sequence
 from threading import get_ident
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 import anyio
 import numpy as np
@@ -36,19 +36,27 @@ from ._runtime import NOW, QUEUE, is_cancellation
 from ._submission import NO_WRITES, PLAIN, build_task
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
+from ._typing import as_run, as_submit, as_submit_nowait
 from ._validate import check_fn, refuse_submit_while_tracing
 from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
     from ._config import Config
     from ._executor import EngineExecutor
+    from ._typing import BatchOptions, CompileOptions
     from .compile import Batched, Compiled
+    from .tensor import Array
 
 __all__ = ["Engine", "check_fn"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
+A1 = TypeVar("A1")
+A2 = TypeVar("A2")
+A3 = TypeVar("A3")
+A4 = TypeVar("A4")
+Tensors = TypeVar("Tensors", bound=tuple[Tensor, ...])
 
 _JOIN_TIMEOUT_S = 30.0
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, how long a close waits for running tasks before saying so
@@ -166,6 +174,8 @@ class Engine:
 
     # -- submitting ------------------------------------------------------------
 
+    # as_submit: type checkers check a call against fn's parameters (_typing.Submit's overloads)
+    @as_submit
     @refused_while_tracing(refuse_submit_while_tracing)  # at the call: a coroutine not awaited never checks
     async def submit(
         self,
@@ -210,6 +220,7 @@ class Engine:
             await port.admission(task, token)
         return task
 
+    @as_submit_nowait
     def submit_nowait(
         self,
         fn: Callable[..., T],
@@ -265,6 +276,7 @@ class Engine:
 
         return EngineExecutor(self, device, priority)
 
+    @as_run
     async def run(self, fn: Callable[..., T], /, *args: Any, **options: Any) -> T:
         """Submit a task and return its result (options and keywords as ``submit``: an option ``fn`` declares
         too is refused; ``functools.partial`` gives it to ``fn``)."""
@@ -449,29 +461,46 @@ class Engine:
             attrs["dtype"] = np.dtype(dtype)
         return create(self._port, "arange", device, **attrs)
 
+    # what a call gives at run time: a Tensor for a Tensor (or NumPy array) returned, a tuple or list of
+    # Tensors for a tuple or list; a batched call, a BatchCall of NumPy arrays the same way
     @overload
     def compile(
-        self,
-        fn: Callable[P, R],
-        *,
-        batch_axis: None = None,
-        max_signatures: int = 64,
-        name: str | None = None,
-    ) -> Compiled[P, R]: ...
+        self, fn: Callable[P, Tensor | Array], *, batch_axis: None = None, **options: Unpack[CompileOptions]
+    ) -> Compiled[P, Tensor]: ...
+
+    @overload
+    def compile(
+        self, fn: Callable[P, Tensors], *, batch_axis: None = None, **options: Unpack[CompileOptions]
+    ) -> Compiled[P, Tensors]: ...
 
     @overload
     def compile(
         self,
-        fn: Callable[P, Any],
+        fn: Callable[P, tuple[Tensor | Array, ...]],
         *,
-        batch_axis: int,
-        max_batch: int = 256,
-        max_delay: float | None = None,
-        batched: Sequence[int | str] | None = None,
-        exact: bool = False,
-        max_signatures: int = 64,
-        name: str | None = None,
-    ) -> Batched[P]: ...
+        batch_axis: None = None,
+        **options: Unpack[CompileOptions],
+    ) -> Compiled[P, tuple[Tensor, ...]]: ...
+
+    @overload
+    def compile(
+        self, fn: Callable[P, list[Any]], *, batch_axis: None = None, **options: Unpack[CompileOptions]
+    ) -> Compiled[P, list[Tensor]]: ...
+
+    @overload
+    def compile(
+        self, fn: Callable[P, Tensor | Array], *, batch_axis: int, **options: Unpack[BatchOptions]
+    ) -> Batched[P, Array]: ...
+
+    @overload
+    def compile(
+        self, fn: Callable[P, tuple[Tensor | Array, ...]], *, batch_axis: int, **options: Unpack[BatchOptions]
+    ) -> Batched[P, tuple[Array, ...]]: ...
+
+    @overload
+    def compile(
+        self, fn: Callable[P, list[Any]], *, batch_axis: int, **options: Unpack[BatchOptions]
+    ) -> Batched[P, list[Array]]: ...
 
     def compile(
         self,
@@ -484,7 +513,7 @@ class Engine:
         exact: bool = False,
         max_signatures: int = 64,
         name: str | None = None,
-    ) -> Compiled[..., Any] | Batched[...]:
+    ) -> Compiled[..., Any] | Batched[..., Any]:
         """Compile ``fn`` (array code on Tensors) the way ``hybridize`` does: trace once, replay fused.
 
         The first call with a signature (the shapes, dtypes and devices of the

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._core import FINAL_STATES
 from ._errors import EngineClosed, QueueFull, SchedsvcError
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["EngineExecutor", "ExecutorFuture", "executor"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
 
@@ -237,7 +238,7 @@ class EngineExecutor(concurrent.futures.Executor):
         self._live: set[ExecutorFuture[Any]] | None = set()  # returned and not final (shutdown waits)
         self._loop_thread: _LoopThread | None = None  # ss.executor(): the loop its engine runs on
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> ExecutorFuture[T]:
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> ExecutorFuture[T]:
         """Run ``fn(*args, **kwargs)`` as a task; a concurrent.futures.Future of its result.
 
         Every keyword goes to ``fn``, ``name=`` and ``priority=`` included: the

@@ -16,12 +16,18 @@ if TYPE_CHECKING:
 
     from ._port import Port
 
+    # a type checker sees an asyncio future (asyncio.wait, gather and as_completed take it); at run time it
+    # is not one, it speaks the protocol (asyncio.isfuture)
+    _AsyncioFuture = asyncio.Future
+else:
+    _AsyncioFuture = Generic
+
 __all__ = ["Future"]
 
 T = TypeVar("T")
 
 
-class Future(Task, Generic[T]):
+class Future(Task, _AsyncioFuture[T]):  # type: ignore[misc]  # (disjoint bases: only for the type checker)
     """The result of a submitted task; pass it to another task to depend on it.
 
     ``await fut`` returns the value or raises the task's exception.  A
@@ -37,7 +43,8 @@ class Future(Task, Generic[T]):
 
     It is an asyncio future as well (``asyncio.isfuture(fut)``; on a Dask engine, whose values
     are fetched from the cluster by ``await``, an awaitable): ``asyncio.wait``,
-    ``as_completed``, ``wait_for``, ``shield`` and ``gather`` take it as it is.
+    ``as_completed``, ``wait_for``, ``shield`` and ``gather`` take it as it is
+    (type checkers see an ``asyncio.Future[T]``).
     ``get_loop()`` is the engine's loop (from a coroutine on another loop:
     that one), and callbacks added through ``add_done_callback`` run on that
     loop's thread, never on a worker.  (A Tensor is awaitable, not an asyncio
@@ -205,7 +212,7 @@ class Future(Task, Generic[T]):
             raise RuntimeError(f"{self!r} belongs to an engine running under trio, which has no asyncio loop")
         return loop
 
-    @property
+    @property  # type: ignore[override]  # (None, unlike an asyncio future's bool: asyncio reads it so)
     def _asyncio_future_blocking(self) -> bool | None:
         """asyncio's protocol: True only while a coroutine yields this future to its Task to wait on.
 
@@ -217,7 +224,7 @@ class Future(Task, Generic[T]):
         return getattr(self, "_blocking", False)  # (unset until asyncio sets it: no cost per task)
 
     @_asyncio_future_blocking.setter
-    def _asyncio_future_blocking(self, value: bool | None) -> None:
+    def _asyncio_future_blocking(self, value: bool) -> None:
         self._blocking = value
 
     def _outcome(self) -> T:

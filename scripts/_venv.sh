@@ -6,5 +6,7 @@ install_into_venv() {
         "$py" -m venv .venv
     fi
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".$1"
+    # strict: a tree of links to the package's files, which mypy finds (it cannot see through the import
+    # hook of setuptools' default editable install); a module added later needs this install again
+    .venv/bin/python -m pip install --quiet -e ".$1" --config-settings editable_mode=strict
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -21,13 +21,17 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchCall", "Deferred", "check_exact"]
 
+R = TypeVar("R")
 
-class BatchCall(Future[Any]):
+
+class BatchCall(Future[R]):
     """One call of a batched compiled function: a task of its own, ``await call`` gives the caller's rows.
 
     It is an ``ss.Future``: ``result(timeout)`` from other threads, ``cancel()``
     (before it runs), ``exception()``, ``add_done_callback`` and passing it to
-    other tasks work as for any task.
+    other tasks work as for any task.  For type checkers, ``BatchCall[R]``
+    gives ``R``: an ``np.ndarray`` of the caller's rows, or a tuple or list of
+    them, as the function returns a Tensor, a tuple or a list.
     """
 
     __slots__ = ("fusion", "number", "rows")
@@ -59,7 +63,7 @@ class BatchCall(Future[Any]):
         self.fusion = group
         self.rows = rows
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, R]:
         """The caller's rows.  On the engine's loop a call of one array waits on a future of that loop
         put on the list of waiters the call was made with: no lock and no hand-over of staged work (the
         calls of this turn of the loop are handed to the workers together at its end, as one batch)."""
@@ -92,7 +96,7 @@ class Deferred:
 
     __slots__ = ("batched",)
 
-    def __init__(self, batched: Batched[...]) -> None:
+    def __init__(self, batched: Batched[..., Any]) -> None:
         self.batched = batched
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

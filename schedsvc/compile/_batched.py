@@ -49,7 +49,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -88,9 +88,10 @@ _counts_lock = threading.Lock()
 
 
 P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class Batched(Generic[P]):
+class Batched(Generic[P, R]):
     """A compiled function whose calls that are ready together run as one: ``await fn(x)`` gives the
     caller's rows.
 
@@ -102,6 +103,10 @@ class Batched(Generic[P]):
     row's largest value; float64: about 1e-15); ``exact=True`` gives the lone
     call's bits, computing matmuls (and other ops NumPy rounds by layout) per
     caller.
+
+    For type checkers, ``Batched[P, R]`` takes the function's parameters ``P``
+    and its calls are ``BatchCall[R]``: ``await`` gives ``R``, an ``np.ndarray``
+    (or a tuple or list of them, as the function returns).
     """
 
     def __init__(
@@ -180,7 +185,7 @@ class Batched(Generic[P]):
 
     # -- calls -------------------------------------------------------------------------
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> BatchCall:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> BatchCall[R]:
         """Admit the call now as a task of its own; the ``BatchCall`` to await.
 
         At the engine's limits it raises ``QueueFull`` (``await fn.submit(...)``
@@ -202,7 +207,7 @@ class Batched(Generic[P]):
             raise QueueFull(port.full_message(call, "await fn.submit(...)"))
         return call
 
-    async def submit(self, *args: P.args, **kwargs: P.kwargs) -> BatchCall:
+    async def submit(self, *args: P.args, **kwargs: P.kwargs) -> BatchCall[R]:
         """Admit the call, waiting (first come first served) while the engine is at its limits."""
         tid = get_ident()
         port = self._port
@@ -212,7 +217,7 @@ class Batched(Generic[P]):
             await port.admission(call, token)
         return call
 
-    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall:
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall[Any]:
         """The call's task (not admitted yet); a key's first call proves the function's rows apart."""
         if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
             x = args[0]
@@ -257,7 +262,7 @@ class Batched(Generic[P]):
             )
         return device
 
-    def _rows_call(self, x: np.ndarray, tid: int, inline: bool) -> BatchCall:
+    def _rows_call(self, x: np.ndarray, tid: int, inline: bool) -> BatchCall[Any]:
         """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: one buffer
         read and no dependencies, for which ``order_after`` adds nothing (the core's hazard on the buffer
         still orders it after the writes queued to that memory, a Tensor's included).  With ``inline``
@@ -284,7 +289,7 @@ class Batched(Generic[P]):
             self._inline(call, group.lone, x)
         return call
 
-    def _inline(self, call: BatchCall, plan: Plan, x: np.ndarray) -> None:
+    def _inline(self, call: BatchCall[Any], plan: Plan, x: np.ndarray) -> None:
         """Run ``call``, of one row, here and now: its replay (``plan``) is faster than handing it to a
         worker would be.  Unless the engine is at its limits (then the door says what happens) or a write
         is queued to its row (then it runs after it, on a worker)."""
@@ -309,7 +314,7 @@ class Batched(Generic[P]):
                 self.inline_s * 1e6,
             )
 
-    def _task(self, group: Group, values: list[Any], rows: int, tid: int) -> BatchCall:
+    def _task(self, group: Group, values: list[Any], rows: int, tid: int) -> BatchCall[Any]:
         """A call's task: it reads its arrays, and depends on its Tensors and the writes queued to them."""
         memory: dict[int, int] = {}
         others = []
@@ -329,7 +334,7 @@ class Batched(Generic[P]):
         call.fusion, call.rows, call.after = group, rows, after
         return call
 
-    def _deferred_task(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall:
+    def _deferred_task(self, args: tuple[Any, ...], kwargs: dict[str, Any], tid: int) -> BatchCall[Any]:
         """A call with pending Future arguments: it runs alone once they are there."""
         deps, buffers = scan(args, kwargs, (), ())
         deps, after = self._own(deps, buffers, kwargs)
@@ -355,10 +360,10 @@ class Batched(Generic[P]):
         deps: tuple[Any, ...],
         tid: int,
         device: str | None = None,
-    ) -> BatchCall:
+    ) -> BatchCall[Any]:
         """A call's task: on ``device`` (one with memory of its own), else on the engine's host device."""
         port = self._port
-        call = BatchCall(port, fn, args, kwargs, device or port.host_device, buffers, deps)
+        call: BatchCall[Any] = BatchCall(port, fn, args, kwargs, device or port.host_device, buffers, deps)
         call.out_bytes, call.name = nbytes, self._label
         call.number = self.calls = next(self._numbers)
         return call

@@ -236,7 +236,7 @@ def _alias(arrays: Sequence[Any], source: int | None) -> tuple[Tensor | None, tu
 
 
 P = ParamSpec("P")
-R = TypeVar("R")
+R = TypeVar("R", covariant=True)  # (a Compiled of a tuple of Tensors is one of a tuple[Tensor, ...])
 
 
 def _refuse_submit_while_tracing(compiled: Compiled[..., Any], *args: Any, **kwargs: Any) -> NoReturn:
@@ -253,8 +253,10 @@ class Compiled(Generic[P, R]):
     runnable Compiled back without the Python source.
 
     For type checkers, ``Compiled[P, R]`` takes the function's parameters ``P``
-    and gives what it returns, ``R`` (a ``Tensor``: ``await mlp(x)`` is then an
-    ``np.ndarray``); a loaded one is ``Compiled[..., Any]``.
+    and gives what a call gives, ``R``: a ``Tensor`` for a function that returns
+    a Tensor or an ``np.ndarray`` (``await mlp(x)`` is then an ``np.ndarray``),
+    a tuple or list of Tensors for one that returns a tuple or list; a loaded
+    one is ``Compiled[..., Any]``.
     """
 
     def __init__(

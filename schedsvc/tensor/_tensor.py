@@ -69,7 +69,7 @@ def check_writeable(what: str, target: Tensor) -> None:
         )
 
 
-class Tensor(ArrayOps, Future[Array]):
+class Tensor(ArrayOps, Future[Array]):  # type: ignore[misc]  # (iterating gives rows, not asyncio's __iter__)
     """A lazily computed array on an engine device; ``await t`` gives the array.
 
     ``shape``, ``dtype``, ``nbytes`` and ``device`` are known at once.
@@ -99,7 +99,7 @@ class Tensor(ArrayOps, Future[Array]):
     #: this when it is imported, so that this module does not import it back)
     _queue_op: ClassVar[Callable[..., Tensor]]
 
-    @property
+    @property  # type: ignore[override]  # (None: not an asyncio future at run time)
     def _asyncio_future_blocking(self) -> bool | None:
         """None: not an asyncio future (``asyncio.isfuture`` says), for ``await t`` also waits for the writes
         to its memory queued after it, which ``result()`` does not; asyncio's functions await it in a task."""

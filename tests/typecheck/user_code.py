@@ -54,8 +54,10 @@ async def main(eng: ss.Engine) -> None:
     reveal_type(await mlp.submit(x, w))  # Tensor
     reveal_type(ss.load("mlp.json", eng))  # Compiled[..., Any]
     rows = eng.compile(layer, batch_axis=0)
-    reveal_type(rows)  # Batched[[x: Tensor, w: Tensor]]
-    reveal_type(rows(x, w))  # BatchCall
+    reveal_type(rows)  # Batched[[x: Tensor, w: Tensor], ndarray[Any, Any]]
+    reveal_type(rows(x, w))  # BatchCall[ndarray[Any, Any]]
+    reveal_type(await rows(x, w))  # ndarray[Any, Any]
+    reveal_type(await rows.submit(x, w))  # BatchCall[ndarray[Any, Any]]
 
     fut = await eng.submit(square, 3)
     reveal_type(fut)  # Future[int]

@@ -1,0 +1,258 @@
+"""Types for type checkers: the keywords ``eng.submit`` and ``eng.compile`` take for themselves, what an
+argument of a task may be, and the signatures of ``submit``, ``submit_nowait`` and ``run`` (overloads, given
+to the methods by ``as_submit``, ``as_submit_nowait`` and ``as_run``, which change nothing at run time).
+
+An argument that is a Future (a Tensor, a ``concurrent.futures.Future`` of ``eng.executor()``) is a
+dependency: the function gets its value.  So a function of a ``float`` takes a ``float`` or a future of
+one, or of an ``int`` (``Arg[float]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeAlias, TypedDict, TypeVar, Unpack, overload
+
+if TYPE_CHECKING:
+    from ._future import Future
+
+__all__ = [
+    "Arg",
+    "BatchOptions",
+    "CompileOptions",
+    "Pending",
+    "Run",
+    "Submit",
+    "SubmitNowait",
+    "SubmitOptions",
+    "as_run",
+    "as_submit",
+    "as_submit_nowait",
+]
+
+V = TypeVar("V")
+V_co = TypeVar("V_co", covariant=True)
+T = TypeVar("T")
+P = ParamSpec("P")
+A1 = TypeVar("A1")
+A2 = TypeVar("A2")
+A3 = TypeVar("A3")
+A4 = TypeVar("A4")
+
+
+class Pending(Protocol[V_co]):
+    """A future whose value a task takes (an ``ss.Future``, a Tensor, a ``concurrent.futures.Future``).
+
+    A protocol, not ``Future[V]``: futures are invariant, and a future of an ``int`` fits a ``float``.
+    """
+
+    def result(self, timeout: float | None = None) -> V_co: ...
+
+
+#: a task's argument: the value the function takes, or a future of it
+Arg: TypeAlias = V | Pending[V]
+
+
+class SubmitOptions(TypedDict, total=False):
+    """``eng.submit``'s own keywords (``_options.OPTIONS``)."""
+
+    device: str | None
+    priority: int
+    name: str | None
+    reads: Any
+    writes: Any
+    nbytes: int | None
+
+
+class CompileOptions(TypedDict, total=False):
+    """``eng.compile``'s keywords besides ``batch_axis``."""
+
+    max_signatures: int
+    name: str | None
+
+
+class BatchOptions(CompileOptions, total=False):
+    """``eng.compile``'s keywords with ``batch_axis``."""
+
+    max_batch: int
+    max_delay: float | None
+    batched: Sequence[int | str] | None
+    exact: bool
+
+
+class Submit(Protocol):
+    """``eng.submit``'s signatures.  A call of up to four positional arguments is checked against
+    ``fn``'s parameters, each argument fitting by its type or as a future of it (a dependency), options
+    too; one giving ``fn``'s keywords, by the last overload (ParamSpec).  PEP 612 allows no keyword
+    between ``*args: P.args`` and ``**kwargs: P.kwargs``: a call giving ``fn``'s keywords and an option
+    matches the overload that requires that option, and is not checked further."""
+
+    @overload
+    async def __call__(self, fn: Callable[[], T], /, **options: Unpack[SubmitOptions]) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[[A1], T], a1: Arg[A1], /, **options: Unpack[SubmitOptions]
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[[A1, A2], T], a1: Arg[A1], a2: Arg[A2], /, **options: Unpack[SubmitOptions]
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self,
+        fn: Callable[[A1, A2, A3], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        /,
+        **options: Unpack[SubmitOptions],
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self,
+        fn: Callable[[A1, A2, A3, A4], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        a4: Arg[A4],
+        /,
+        **options: Unpack[SubmitOptions],
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[..., T], /, *args: Any, device: str | None, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[..., T], /, *args: Any, priority: int, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[..., T], /, *args: Any, name: str | None, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(self, fn: Callable[..., T], /, *args: Any, reads: Any, **kwargs: Any) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[..., T], /, *args: Any, writes: Any, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[..., T], /, *args: Any, nbytes: int | None, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]: ...
+
+
+class SubmitNowait(Protocol):
+    """``eng.submit_nowait``'s signatures: ``fn``'s arguments checked (see ``Submit``)."""
+
+    @overload
+    def __call__(self, fn: Callable[[], T], /, **options: Unpack[SubmitOptions]) -> Future[T]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[A1], T], a1: Arg[A1], /, **options: Unpack[SubmitOptions]
+    ) -> Future[T]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[A1, A2], T], a1: Arg[A1], a2: Arg[A2], /, **options: Unpack[SubmitOptions]
+    ) -> Future[T]: ...
+    @overload
+    def __call__(
+        self,
+        fn: Callable[[A1, A2, A3], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        /,
+        **options: Unpack[SubmitOptions],
+    ) -> Future[T]: ...
+    @overload
+    def __call__(
+        self,
+        fn: Callable[[A1, A2, A3, A4], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        a4: Arg[A4],
+        /,
+        **options: Unpack[SubmitOptions],
+    ) -> Future[T]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[..., T], /, *args: Any, device: str | None, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    def __call__(self, fn: Callable[..., T], /, *args: Any, priority: int, **kwargs: Any) -> Future[T]: ...
+    @overload
+    def __call__(self, fn: Callable[..., T], /, *args: Any, name: str | None, **kwargs: Any) -> Future[T]: ...
+    @overload
+    def __call__(self, fn: Callable[..., T], /, *args: Any, reads: Any, **kwargs: Any) -> Future[T]: ...
+    @overload
+    def __call__(self, fn: Callable[..., T], /, *args: Any, writes: Any, **kwargs: Any) -> Future[T]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[..., T], /, *args: Any, nbytes: int | None, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]: ...
+
+
+class Run(Protocol):
+    """``eng.run``'s signatures: ``fn``'s arguments checked (see ``Submit``)."""
+
+    @overload
+    async def __call__(self, fn: Callable[[], T], /, **options: Unpack[SubmitOptions]) -> T: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[[A1], T], a1: Arg[A1], /, **options: Unpack[SubmitOptions]
+    ) -> T: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[[A1, A2], T], a1: Arg[A1], a2: Arg[A2], /, **options: Unpack[SubmitOptions]
+    ) -> T: ...
+    @overload
+    async def __call__(
+        self,
+        fn: Callable[[A1, A2, A3], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        /,
+        **options: Unpack[SubmitOptions],
+    ) -> T: ...
+    @overload
+    async def __call__(
+        self,
+        fn: Callable[[A1, A2, A3, A4], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        a4: Arg[A4],
+        /,
+        **options: Unpack[SubmitOptions],
+    ) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[..., T], /, *args: Any, device: str | None, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[..., T], /, *args: Any, priority: int, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[..., T], /, *args: Any, name: str | None, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[..., T], /, *args: Any, reads: Any, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[..., T], /, *args: Any, writes: Any, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[..., T], /, *args: Any, nbytes: int | None, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+
+def _same(fn: Any) -> Any:
+    return fn
+
+
+#: decorators of ``Engine.submit``, ``submit_nowait`` and ``run``: typed by their overloads above (the
+#: methods' own signatures are what they take at run time, and what their bodies are checked against)
+as_submit: Callable[[Callable[..., Any]], Submit] = _same
+as_submit_nowait: Callable[[Callable[..., Any]], SubmitNowait] = _same
+as_run: Callable[[Callable[..., Any]], Run] = _same
