@@ -60,6 +60,19 @@ def _byte_size(value: Any) -> Any:
     return value.strip()
 
 
+def byte_count(value: int | float | str) -> int:
+    """``value`` in bytes, read as the settings read sizes (``16777216``, ``"16MiB"``, ``"2 GB"``).
+
+    Raises ValueError saying what to write when ``value`` is not a size.
+    """
+    from pydantic import TypeAdapter
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(_byte_size(value)))
+    except ValidationError as exc:  # a negative count, or an unknown unit ("64parsecs")
+        raise ValueError(f"{value!r} is not a byte size; {_WRITE_BYTES}") from exc
+
+
 def _whole(value: int | float, how: str) -> int:
     """An int, or a float that is a whole number (``1e9`` from TOML); anything else is refused."""
     if isinstance(value, float):

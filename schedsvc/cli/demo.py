@@ -6,7 +6,7 @@ computation, automatic parallelism, memory under a flooded queue, hybridize,
 profiling, and CPU/GPU overlap; it also advises running a model a minibatch at
 a time, which dynamic batching does for concurrent one-row calls.  Each row of
 the table is an experiment of schedsvc's that measures one of them with
-schedsvc as the engine.  This module holds all of it, in three parts:
+schedsvc as the engine.  This module holds all of it, in four parts:
 
 - the experiments: each a coroutine ``fn(sizes) -> (figures, checks)``;
   ``figures`` are measured quantities (times, ratios, sizes, counts; all
@@ -16,7 +16,14 @@ schedsvc as the engine.  This module holds all of it, in three parts:
   is computed from their medians: ``DERIVED``).  The GPU experiments run
   only where the engine can run ``cuda`` tasks; elsewhere they are reported as
   skipped, with the reason the engine gives.  Nothing there prints.
-- the table: a ``Row`` per claim, saying how to show its experiment's figures.
+- the verdicts: a ``Target`` per claim, the figure that bears it out and the
+  value it must reach (a claim that one way is faster needs ``FASTER``, 1.1x);
+  ``judge`` says met or missed, and ``verdict_text`` says so with what may have
+  swayed it: runs on both sides of the target, or, for a missed timing, a
+  machine whose load average as the runs began was ``LOADED_SHARE`` of its
+  cores or more.
+- the table: a ``Row`` per claim, saying how to show its experiment's figures
+  and the ``Target`` that judges them.
 - the command: ``register`` and ``run``, and ``main``, which measures, prints
   the table (or the JSON) and writes the JSON report.
 """
@@ -37,12 +44,13 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 import schedsvc as ss
 
+from ..devices import engine_cores
 from ._common import (
     Figures,
     MiB,
@@ -55,6 +63,7 @@ from ._common import (
     has_rich,
     make_mlp,
     median_figures,
+    meets,
     mlp_weights,
     one_blas_thread,
     output_problem,
@@ -69,17 +78,24 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
+    "AT_ONCE",
     "EXPERIMENTS",
+    "FASTER",
     "FULL",
     "GPU_EXPERIMENTS",
+    "LOADED_SHARE",
     "QUICK",
     "SECTIONS",
     "Sizes",
+    "Target",
     "gpu_unavailable",
+    "judge",
+    "loaded",
     "main",
     "measure",
     "register",
     "run",
+    "verdict_text",
 ]
 
 Checks = dict[str, Any]
@@ -626,6 +642,7 @@ def measure(
 ) -> dict[str, Any]:
     """Every experiment ``reps`` times, interleaved; medians of the figures, checks of the last run."""
     t0 = time.perf_counter()
+    load_before = load_now()  # before the runs add their own load
     skips = _skips()
     todo = dict(EXPERIMENTS) | {k: fn for k, (fn, _) in GPU_EXPERIMENTS.items() if k not in skips}
     samples: dict[str, list[Result]] = {key: [] for key in todo}
@@ -643,6 +660,7 @@ def measure(
         "blas_threads": 1,
         "experiments": experiments,
         "wall_s": time.perf_counter() - t0,
+        "load": {"before": load_before, "after": load_now(), "cores": engine_cores()},
     }
 
 
@@ -668,6 +686,105 @@ def _summary(results: list[Result]) -> dict[str, Any]:
     return {"status": "measured", "figures": figures, "range": spread, "checks": results[-1][1]}
 
 
+# -- verdicts: does a row's measurement bear the book's claim out? ------------------------------------------
+
+#: A claim that one way is faster is met at this speed-up or more: less is within the run-to-run noise of
+#: these experiments (and a claim that something cannot be made faster is met below it).
+FASTER = 1.1
+#: A claim that a call returns at once is met when the result takes at least this many times as long.
+AT_ONCE = 2.0
+#: A machine is loaded when its 1-minute load average, as the runs begin, is at least this share of the
+#: cores the process may use: other work holds half of them, and timings (speed-ups most) suffer.
+LOADED_SHARE = 0.5
+
+Quantity = Callable[[Figures, Checks], float]
+_SIGNS = {">=": "≥", "<=": "≤"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """When a row's figures bear the book's claim out: ``value op target``, and each of ``holds`` true."""
+
+    what: str  # the value in words: "speed-up"
+    value: str | Quantity  # a figure (or check) of the experiment, or how to compute the value
+    op: Literal[">=", "<="]
+    target: float | Quantity
+    unit: str = "x"
+    target_words: str = ""  # what a computed target is: "the bound plus a batch"
+    timed: bool = True  # a timing, which a loaded machine or noisy runs can sway
+    holds: tuple[tuple[str, str], ...] = ()  # (a check that must be true, what it means when it is not)
+
+
+def judge(
+    target: Target, figures: Figures, checks: Checks, spread: dict[str, list[float]] | None = None
+) -> dict[str, Any]:
+    """Met or missed: the value and the target, the checks that failed, and the range of the value over the
+    runs where they fall on both sides of the target (None otherwise)."""
+    value = _quantity(target.value, figures, checks)
+    goal = float(target.target(figures, checks)) if callable(target.target) else float(target.target)
+    failed = [words for check, words in target.holds if not checks.get(check)]
+    runs = (spread or {}).get(target.value) if isinstance(target.value, str) else None
+    astride = runs is not None and meets(runs[0], target.op, goal) != meets(runs[1], target.op, goal)
+    return {
+        "met": not failed and meets(value, target.op, goal),
+        "value": value,
+        "target": goal,
+        "failed": failed,
+        "astride": list(runs) if astride and runs is not None else None,
+    }
+
+
+def _quantity(value: str | Quantity, figures: Figures, checks: Checks) -> float:
+    if callable(value):
+        return float(value(figures, checks))
+    return float(figures[value] if value in figures else checks[value])
+
+
+def loaded(load: dict[str, Any]) -> bool:
+    """Was the machine loaded as the runs began (see ``LOADED_SHARE``)?"""
+    before = load.get("before")
+    return before is not None and before >= LOADED_SHARE * load["cores"]
+
+
+def verdict_text(target: Target, judged: dict[str, Any], load: dict[str, Any]) -> str:
+    """The verdict in words, with what may have swayed it: 'missed: speed-up 0.94x, the claim needs ≥ 1.1x
+    — the machine was loaded: load average 3.1 on 2 cores'."""
+    sign, v = _SIGNS[target.op], _amount(judged["value"], target.unit)
+    t = _amount(judged["target"], target.unit, exact=not callable(target.target))
+    of = f" ({target.target_words})" if target.target_words else ""
+    if judged["failed"]:
+        text = "missed: " + "; ".join(judged["failed"])
+    elif judged["met"]:
+        text = f"met: {target.what} {v} {sign} {t}{of}"
+    else:
+        text = f"missed: {target.what} {v}, the claim needs {sign} {t}{of}"
+    notes = []
+    if judged["astride"] is not None:
+        low, high = (_amount(x, target.unit) for x in judged["astride"])
+        notes.append(f"noisy: the runs ranged {low} to {high}, on both sides of {t}")
+    if target.timed and not judged["met"] and loaded(load):
+        notes.append(f"the machine was loaded: load average {load['before']:.1f} on {_cores(load['cores'])}")
+    return text + (" — " + "; ".join(notes) if notes else "")
+
+
+def _amount(x: float, unit: str, exact: bool = False) -> str:
+    """A value with its unit; ``exact``: a target given as a number, shown as given (1.1x, not 1.10x)."""
+    number = f"{x:,.0f}" if float(x).is_integer() else f"{x:g}" if exact else _n(x)
+    return f"{number}{unit}" if unit in ("x", "") else f"{number} {unit}"
+
+
+def _cores(n: int) -> str:
+    return "1 core" if n == 1 else f"{n} cores"
+
+
+def load_now() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
 # -- the table: a row per claim of the book ---------------------------------------------------------------
 
 
@@ -684,6 +801,7 @@ class Row:
     label: str  # formatted with s=Sizes
     claim: str
     measured: Fmt
+    target: Target | None = None  # when the measurement bears the claim out (None: no verdict)
 
 
 def _n(x: float) -> str:
@@ -834,6 +952,13 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "The frontend only puts the work in the backend's queue and returns; it waits "
                 "when it needs the result (print c).",
                 _show_queued,
+                Target(
+                    "result time / submit time",
+                    "result_over_submit",
+                    ">=",
+                    AT_ONCE,
+                    holds=(("equals_numpy", "the result differs from NumPy's"),),
+                ),
             ),
             Row(
                 "loop",
@@ -841,6 +966,7 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "Synchronous 3.56 s, asynchronous 1.05 s for 1,000 ops (TensorFlow): not waiting "
                 "for each op is faster.",
                 _show_loop,
+                Target("speed-up", "awaited_over_queued", ">=", FASTER),
             ),
             Row(
                 "loop",
@@ -848,6 +974,14 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "Per op, t1 to queue, t2 to compute, t3 to return: N(t1+t2+t3) synchronously, "
                 "t1 + N·t2 + t3 asynchronously (if N·t2 > (N-1)·t1).",
                 _show_cost,
+                Target(
+                    "N·t2",
+                    lambda f, c: c["ops"] * f["queued_t2_us"] / 1e3,
+                    ">=",
+                    lambda f, c: (c["ops"] - 1) * f["queued_t1_us"] / 1e3,
+                    unit="ms",
+                    target_words="N-1 times t1",
+                ),
             ),
         ],
     ),
@@ -860,12 +994,14 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "The backend sees no dependency between them and runs them in parallel "
                 "(BLAS held at 1 thread here, so the speed-up is the engine's).",
                 _show_speedup("independent"),
+                Target("speed-up", "independent_speedup", ">=", FASTER),
             ),
             Row(
                 "parallel",
                 "a chain of {s.dots} np.dot",
                 "Operations that depend on each other cannot be parallelised.",
                 _show_speedup("chain"),
+                Target("speed-up", "chain_speedup", "<=", FASTER),
             ),
         ],
     ),
@@ -878,6 +1014,7 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "With no sync point, the frontend hands the backend many batches at once, "
                 "which can take much more memory.",
                 _show_memory("unbounded"),
+                Target("peak / the bounded run's", "unbounded_over_bounded_peak", ">=", 2, timed=False),
             ),
             Row(
                 "memory",
@@ -885,12 +1022,30 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "Do not hand the backend too many tasks at once. (Here await submit waits for room, "
                 "with no sync point in the loop.)",
                 _show_memory("bounded"),
+                Target(
+                    "peak",
+                    "bounded_peak_mib",
+                    "<=",
+                    lambda f, c: f["bound_mib"] + f["batch_mib"],
+                    unit="MiB",
+                    target_words="the bound plus a batch",
+                    timed=False,
+                ),
             ),
             Row(
                 "memory",
                 "the same, awaited once per batch",
                 "Sync once per minibatch to keep the frontend and the backend in step.",
                 _show_memory("synced"),
+                Target(
+                    "peak",
+                    "synced_peak_mib",
+                    "<=",
+                    lambda f, c: 3 * f["batch_mib"],
+                    unit="MiB",
+                    target_words="three batches",
+                    timed=False,
+                ),
             ),
         ],
     ),
@@ -903,12 +1058,20 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "Eager 1.28 s, graph mode (tf.function) 0.58 s for 1,000 calls: hybridized, "
                 "the network runs faster.",
                 _show_mlp,
+                Target(
+                    "speed-up of compiled over eager",
+                    "eager_over_compiled",
+                    ">=",
+                    FASTER,
+                    holds=(("compiled_equals_eager", "the compiled results differ from the eager ones"),),
+                ),
             ),
             Row(
                 "fancy",
                 "fancy_func, {s.fancy_len} elements",
                 "Python runs add three times, one call after another; a compiled program runs as one.",
                 _show_fancy,
+                Target("tasks per compiled call", "compiled_tasks_per_call", "<=", 1, unit="", timed=False),
             ),
             Row(
                 "fancy",
@@ -916,12 +1079,22 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "A compiler sees the whole program: it can rewrite it as print((1 + 2) + (3 + 4)), "
                 "or even print(10).",
                 _show_folded,
+                Target("ops left after folding", "folded_kept_ops", "<=", 0, unit="", timed=False),
             ),
             Row(
                 "serialise",
                 "save and load the compiled MLP",
                 "A compiled model can be serialised (tf.saved_model) and run without the Python program.",
                 _show_serialise,
+                Target(
+                    "traces of the loaded graph",
+                    "loaded_traces",
+                    "<=",
+                    0,
+                    unit="",
+                    timed=False,
+                    holds=(("loaded_equals_compiled", "the loaded graph's result differs"),),
+                ),
             ),
         ],
     ),
@@ -934,6 +1107,13 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "Run the model a minibatch at a time (the book: one graph per minibatch), not a row "
                 "at a time.",
                 _show_batching,
+                Target(
+                    "speed-up over the loop",
+                    "loop_over_batched",
+                    ">=",
+                    FASTER,
+                    holds=(("batched_close_to_loop", "the batched rows differ from the loop's"),),
+                ),
             ),
         ],
     ),
@@ -945,6 +1125,15 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "eng.trace(): {s.trace_dots} dots, a join, a chain of {s.trace_chain}",
                 "Vendors' profilers show precisely where the time goes.",
                 _show_profile,
+                Target(
+                    "spans",
+                    "spans",
+                    ">=",
+                    lambda f, c: c["tasks"],
+                    unit="",
+                    target_words="one per task",
+                    timed=False,
+                ),
             ),
         ],
     ),
@@ -956,24 +1145,28 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "{s.gpu_randn} x ({s.gpu_randn_side}x{s.gpu_randn_side} randn, matmul) on the GPU",
                 "Queuing GPU work returns at once; the GPU finishes it later.",
                 _show_gpu_queued,
+                Target("finish time / queue time", "finish_over_queue", ">=", AT_ONCE),
             ),
             Row(
                 "cpu_gpu",
                 "CPU and GPU in parallel",
                 "The CPU and the GPU compute at the same time.",
                 _show_cpu_gpu,
+                Target("speed-up", "sum_over_both", ">=", FASTER),
             ),
             Row(
                 "copy_overlap",
                 "copies overlap compute",
                 "Copying results to the host while the GPU computes the next ones hides the copies.",
                 _show_copy_overlap,
+                Target("speed-up", "serial_over_overlapped", ">=", FASTER),
             ),
             Row(
                 "multi_gpu",
                 "{s.gpu_ops} products on 1 and 2 GPUs",
                 "Work spread over several GPUs runs in parallel.",
                 _show_multi_gpu,
+                Target("speed-up", "speedup", ">=", FASTER),
             ),
         ],
     ),
@@ -991,7 +1184,8 @@ def register(sub: Any) -> None:
         description="Run schedsvc's experiments on the claims of the 'Computational Performance' chapter of "
         "Dive into Deep Learning (asynchronous computation, automatic parallelism, memory under a flooded "
         "queue, hybridize, profiling, CPU/GPU overlap, and minibatches through dynamic batching), and print "
-        "what each measured on this machine beside the claim it tests.",
+        "what each measured on this machine beside the claim it tests, with a verdict: met or missed, and a note "
+        "when the machine was loaded or the runs were noisy.",
     )
     demo.add_argument("--reps", type=int, default=3, help="repetitions per experiment; medians shown (3)")
     demo.add_argument("--quick", action="store_true", help="small sizes: a quick look, in a few seconds")
@@ -1028,19 +1222,28 @@ def main(reps: int = 3, quick: bool = False, json_path: str | None = None) -> in
 
 
 def _with_rows(report: dict[str, Any], sizes: Sizes, quick: bool) -> dict[str, Any]:
-    """The report, plus each row as shown: section, label, status, the figures in words, the claim."""
+    """The report, plus each row as shown: section, label, status, the figures in words, the verdict on the
+    claim, the claim."""
     rows = []
     for title, section in SECTIONS:
         for row in section:
             result = report["experiments"][row.experiment]
-            entry = {"section": title, "experiment": row.experiment, "label": row.label.format(s=sizes)}
+            entry: dict[str, Any] = {"section": title, "experiment": row.experiment}
+            entry["label"] = row.label.format(s=sizes)
             entry["status"] = result["status"]
             if result["status"] == "measured":
                 entry["measured"] = row.measured(result["figures"], result["checks"], sizes)
+                if row.target is not None:
+                    entry["verdict"] = _verdict(row.target, result, report["load"])
             else:
                 entry["reason"] = result["reason"]
             rows.append(entry | {"claim": row.claim})
     return {"schedsvc": ss.__version__, "quick": quick} | report | {"rows": rows}
+
+
+def _verdict(target: Target, result: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
+    judged = judge(target, result["figures"], result["checks"], result["range"])
+    return {"met": judged["met"], "text": verdict_text(target, judged, load)}
 
 
 @contextlib.contextmanager
@@ -1081,27 +1284,55 @@ def _heading(report: dict[str, Any]) -> str:
 
 
 def _footer(report: dict[str, Any]) -> str:
-    return f"took {report['wall_s']:.1f} s; schedsvc demo --json PATH writes every figure"
+    verdicts = [r["verdict"]["met"] for r in report["rows"] if "verdict" in r]
+    load = report["load"]
+    loads = ", ".join(
+        f"{load[when]:.1f} {words}"
+        for when, words in (("before", "as the runs began"), ("after", "as they ended"))
+        if load[when] is not None
+    )
+    machine = f"load average {loads}, on {_cores(load['cores'])}" if loads else _cores(load["cores"])
+    return (
+        f"claims met: {sum(verdicts)} of {len(verdicts)} measured; {machine}"
+        f"{' (loaded)' if loaded(load) else ''}; took {report['wall_s']:.1f} s; "
+        "schedsvc demo --json PATH writes every figure"
+    )
 
 
-def _cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, str, str, bool]]]:
-    """A section's rows as cells (label, measured, claim, skipped?), and the notes said above them: a
-    reason that several rows are skipped for is said once, there."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Cell:
+    """A row as shown: its label, what was measured (or why not), the verdict, and the claim."""
+
+    label: str
+    measured: str
+    claim: str
+    skipped: bool
+    verdict: str | None = None
+    met: bool | None = None
+
+
+def _cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[_Cell]]:
+    """A section's rows as cells, and the notes said above them: a reason that several rows are skipped
+    for is said once, there."""
     reasons = [r["reason"] for r in rows if r["status"] != "measured"]
     shared = [reason for reason in dict.fromkeys(reasons) if reasons.count(reason) > 1]
     cells = []
     for row in rows:
+        verdict = row.get("verdict", {})
         if row["status"] == "measured":
             measured = row["measured"]
         elif row["reason"] in shared:
             measured = "skipped: see above"
         else:
             measured = f"skipped: {row['reason']}"
-        cells.append((row["label"], measured, row["claim"], row["status"] != "measured"))
+        skipped = row["status"] != "measured"
+        cells.append(
+            _Cell(row["label"], measured, row["claim"], skipped, verdict.get("text"), verdict.get("met"))
+        )
     return [f"skipped on this machine: {reason}" for reason in shared], cells
 
 
-def _sections(report: dict[str, Any]) -> Iterator[tuple[str, list[str], list[tuple[str, str, str, bool]]]]:
+def _sections(report: dict[str, Any]) -> Iterator[tuple[str, list[str], list[_Cell]]]:
     """Each section's title, notes and cells."""
     for title, _ in SECTIONS:
         yield title, *_cells([r for r in report["rows"] if r["section"] == title])
@@ -1125,8 +1356,8 @@ def _render(report: dict[str, Any]) -> None:
 
 
 def _plain(report: dict[str, Any]) -> str:
-    """The report as plain text (without rich): each row's label, then what was measured and what the
-    book says, indented, wrapped at 100 columns."""
+    """The report as plain text (without rich): each row's label, then what was measured, the verdict and
+    what the book says, indented, wrapped at 100 columns."""
     import textwrap
 
     def para(head: str, text: str) -> str:
@@ -1135,12 +1366,15 @@ def _plain(report: dict[str, Any]) -> str:
     lines = [textwrap.fill(_heading(report), 100)]
     for title, notes, cells in _sections(report):
         lines += ["", title.upper(), *(textwrap.fill(note, 100) for note in notes)]
-        for label, measured, claim, _ in cells:
-            lines += [label, para("    measured here: ", measured), para("    the book says: ", claim)]
-    return "\n".join([*lines, "", _footer(report)])
+        for cell in cells:
+            lines += [cell.label, para("    measured here: ", cell.measured)]
+            if cell.verdict is not None:
+                lines.append(para("    verdict:       ", cell.verdict))
+            lines.append(para("    the book says: ", cell.claim))
+    return "\n".join([*lines, "", textwrap.fill(_footer(report), 100)])
 
 
-def _table(cells: list[tuple[str, str, str, bool]], header: bool) -> Any:
+def _table(cells: list[_Cell], header: bool) -> Any:
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -1156,6 +1390,9 @@ def _table(cells: list[tuple[str, str, str, bool]], header: bool) -> Any:
     table.add_column("experiment", ratio=22, style="bold")
     table.add_column("measured here", ratio=45)
     table.add_column("the book says", ratio=33, style="dim")
-    for label, measured, claim, skipped in cells:
-        table.add_row(Text(label), Text(measured, style="yellow" if skipped else ""), Text(claim))
+    for cell in cells:
+        measured = Text(cell.measured, style="yellow" if cell.skipped else "")
+        if cell.verdict is not None:  # below the figures, coloured by the verdict
+            measured.append("\n" + cell.verdict, style="green" if cell.met else "bold red")
+        table.add_row(Text(cell.label), measured, Text(cell.claim))
     return table

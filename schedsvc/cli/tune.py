@@ -1,4 +1,4 @@
-"""``schedsvc tune``: sweep queue depth (and worker count) on a workload; recommend settings.
+"""``schedsvc tune``: sweep queue depth (and worker count) on a workload; choose the setting for a goal.
 
 For every setting (``cpu_workers`` x ``max_pending``) the workload runs on a
 fresh engine, first a few warm-up items, then ``items`` timed ones, ``reps``
@@ -17,16 +17,27 @@ Built-in: ``chain``, ``fanout``, ``mlp``, ``pipeline``; a user's
 setting:
 
 throughput  items (and tasks) finished per second, wall clock from the first
-            item's submission to the moment the loop learns the last is final
+            item's submission to the moment the loop learns the last is final;
+            the median of the runs, and their middle half (lower to upper
+            quartile)
 latency     per item: from the moment tune asks the generator for the item
             (so waiting for admission counts) to the moment the event loop
             learns its yielded Future is final (a done callback, which is
-            what an ``await`` would see); p50 and p99 by nearest rank
+            what an ``await`` would see); p50 and p99 by nearest rank, the
+            median over the runs
 memory      peak bytes allocated during the run and live at once
             (``tracemalloc``; NumPy reports its buffers there), from the
             separate traced pass; and the engine's ``peak_pending_bytes``
-knee        per worker count, the smallest depth whose throughput is within
-            5% of that worker count's best
+
+The choice (``choose``, a pure function of those figures): of the settings
+whose p99 latency and peak memory meet the goal's budgets, the smallest
+(fewest workers, then smallest depth) whose throughput is within noise of the
+fastest such setting (highest median): the upper quartile of its runs reaches
+the fastest's lower quartile.  Quartiles rather than the runs' range, so that
+one stray run in five neither widens nor narrows the band; written here
+rather than taken from pyperf, which would be a dependency for a median and
+two quartiles.  With no setting within budget, nothing is chosen and the
+closest setting (the smallest worst ratio of figure to budget) is named.
 """
 
 from __future__ import annotations
@@ -41,12 +52,14 @@ import inspect
 import math
 import os
 import platform
+import re
 import statistics
 import sys
+import textwrap
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,12 +85,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DEPTHS",
-    "KNEE_TOLERANCE",
+    "DEFAULT_REPS",
+    "NO_SETTING_FITS",
     "WORKLOADS",
+    "Choice",
+    "Goal",
+    "Judged",
+    "Measured",
     "TuneError",
-    "knee",
+    "choose",
     "load_workload",
-    "recommend",
+    "parse_latency",
+    "parse_memory",
+    "quartiles",
     "register",
     "run",
     "sweep",
@@ -85,8 +105,10 @@ __all__ = [
 
 #: max_pending values swept by default: 1, 2, 4, ..., 1024.
 DEFAULT_DEPTHS: tuple[int, ...] = tuple(2**k for k in range(11))
-#: A depth is at the knee when its throughput is within this fraction of the best.
-KNEE_TOLERANCE = 0.05
+#: Timed runs per setting by default: quartiles of five runs set one stray run aside.
+DEFAULT_REPS = 5
+#: The exit status when no setting meets the budgets (1: the workload failed; 2: a bad argument).
+NO_SETTING_FITS = 3
 WARM_ITEMS = 8
 PLOT_HINT = "pip install 'schedsvc[plot]'"
 
@@ -389,6 +411,196 @@ class _traced_memory:
             tracemalloc.stop()
 
 
+# -- the goal and the choice (pure) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Goal:
+    """The budgets a chosen setting must meet; None: no budget on that figure."""
+
+    max_latency_ms: float | None = None  # on the p99 latency per item
+    max_memory_bytes: int | None = None  # on the peak memory of a run (tracemalloc)
+
+    def words(self) -> str:
+        """The budgets in words: 'p99 ≤ 50 ms, peak memory ≤ 64 MiB', or 'no budget'."""
+        parts = []
+        if self.max_latency_ms is not None:
+            parts.append(f"p99 ≤ {_ms(self.max_latency_ms)}")
+        if self.max_memory_bytes is not None:
+            parts.append(f"peak memory ≤ {_mib(self.max_memory_bytes / MiB)}")
+        return ", ".join(parts) or "no budget"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the sweep measured at one setting, as the choice sees it."""
+
+    workers: int
+    depth: int
+    throughput: tuple[float, ...]  # items/s of each timed run
+    p99_ms: float | None  # the median over the runs of each run's p99; None: the workload has no latency
+    peak_bytes: float  # peak memory of the traced run
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One setting judged: its throughput's median and quartiles, the budgets it misses, and how it
+    compares with the fastest setting that meets the budgets."""
+
+    setting: Measured
+    median: float
+    low: float  # lower quartile of the runs' throughputs
+    high: float  # upper quartile
+    over: tuple[str, ...]  # the budgets it misses, in words ('p99 477 ms > 50 ms')
+    of_best: float | None = None  # its median over the best's; None when no setting meets the budgets
+    within_noise: bool = False  # its upper quartile reaches the best's lower quartile
+
+    @property
+    def meets(self) -> bool:
+        return not self.over
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The outcome of ``choose``: the chosen setting (None: none meets the budgets), the fastest that meets
+    them, the one closest to them when none does, every setting judged, and why, in words."""
+
+    chosen: Judged | None
+    best: Judged | None
+    closest: Judged | None
+    judged: list[Judged]
+    why: str
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """Lower quartile, median and upper quartile of ``values`` (one value: that value three times)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    low, median, high = statistics.quantiles(values, n=4, method="inclusive")
+    return low, median, high
+
+
+def choose(measured: Sequence[Measured], goal: Goal = Goal()) -> Choice:
+    """Among the settings that meet the goal's budgets, the smallest (fewest workers, then smallest
+    max_pending) whose throughput is within noise of the best: its runs' upper quartile reaches the
+    lower quartile of the runs of the fastest setting (highest median) that meets the budgets."""
+    if not measured:
+        raise ValueError("choose() needs at least one measured setting")
+    judged = [_judge(m, goal) for m in sorted(measured, key=lambda m: (m.workers, m.depth))]
+    eligible = [j for j in judged if j.meets]
+    if not eligible:
+        closest = min(judged, key=lambda j: (_excess(j.setting, goal), -j.median))
+        return Choice(None, None, closest, judged, _why_none(closest, goal))
+    best = max(eligible, key=lambda j: j.median)  # the first of equal medians: the smaller setting
+    judged = [_against(j, best) for j in judged]
+    chosen = next(j for j in judged if j.meets and j.within_noise)
+    best = next(j for j in judged if j.setting == best.setting)
+    return Choice(chosen, best, None, judged, _why(chosen, best, goal))
+
+
+def _judge(m: Measured, goal: Goal) -> Judged:
+    bad = [t for t in m.throughput if not (math.isfinite(t) and t >= 0)]
+    if not m.throughput or bad:
+        raise ValueError(f"choose(): throughputs must be finite and non-negative, got {list(m.throughput)}")
+    if goal.max_latency_ms is not None and m.p99_ms is None:
+        raise ValueError("choose(): a latency budget needs a p99 latency for every setting")
+    low, median, high = quartiles(m.throughput)
+    over = []
+    if goal.max_latency_ms is not None and m.p99_ms is not None and m.p99_ms > goal.max_latency_ms:
+        over.append(f"p99 {_ms(m.p99_ms)} > {_ms(goal.max_latency_ms)}")
+    if goal.max_memory_bytes is not None and m.peak_bytes > goal.max_memory_bytes:
+        over.append(f"peak {_mib(m.peak_bytes / MiB)} > {_mib(goal.max_memory_bytes / MiB)}")
+    return Judged(m, median, low, high, tuple(over))
+
+
+def _against(j: Judged, best: Judged) -> Judged:
+    share = j.median / best.median if best.median > 0 else 1.0
+    return replace(j, of_best=share, within_noise=j.high >= best.low)
+
+
+def _excess(m: Measured, goal: Goal) -> float:
+    """How far a setting is over its budgets: the largest of its figure-over-budget ratios."""
+    ratios = [0.0]
+    if goal.max_latency_ms is not None and m.p99_ms is not None:
+        ratios.append(m.p99_ms / goal.max_latency_ms)
+    if goal.max_memory_bytes is not None:
+        ratios.append(m.peak_bytes / goal.max_memory_bytes)
+    return max(ratios)
+
+
+def _setting(m: Measured) -> str:
+    return f"cpu_workers={m.workers}, max_pending={m.depth}"
+
+
+def _budget_words(j: Judged, goal: Goal) -> str:
+    """The figures a goal bounds, against their budgets: 'p99 14.7 ms ≤ 50 ms; peak 5.0 MiB'."""
+    m = j.setting
+    latency = "" if m.p99_ms is None else f"p99 {_ms(m.p99_ms)}"
+    if latency and goal.max_latency_ms is not None:
+        latency += f" ≤ {_ms(goal.max_latency_ms)}"
+    memory = f"peak {_mib(m.peak_bytes / MiB)}"
+    if goal.max_memory_bytes is not None:
+        memory += f" ≤ {_mib(goal.max_memory_bytes / MiB)}"
+    return "; ".join(p for p in (latency, memory) if p)
+
+
+def _why(chosen: Judged, best: Judged, goal: Goal) -> str:
+    fastest = "the fastest setting" + ("" if goal == Goal() else " within budget")
+    if chosen.setting == best.setting:
+        speed = f"{fastest}, {chosen.median:,.0f} items/s"
+    else:
+        speed = (
+            f"{chosen.of_best:.0%} of the items/s of {fastest} ({_setting(best.setting)}: "
+            f"{best.median:,.0f} items/s), within noise: its runs' upper quartile, {chosen.high:,.0f} "
+            f"items/s, reaches the fastest's lower quartile, {best.low:,.0f}"
+        )
+    return f"{_setting(chosen.setting)}: {speed}; {_budget_words(chosen, goal)}"
+
+
+def _why_none(closest: Judged, goal: Goal) -> str:
+    return (
+        f"no setting meets the budgets ({goal.words()}); the closest is {_setting(closest.setting)}: "
+        f"{', '.join(closest.over)}, {closest.median:,.0f} items/s"
+    )
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3g} ms"
+
+
+def _mib(value: float) -> str:
+    return f"{value:.3g} MiB"
+
+
+# -- budgets from the command line -----------------------------------------------------------------
+
+_TIME_UNITS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
+_LATENCY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*")
+
+
+def parse_latency(text: str) -> float:
+    """A latency budget such as '50ms', '0.2s' or '500us', in milliseconds."""
+    match = _LATENCY.fullmatch(text)
+    if match is None or float(match[1]) <= 0:
+        raise TuneError(
+            f"--max-latency takes a positive time with its unit, e.g. 50ms, 0.2s or 500us; got {text!r}"
+        )
+    return float(match[1]) * _TIME_UNITS[match[2]]
+
+
+def parse_memory(text: str) -> int:
+    """A memory budget such as '64MiB' or '1GB', in bytes (read as the settings read sizes)."""
+    from .._config import byte_count
+
+    try:
+        size = byte_count(text)
+    except ValueError as exc:
+        raise TuneError(f"--max-memory: {exc}") from exc
+    if size < 1:
+        raise TuneError(f"--max-memory must be positive, e.g. 64MiB; got {text!r}")
+    return size
+
+
 # -- the sweep ------------------------------------------------------------------------------------
 
 
@@ -406,12 +618,14 @@ def sweep(
     depths: Sequence[int] = DEFAULT_DEPTHS,
     workers: Sequence[int] = (2,),
     items: int = 1000,
-    reps: int = 3,
+    reps: int = DEFAULT_REPS,
     name: str = "workload",
+    goal: Goal = Goal(),
     step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure every (workers, depth) setting; return the report (rows, knees, recommendation)."""
-    settings = [_Setting(w, d) for w in workers for d in depths]
+    """Measure every (workers, depth) setting; return the report (rows, the setting chosen for ``goal``
+    and why)."""
+    settings = [_Setting(w, d) for w in sorted(set(workers)) for d in sorted(set(depths))]
     load_before = _load_average()
     with one_blas_thread():
         for rep in range(reps):
@@ -423,7 +637,7 @@ def sweep(
             s.memory = _run_setting(workload, items, s, traced=True)
             if step is not None:
                 step(f"memory: workers={s.workers} max_pending={s.depth}")
-    report = _report(name, items, reps, [_row(s) for s in settings])
+    report = _report(name, items, reps, [_row(s) for s in settings], goal)
     report["machine"]["load_average"] = [load_before, _load_average()]
     return report
 
@@ -468,28 +682,46 @@ def _row(s: _Setting) -> dict[str, Any]:
     }
 
 
-def _report(name: str, items: int, reps: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    knees = {
-        w: knee({r["max_pending"]: r["items_per_s"] for r in rows if r["workers"] == w})
-        for w in dict.fromkeys(r["workers"] for r in rows)
-    }
-    best = recommend({w: _best(rows, w) for w in knees})
+def _report(name: str, items: int, reps: int, rows: list[dict[str, Any]], goal: Goal) -> dict[str, Any]:
+    choice = choose([_measured(r) for r in rows], goal)
+    judged = {(j.setting.workers, j.setting.depth): j for j in choice.judged}
     for r in rows:
-        r["knee"] = knees[r["workers"]] == r["max_pending"]
+        j = judged[r["workers"], r["max_pending"]]
+        r["items_per_s_quartiles"] = [j.low, j.high]
+        r["of_best"] = j.of_best
+        r["over_budget"] = list(j.over)
+        r["within_noise"] = j.within_noise
+        r["chosen"] = choice.chosen is not None and j.setting == choice.chosen.setting
     return {
         "workload": name,
         "items": items,
         "reps": reps,
-        "knee_tolerance": KNEE_TOLERANCE,
+        "goal": {"max_latency_ms": goal.max_latency_ms, "max_memory_bytes": goal.max_memory_bytes},
         "machine": _machine(),
         "rows": rows,
-        "knees": {str(w): d for w, d in knees.items()},
-        "recommended": {"cpu_workers": best, "max_pending": knees[best]},
+        "per_workers": _per_workers(rows, goal),
+        "recommended": _settings(choice.chosen),
+        "closest": _settings(choice.closest),
+        "why": choice.why,
     }
 
 
-def _best(rows: list[dict[str, Any]], workers: int) -> float:
-    return max(float(r["items_per_s"]) for r in rows if r["workers"] == workers)
+def _measured(row: dict[str, Any]) -> Measured:
+    reps = tuple(row["items_per_s_reps"])
+    return Measured(row["workers"], row["max_pending"], reps, row["p99_ms"], row["peak_mib"] * MiB)
+
+
+def _per_workers(rows: list[dict[str, Any]], goal: Goal) -> dict[str, int | None]:
+    """Worker count -> the max_pending the same rule chooses among that count's settings (None: none fits)."""
+    out: dict[str, int | None] = {}
+    for w in dict.fromkeys(r["workers"] for r in rows):
+        chosen = choose([_measured(r) for r in rows if r["workers"] == w], goal).chosen
+        out[str(w)] = None if chosen is None else chosen.setting.depth
+    return out
+
+
+def _settings(j: Judged | None) -> dict[str, int] | None:
+    return None if j is None else {"cpu_workers": j.setting.workers, "max_pending": j.setting.depth}
 
 
 def _machine() -> dict[str, Any]:
@@ -507,33 +739,6 @@ def _machine() -> dict[str, Any]:
     }
 
 
-# -- knee and recommendation (pure) ------------------------------------------------------------------
-
-
-def knee(throughput: Mapping[int, float], tolerance: float = KNEE_TOLERANCE) -> int:
-    """The smallest depth whose throughput is within ``tolerance`` (a fraction) of the best."""
-    _check_points(throughput, tolerance, "knee")
-    floor = (1 - tolerance) * max(throughput.values())
-    return min(d for d, t in throughput.items() if t >= floor)
-
-
-def recommend(best: Mapping[int, float], tolerance: float = KNEE_TOLERANCE) -> int:
-    """The fewest workers whose best throughput is within ``tolerance`` of the best of all."""
-    _check_points(best, tolerance, "recommend")
-    floor = (1 - tolerance) * max(best.values())
-    return min(w for w, t in best.items() if t >= floor)
-
-
-def _check_points(points: Mapping[int, float], tolerance: float, what: str) -> None:
-    if not points:
-        raise ValueError(f"{what}() needs at least one measured setting")
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"{what}(): tolerance is a fraction in [0, 1), got {tolerance!r}")
-    bad = {k: v for k, v in points.items() if not (math.isfinite(v) and v >= 0)}
-    if bad:
-        raise ValueError(f"{what}(): throughputs must be finite and non-negative, got {bad}")
-
-
 # -- output --------------------------------------------------------------------------------------------
 
 
@@ -541,43 +746,57 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _goal(report: dict[str, Any]) -> Goal:
+    g = report["goal"]
+    return Goal(g["max_latency_ms"], g["max_memory_bytes"])
+
+
 def table(report: dict[str, Any]) -> Any:
-    """The report as a rich Table; the knee of each worker count marked, the recommended one in bold."""
+    """The report as a rich Table, the chosen setting in bold."""
     from rich import box
     from rich.table import Table
 
-    title, caption, headers, rows, chosen = _table_cells(report)
-    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
+    title, headers, rows, chosen = _table_cells(report)
+    t = Table(title=title, box=box.SIMPLE_HEAD)
     for col in headers:
-        t.add_column(col, justify="left" if col == "" else "right", no_wrap=True)
+        if col:
+            t.add_column(col, justify="right", no_wrap=True)
+        else:  # the verdict: wraps rather than being cut off
+            t.add_column(col, justify="left", overflow="fold", min_width=12)
     for i, cells in enumerate(rows):
-        t.add_row(*cells, style="bold" if i in chosen else None)
+        t.add_row(*cells, style="bold" if i == chosen else None)
     return t
 
 
 def plain_table(report: dict[str, Any]) -> str:
-    """The report as plain text (without rich), the recommended row marked ``<- knee, recommended``."""
-    title, caption, headers, rows, chosen = _table_cells(report)
-    rows = [
-        [*cells[:-1], cells[-1] + (", recommended" if i in chosen else "")] for i, cells in enumerate(rows)
-    ]
+    """The report as plain text (without rich), the chosen row marked ``<- chosen``."""
+    title, headers, rows, _ = _table_cells(report)
     headers = [h.replace("\n", " ") for h in headers]
-    return "\n".join([text_table(headers, rows, title, right=len(headers) - 1), "", caption])
+    return text_table(headers, rows, title, right=len(headers) - 1)
 
 
-def _table_cells(report: dict[str, Any]) -> tuple[str, str, list[str], list[list[str]], set[int]]:
-    """Title, caption, column headers, rows of cells, and which rows are the recommended setting."""
-    rec, rows = report["recommended"], report["rows"]
+def _verdict(row: dict[str, Any], goal: Goal) -> str:
+    """The last cell of a row: over which budget, or chosen, or within noise of the fastest, or fits."""
+    if row["over_budget"]:
+        return "over: " + ", ".join(row["over_budget"])
+    if row["chosen"]:
+        return "<- chosen"
+    if row["within_noise"]:
+        return "within noise"
+    return "" if goal == Goal() else "fits"
+
+
+def _table_cells(report: dict[str, Any]) -> tuple[str, list[str], list[list[str]], int | None]:
+    """Title, column headers, rows of cells, and which row is the chosen setting."""
+    rows, goal = report["rows"], _goal(report)
     title = f"schedsvc tune {report['workload']}: {report['items']} items, {runs_phrase(report['reps'])}"
-    caption = (
-        f"knee: the smallest max_pending within {report['knee_tolerance']:.0%} of the best items/s; "
-        f"recommended: cpu_workers={rec['cpu_workers']}, max_pending={rec['max_pending']}"
-    )
     tasks = any(r["tasks_per_s"] != r["items_per_s"] for r in rows)  # else one column says it all
     headers = [
         "cpu\nworkers",
         "max\npending",
         "items/s",
+        "middle\nhalf",
+        "of\nbest",
         *(["tasks/s"] if tasks else []),
         "p50\nms",
         "p99\nms",
@@ -590,64 +809,86 @@ def _table_cells(report: dict[str, Any]) -> tuple[str, str, list[str], list[list
             str(r["workers"]),
             str(r["max_pending"]),
             f"{r['items_per_s']:,.0f}",
+            "{:,.0f}-{:,.0f}".format(*r["items_per_s_quartiles"]),
+            _fmt(r["of_best"], ".0%"),
             *([f"{r['tasks_per_s']:,.0f}"] if tasks else []),
             _fmt(r["p50_ms"], ".3g"),
             _fmt(r["p99_ms"], ".3g"),
             f"{r['peak_mib']:.2f}",
             f"{r['peak_pending_mib']:.2f}",
-            "<- knee" if r["knee"] else "",
+            _verdict(r, goal),
         ]
         for r in rows
     ]
-    chosen = {i for i, r in enumerate(rows) if r["knee"] and r["workers"] == rec["cpu_workers"]}
-    return title, caption, headers, cells, chosen
+    chosen = next((i for i, r in enumerate(rows) if r["chosen"]), None)
+    return title, headers, cells, chosen
+
+
+def summary(report: dict[str, Any]) -> list[str]:
+    """What the table means: the goal and the rule, what was chosen and why (or that nothing fits)."""
+    goal, m = _goal(report), report["machine"]
+    lines = [
+        f"goal: {goal.words()}. Rule: of the settings that meet the budgets, the smallest (fewest workers, "
+        "then smallest max_pending) whose items/s are within noise of the fastest's: the upper end of its "
+        "runs' middle half reaches the lower end of the fastest's.",
+    ]
+    if report["reps"] < 3:
+        lines.append(
+            f"note: {runs_phrase(report['reps'])} per setting shows no spread to judge noise by, so the fastest "
+            f"setting wins; --reps {DEFAULT_REPS} judges it."
+        )
+    lines.append(f"machine: {m['cpus']} CPUs, load average {_loads(m)} during the sweep.")
+    if report["recommended"] is None:
+        lines.append(f"nothing chosen: {report['why']}.")
+    else:
+        lines.append(f"chosen: {report['why']}.")
+    return lines
 
 
 def _loads(machine: dict[str, Any]) -> str:
     return " -> ".join(_fmt(v, ".2f") for v in machine.get("load_average", [None]))
 
 
+def settings_toml(report: dict[str, Any]) -> str:
+    """The chosen settings as TOML lines (no comments)."""
+    rec = report["recommended"]
+    return f"cpu_workers = {rec['cpu_workers']}\nmax_pending = {rec['max_pending']}\n"
+
+
 def toml_text(report: dict[str, Any], path: str = "<this file>") -> str:
-    """The recommended settings as TOML for ``Config.from_file``, with the figures in comments."""
-    rec, m = report["recommended"], report["machine"]
-    row = next(
-        r
-        for r in report["rows"]
-        if r["workers"] == rec["cpu_workers"] and r["max_pending"] == rec["max_pending"]
-    )
-    best = max(r["items_per_s"] for r in report["rows"] if r["workers"] == rec["cpu_workers"])
+    """The chosen settings as TOML for ``Config.from_file``, with the goal, the reason and the figures in
+    comments."""
+    m = report["machine"]
     lines = [
-        f"# schedsvc tune {report['workload']}: recommended settings "
-        f"({report['items']} items, {runs_phrase(report['reps'])}).",
+        f"# schedsvc tune {report['workload']}: chosen settings ({report['items']} items, "
+        f"{runs_phrase(report['reps'])}).",
         f"# machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, NumPy {m['numpy']}, "
         f"schedsvc {m['schedsvc']}, BLAS at 1 thread; load average {_loads(m)} during the sweep",
-        f"# knee: max_pending={rec['max_pending']} gives {row['items_per_s']:,.0f} items/s, within "
-        f"{report['knee_tolerance']:.0%} of the best ({best:,.0f} items/s) with cpu_workers={rec['cpu_workers']};",
-        f"# there p50/p99 latency {_fmt(row['p50_ms'], '.3g')}/{_fmt(row['p99_ms'], '.3g')} ms, "
-        f"peak memory {row['peak_mib']:.2f} MiB.",
+        f"# goal: {_goal(report).words()}",
+        f"# chosen: {report['why']}.",
         f"# Load with ss.Config.from_file({path!r}); SCHEDSVC_* variables and keywords still win.",
         "#",
-        "# workers  max_pending   items/s    p50 ms    p99 ms  peak MiB",
+        "# workers  max_pending   items/s  middle half    p99 ms  peak MiB",
     ]
     for r in report["rows"]:
+        middle = "{:,.0f}-{:,.0f}".format(*r["items_per_s_quartiles"])
         lines.append(
-            f"# {r['workers']:7d}  {r['max_pending']:11d}  {r['items_per_s']:8,.0f}  "
-            f"{_fmt(r['p50_ms'], '8.3g')}  {_fmt(r['p99_ms'], '8.3g')}  {r['peak_mib']:8.2f}"
-            + ("  <- knee" if r["knee"] else "")
+            f"# {r['workers']:7d}  {r['max_pending']:11d}  {r['items_per_s']:8,.0f}  {middle:>11}  "
+            f"{_fmt(r['p99_ms'], '8.3g')}  {r['peak_mib']:8.2f}  {_verdict(r, _goal(report))}".rstrip()
         )
-    lines += ["", f"cpu_workers = {rec['cpu_workers']}", f"max_pending = {rec['max_pending']}", ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", settings_toml(report)])
 
 
 _PANELS = (
-    ("items_per_s", "items / s (band: min-max of runs)"),
+    ("items_per_s", "items / s (band: middle half of the runs)"),
     ("p99_ms", "latency, ms (p99 solid, p50 dashed)"),
     ("peak_mib", "peak MiB (tracemalloc)"),
 )
 
 
 def plot(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Throughput, latency and peak memory against depth (log2 axis), knees marked, as a PNG."""
+    """Throughput, latency and peak memory against depth (log2 axis), each worker count's choice starred and
+    the budgets drawn, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -656,26 +897,27 @@ def plot(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
     fig, axes = plt.subplots(3, 1, sharex=True, figsize=(7.5, 9), constrained_layout=True)
     for workers in dict.fromkeys(r["workers"] for r in report["rows"]):
         rows = [r for r in report["rows"] if r["workers"] == workers]
-        _plot_curves(axes, rows, f"cpu_workers={workers}")
+        _plot_curves(axes, rows, report["per_workers"][str(workers)], f"cpu_workers={workers}")
     _style(axes, report)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _plot_curves(axes: Any, rows: list[dict[str, Any]], label: str) -> None:
-    """One worker count: a line per panel, the knee starred and a dotted line through it."""
+def _plot_curves(axes: Any, rows: list[dict[str, Any]], pick: int | None, label: str) -> None:
+    """One worker count: a line per panel, its chosen depth starred with a dotted line through it."""
     depths = [r["max_pending"] for r in rows]
-    at = next(i for i, r in enumerate(rows) if r["knee"])
+    at = depths.index(pick) if pick is not None else None
     for ax, (key, _) in zip(axes, _PANELS, strict=True):
         if rows[0][key] is None:  # a workload without per-item futures has no latency
             continue
         (line,) = ax.plot(depths, [r[key] for r in rows], "o-", label=label)
         color = line.get_color()
-        ax.plot(depths[at], rows[at][key], "*", ms=16, color=color, mec="black", zorder=3)
-        ax.axvline(depths[at], color=color, ls=":", lw=1)
+        if at is not None:
+            ax.plot(depths[at], rows[at][key], "*", ms=16, color=color, mec="black", zorder=3)
+            ax.axvline(depths[at], color=color, ls=":", lw=1)
         if key == "items_per_s":
-            reps = [r["items_per_s_reps"] for r in rows]
-            ax.fill_between(depths, [min(v) for v in reps], [max(v) for v in reps], color=color, alpha=0.15)
+            middle = [r["items_per_s_quartiles"] for r in rows]
+            ax.fill_between(depths, [q[0] for q in middle], [q[1] for q in middle], color=color, alpha=0.15)
         if key == "p99_ms":
             ax.plot(depths, [r["p50_ms"] for r in rows], "o--", color=color, alpha=0.6)
 
@@ -683,10 +925,16 @@ def _plot_curves(axes: Any, rows: list[dict[str, Any]], label: str) -> None:
 def _style(axes: Any, report: dict[str, Any]) -> None:
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
+    goal = _goal(report)
+    budgets = {"p99_ms": goal.max_latency_ms, "peak_mib": None}
+    if goal.max_memory_bytes is not None:
+        budgets["peak_mib"] = goal.max_memory_bytes / MiB
     for ax, (key, label) in zip(axes, _PANELS, strict=True):
         ax.set_ylabel(label)
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
+        if budgets.get(key) is not None:
+            ax.axhline(budgets[key], color="red", ls="--", lw=1, label="budget")
         if key == "p99_ms":
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -694,10 +942,9 @@ def _style(axes: Any, report: dict[str, Any]) -> None:
         else:
             ax.set_ylim(0, ax.get_ylim()[1] * 1.08)  # room above the top point and its star
     rec = report["recommended"]
-    axes[0].legend(title="star: knee", loc="lower right")
-    axes[0].set_title(
-        f"recommended: cpu_workers={rec['cpu_workers']}, max_pending={rec['max_pending']}", fontsize=10
-    )
+    axes[0].legend(title="star: chosen", loc="lower right")
+    chosen = "no setting meets the budgets" if rec is None else _setting_words(rec)
+    axes[0].set_title(f"goal: {goal.words()}; chosen: {chosen}", fontsize=10)
     depths = sorted({r["max_pending"] for r in report["rows"]})
     axes[-1].set_xticks(depths, [str(d) for d in depths])
     axes[-1].set_xlabel("max_pending (queue depth)")
@@ -709,32 +956,74 @@ def _style(axes: Any, report: dict[str, Any]) -> None:
     )
 
 
+def _setting_words(rec: dict[str, int]) -> str:
+    return f"cpu_workers={rec['cpu_workers']}, max_pending={rec['max_pending']}"
+
+
 # -- the command ------------------------------------------------------------------------------------
+
+_DESCRIPTION = """\
+Sweep max_pending (and cpu_workers) on a workload, measure throughput, p50/p99
+latency and peak memory at each setting over repeated, interleaved runs, and
+choose the setting that suits a goal.
+
+The goal is a budget on latency (--max-latency, on the p99 latency per item:
+what a service's latency budget bounds) and/or on memory (--max-memory, on the
+peak memory of a run); with neither, the choice is for throughput alone. Of
+the settings that meet the budgets, tune chooses the smallest (fewest workers,
+then smallest max_pending) whose throughput is within noise of the fastest
+such setting: the upper quartile of its runs reaches the fastest's lower
+quartile. It prints every setting's figures, which settings meet the budgets
+and why the chosen one was chosen, and the settings as TOML; --write saves
+them to a file for ss.Config.from_file."""
+
+_EPILOG = f"""\
+exit status: 0 a setting was chosen; 1 the workload failed; 2 a bad argument;
+{NO_SETTING_FITS} no setting meets the budgets (the closest is named; --write writes nothing).
+
+examples:
+  schedsvc tune pipeline --max-latency 50ms
+  schedsvc tune mlp --max-latency 5ms --max-memory 64MiB --write tune.toml
+  schedsvc tune mypkg.loads:resize --depths 4,16,64 --json report.json --plot tune.png"""
 
 
 def register(sub: Any) -> None:
     tune = sub.add_parser(
         "tune",
-        help="sweep max_pending (and cpu_workers) on a workload and recommend settings",
-        description="Sweep max_pending (and cpu_workers) on a workload; report throughput, latency and "
-        "peak memory per setting, mark the knee and write the recommended settings as TOML.",
+        help="sweep max_pending (and cpu_workers) on a workload; choose the setting for a latency or memory "
+        "budget",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tune.add_argument("workload", help=f"{', '.join(WORKLOADS)}, or module:function (an async generator)")
+    goal = tune.add_argument_group("the goal")
+    goal.add_argument(
+        "--max-latency",
+        metavar="TIME",
+        help="p99 latency per item must be at most this, e.g. 50ms, 0.2s, 500us",
+    )
+    goal.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="peak memory of a run (tracemalloc) must be at most this, e.g. 64MiB, 1GB",
+    )
     tune.add_argument("--depths", help="comma-separated max_pending values (default 1,2,4,...,1024)")
     tune.add_argument("--workers", help="comma-separated cpu_workers values (default: the configured one)")
     tune.add_argument("--items", type=int, help="items per run (default: the workload's own)")
     tune.add_argument(
         "--reps",
         type=int,
-        default=3,
-        help="timed runs per setting, interleaved; the median is reported (default 3)",
+        default=DEFAULT_REPS,
+        help=f"timed runs per setting, interleaved; median and quartiles reported (default {DEFAULT_REPS})",
     )
-    tune.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout only)")
     tune.add_argument(
-        "--out",
-        default="schedsvc-tune.toml",
-        help="write the recommended settings here as TOML (default schedsvc-tune.toml; '' to skip)",
+        "--write",
+        metavar="PATH",
+        help="write the chosen settings to PATH as TOML, the figures in comments (default: print them)",
     )
+    tune.add_argument("--out", dest="write", help=argparse.SUPPRESS)  # the old name of --write
+    tune.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout only)")
     tune.add_argument("--plot", metavar="PNG", help="draw throughput, latency and memory against depth")
     tune.set_defaults(run=run)
 
@@ -758,6 +1047,7 @@ class _Plan:
     depths: list[int]
     workers: list[int]
     items: int
+    goal: Goal
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -767,16 +1057,25 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise TuneError("--reps must be at least 1")
     if args.items is not None and args.items < 1:
         raise TuneError("--items must be at least 1")
-    for flag, path in (("--out", args.out), ("--json", args.json), ("--plot", args.plot)):
+    for flag, path in (("--write", args.write), ("--json", args.json), ("--plot", args.plot)):
         if problem := output_problem(flag, path):
             raise TuneError(problem)
+    goal = Goal(
+        None if args.max_latency is None else parse_latency(args.max_latency),
+        None if args.max_memory is None else parse_memory(args.max_memory),
+    )
     if ":" in args.workload and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # 'module:function' from where the command runs, as uvicorn does
     workload = load_workload(args.workload)
+    if goal.max_latency_ms is not None and inspect.iscoroutinefunction(workload):
+        raise TuneError(
+            f"--max-latency: workload {args.workload!r} yields no items, so it has no latency to budget; "
+            "make it an async generator that yields each item's last Future"
+        )
     items = args.items or DEFAULT_ITEMS.get(args.workload, USER_DEFAULT_ITEMS)
     depths = _ints(args.depths, DEFAULT_DEPTHS, "--depths")
     workers = _ints(args.workers, [ss.Config().cpu_workers], "--workers")
-    return _Plan(args.workload, workload, depths, workers, items)
+    return _Plan(args.workload, workload, depths, workers, items, goal)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -789,10 +1088,10 @@ def run(args: argparse.Namespace) -> int:
         report = _sweep_with_progress(plan, args.reps, quiet=args.json == "-")
     except TuneError as exc:
         return fail(f"tune {plan.name}", str(exc), status=1)
-    report["out"] = args.out or None
+    report["write"] = args.write if args.write and report["recommended"] else None
     report["plot"] = args.plot if args.plot and can_plot else None
     _write_outputs(report, args)
-    return 0
+    return 0 if report["recommended"] else NO_SETTING_FITS
 
 
 def _has_matplotlib() -> bool:
@@ -813,6 +1112,7 @@ def _sweep_with_progress(plan: _Plan, reps: int, quiet: bool) -> dict[str, Any]:
             items=plan.items,
             reps=reps,
             name=plan.name,
+            goal=plan.goal,
             step=step,
         )
 
@@ -833,20 +1133,38 @@ def _sweep_with_progress(plan: _Plan, reps: int, quiet: bool) -> dict[str, Any]:
 
 def _write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
     quiet = args.json == "-"
-    if args.out:
-        Path(args.out).write_text(toml_text(report, args.out))
+    if report["write"]:
+        Path(report["write"]).write_text(toml_text(report, report["write"]))
     if report["plot"]:
         plot(report, report["plot"])
     if quiet:
         print_json(report)
-    elif has_rich():
+    else:
+        _print_report(report, args.write)
+    if args.json and not quiet:
+        write_json(report, args.json)
+    if args.write and not report["write"]:
+        print(f"nothing written to {args.write}: no setting meets the budgets", file=sys.stderr)
+    for path in (report["write"], report["plot"], None if quiet else args.json):
+        if path:
+            print(f"wrote {path}", file=sys.stderr if quiet else sys.stdout)
+
+
+def _print_report(report: dict[str, Any], write: str | None) -> None:
+    """The table, what it means, and (when no --write was given) the chosen settings and how to save them."""
+    if has_rich():
         from rich.console import Console
 
         Console(width=None if sys.stdout.isatty() else 120).print(table(report))
     else:
         print(plain_table(report))
-    if args.json and not quiet:
-        write_json(report, args.json)
-    for path in (args.out, report["plot"], None if quiet else args.json):
-        if path:
-            print(f"wrote {path}", file=sys.stderr if quiet else sys.stdout)
+    print()
+    print("\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in summary(report)))
+    if report["recommended"] and not write:
+        print()
+        print("the chosen settings, as TOML for ss.Config.from_file:")
+        print(settings_toml(report))
+        print(
+            "to save them, put these lines in a file, or run again with --write PATH "
+            "(e.g. --write schedsvc-tune.toml), which adds the figures as comments."
+        )

@@ -61,10 +61,19 @@ def test_a_bare_schedsvc_prints_its_help(capsys: pytest.CaptureFixture[str]) -> 
         assert f"\n    {command} " in out  # each listed with its one-line help
 
 
-@pytest.mark.parametrize("command", ["demo", "bench", "tune", "info"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "demo",
+        "bench",
+        "tune",
+        "info",
+        *(f"bench {suite}" for suite in ("core", "tensor", "batch", "dask", "gpu", "serve")),
+    ],
+)
 def test_every_subcommand_describes_itself(capsys: pytest.CaptureFixture[str], command: str) -> None:
     with pytest.raises(SystemExit) as exited:
-        main([command, "--help"])
+        main([*command.split(), "--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
     description = out.split("\n\n")[1]  # argparse: usage, a blank line, the description

@@ -56,6 +56,7 @@ def test_demo_prints_every_section_and_row(capsys: pytest.CaptureFixture[str]) -
         "batched by the engine",
         "every row equal to the loop's within rounding",
         "dependency arrows",
+        "claims met: ",
     ):
         assert figures in out
     reason = demo.gpu_unavailable("cuda:0")
@@ -79,6 +80,9 @@ def test_demo_json_to_stdout_has_every_experiment(capsys: pytest.CaptureFixture[
     for row in report["rows"]:
         assert row["claim"]
         assert row["measured"] if row["status"] == "measured" else row["reason"]
+        if row["status"] == "measured":  # each measured claim met or missed
+            assert row["verdict"]["text"].startswith("met: " if row["verdict"]["met"] else "missed: ")
+    assert report["load"]["cores"] >= 1 and set(report["load"]) == {"before", "after", "cores"}
 
 
 def test_demo_json_to_stdout_shows_progress_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
@@ -439,6 +443,9 @@ def test_without_rich_the_demo_prints_plain_text_and_progress_lines(
     flat = " ".join(out.split())  # the text is wrapped at 100 columns
     for _, row in ALL_ROWS:
         assert " ".join(row.claim.split()) in flat
+    measured = 9 + (0 if demo.gpu_unavailable("cuda:0") else 4)  # rows of the CPU experiments, GPU ones
+    verdicts = [line for line in out.splitlines() if line.startswith("    verdict:       ")]
+    assert len(verdicts) == measured + 5  # loop, parallel, memory, fancy: two and three rows each
     # the long experiments say which part runs now
     for part in ("parallel: independent dots on 1 worker", "memory: 12 batches, max_pending_bytes"):
         assert f"  ... run 1/1: {part}" in captured.err.splitlines()
@@ -458,3 +465,110 @@ def test_without_threadpoolctl_the_demo_says_to_install_it(
         "(schedsvc needs it); " in err
     )
     assert err.rstrip().endswith("pip install 'threadpoolctl>=3.1'")
+
+
+# -- verdicts: met or missed, and what may have swayed it -----------------------------------------------------
+
+IDLE = {"before": 0.2, "after": 1.9, "cores": 2}
+LOADED = {"before": 3.1, "after": 3.4, "cores": 2}
+
+
+def _row(experiment: str, label_part: str = "") -> demo.Row:
+    return next(r for _, r in ALL_ROWS if r.experiment == experiment and label_part in r.label)
+
+
+def _verdict(
+    row: demo.Row,
+    figures: dict[str, float],
+    checks: dict[str, Any] | None = None,
+    spread: dict[str, list[float]] | None = None,
+    load: dict[str, Any] = IDLE,
+) -> str:
+    assert row.target is not None
+    judged = demo.judge(row.target, figures, checks or {}, spread)
+    return demo.verdict_text(row.target, judged, load)
+
+
+def test_every_measured_row_has_a_verdict_on_its_claim() -> None:
+    assert all(row.target is not None for _, row in ALL_ROWS)
+
+
+def test_a_parallel_speed_up_below_the_claim_on_a_loaded_machine_is_missed_and_says_so() -> None:
+    """The demo printed "2 workers ... 0.94x" with no verdict and no word of the machine's load."""
+    row = _row("parallel", "independent")
+    figures = {"independent_speedup": 0.94}
+    assert _verdict(row, figures, spread={"independent_speedup": [0.9, 0.97]}, load=LOADED) == (
+        "missed: speed-up 0.94x, the claim needs ≥ 1.1x — the machine was loaded: load average 3.1 on 2 cores"
+    )
+    assert _verdict(row, figures, spread={"independent_speedup": [0.9, 0.97]}) == (
+        "missed: speed-up 0.94x, the claim needs ≥ 1.1x"
+    )
+
+
+def test_a_met_claim_says_by_how_much_and_a_loaded_machine_does_not_undo_it() -> None:
+    row = _row("parallel", "independent")
+    assert _verdict(row, {"independent_speedup": 1.85}, load=LOADED) == "met: speed-up 1.85x ≥ 1.1x"
+    assert _verdict(_row("parallel", "chain"), {"chain_speedup": 1.02}) == "met: speed-up 1.02x ≤ 1.1x"
+
+
+def test_runs_on_both_sides_of_the_target_are_called_noisy() -> None:
+    row = _row("parallel", "independent")
+    spread = {"independent_speedup": [0.8, 1.3]}
+    assert _verdict(row, {"independent_speedup": 0.94}, spread=spread) == (
+        "missed: speed-up 0.94x, the claim needs ≥ 1.1x — noisy: the runs ranged 0.80x to 1.30x, on both "
+        "sides of 1.1x"
+    )
+    assert _verdict(row, {"independent_speedup": 1.2}, spread=spread, load=LOADED) == (
+        "met: speed-up 1.20x ≥ 1.1x — noisy: the runs ranged 0.80x to 1.30x, on both sides of 1.1x"
+    )
+    assert _verdict(row, {"independent_speedup": 0.94}, spread=spread, load=LOADED) == (
+        "missed: speed-up 0.94x, the claim needs ≥ 1.1x — noisy: the runs ranged 0.80x to 1.30x, on both "
+        "sides of 1.1x; the machine was loaded: load average 3.1 on 2 cores"
+    )
+
+
+def test_a_computed_target_is_named_and_memory_is_not_blamed_on_the_load() -> None:
+    row = _row("memory", "max_pending_bytes")
+    figures = {"bounded_peak_mib": 12.02, "bound_mib": 16.0, "batch_mib": 2.0}
+    assert _verdict(row, figures) == "met: peak 12.0 MiB ≤ 18 MiB (the bound plus a batch)"
+    over = figures | {"bounded_peak_mib": 40.0}
+    assert _verdict(row, over, load=LOADED) == (
+        "missed: peak 40 MiB, the claim needs ≤ 18 MiB (the bound plus a batch)"
+    )
+
+
+def test_a_failed_check_misses_the_claim_whatever_the_figures() -> None:
+    row = _row("queued")
+    figures = {"result_over_submit": 1200.0}
+    assert _verdict(row, figures, {"equals_numpy": True}) == "met: result time / submit time 1,200x ≥ 2x"
+    assert _verdict(row, figures, {"equals_numpy": False}) == "missed: the result differs from NumPy's"
+
+
+def test_the_cost_model_row_checks_the_book_s_condition() -> None:
+    row = _row("loop", "cost model")
+    figures = {"queued_t1_us": 3.0, "queued_t2_us": 5.0}
+    assert _verdict(row, figures, {"ops": 1000}) == "met: N·t2 5 ms ≥ 3.00 ms (N-1 times t1)"
+
+
+@pytest.mark.parametrize(
+    ("load", "expected"),
+    [
+        ({"before": 0.99, "cores": 2}, False),
+        ({"before": 1.0, "cores": 2}, True),
+        ({"before": 3.1, "cores": 8}, False),
+        ({"before": None, "cores": 2}, False),  # no load average on this platform: not called loaded
+    ],
+)
+def test_a_machine_is_loaded_from_half_its_cores_busy(load: dict[str, Any], expected: bool) -> None:
+    assert demo.loaded(load) is expected
+
+
+def test_the_footer_counts_the_claims_met_and_gives_the_load() -> None:
+    rows = [{"verdict": {"met": True}}, {"verdict": {"met": False}}, {"status": "skipped"}]
+    report = {"rows": rows, "load": LOADED, "wall_s": 9.5}
+    assert demo._footer(report) == (
+        "claims met: 1 of 2 measured; load average 3.1 as the runs began, 3.4 as they ended, on 2 cores "
+        "(loaded); took 9.5 s; schedsvc demo --json PATH writes every figure"
+    )
+    report["load"] = {"before": None, "after": None, "cores": 1}
+    assert demo._footer(report).startswith("claims met: 1 of 2 measured; 1 core; took 9.5 s")

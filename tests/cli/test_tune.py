@@ -1,4 +1,5 @@
-"""``schedsvc tune``: the knee rule, each workload on a tiny sweep, the TOML, the plot, user workloads."""
+"""``schedsvc tune``: the choice for a goal (a pure function, fed made-up figures), each workload on a tiny sweep,
+the TOML written only where asked, the plot, user workloads."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ import pytest
 
 import schedsvc as ss
 from schedsvc.cli import main
-from schedsvc.cli.tune import TuneError, knee, load_workload, recommend
+from schedsvc.cli import tune as tune_module
+from schedsvc.cli.tune import (
+    Goal,
+    Measured,
+    TuneError,
+    choose,
+    load_workload,
+    parse_latency,
+    parse_memory,
+    quartiles,
+)
 
 ROW_FIELDS = {
     "workers",
@@ -26,7 +37,11 @@ ROW_FIELDS = {
     "peak_mib",
     "peak_pending_mib",
     "items_per_s_reps",
-    "knee",
+    "items_per_s_quartiles",
+    "of_best",
+    "over_budget",
+    "within_noise",
+    "chosen",
 }
 #: Tasks each workload submits per item: the tasks/s column must be exactly this many times items/s.
 TASKS_PER_ITEM = {"chain": 1, "fanout": 10, "mlp": 1, "pipeline": 3}
@@ -35,65 +50,317 @@ TASKS_PER_ITEM = {"chain": 1, "fanout": 10, "mlp": 1, "pipeline": 3}
 def tune(capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> dict[str, Any]:
     """Run a tiny sweep with ``--json -``; return the parsed report."""
     out = str(tmp_path / "tune.toml")
-    assert main(["tune", *argv, "--reps", "1", "--json", "-", "--out", out]) == 0
+    assert main(["tune", *argv, "--reps", "1", "--json", "-", "--write", out]) == 0
     captured = capsys.readouterr()
     report: dict[str, Any] = json.loads(captured.out)
     assert "tune" not in captured.out.split("{", 1)[0]  # nothing but JSON on stdout
     return report
 
 
-# -- the knee (pure) ----------------------------------------------------------------------------
+# -- the choice (pure, on made-up figures) -----------------------------------------------------------
 
 
-def test_knee_is_the_smallest_depth_within_five_percent_of_the_best() -> None:
-    assert knee({1: 100.0, 2: 500.0, 4: 960.0, 8: 1000.0, 16: 990.0}) == 4
+def at(depth: int, *throughput: float, p99: float = 1.0, mib: float = 1.0, workers: int = 2) -> Measured:
+    """A setting's made-up figures: the items/s of each run, its p99 in ms and its peak in MiB."""
+    return Measured(workers, depth, throughput, p99, mib * 2**20)
 
 
-def test_knee_counts_exactly_five_percent_below_the_best_as_within() -> None:
-    assert knee({1: 94.0, 2: 95.0, 4: 100.0}) == 2
+def chosen_depth(*measured: Measured, goal: Goal | None = None) -> int | None:
+    choice = choose(measured, goal or Goal())
+    return None if choice.chosen is None else choice.chosen.setting.depth
 
 
-def test_knee_of_ties_is_the_smaller_depth() -> None:
-    assert knee({64: 10.0, 8: 10.0, 512: 10.0}) == 8
+def test_quartiles_are_those_of_the_runs() -> None:
+    assert quartiles([5.0]) == (5.0, 5.0, 5.0)
+    assert quartiles([3.0, 1.0, 2.0, 5.0, 4.0]) == (2.0, 3.0, 4.0)
 
 
-def test_knee_of_a_flat_curve_is_the_smallest_depth() -> None:
-    assert knee({d: 1000.0 + d % 3 for d in (1, 2, 4, 8, 16)}) == 1
+def test_a_smaller_setting_within_noise_of_a_noisy_best_is_chosen() -> None:
+    """The user's sweep: 1024 was the best by one noisy run; 16 gives 89% of it, and its runs overlap."""
+    sweep = [
+        at(4, 2400, 2450, 2500, 2520, 2550),  # clearly slower: its runs stay below the best's
+        at(16, 2700, 2800, 2900, 3050, 3100, p99=14.7, mib=5),
+        at(1024, 2500, 2900, 3260, 3300, 3400, p99=477, mib=127),
+    ]
+    choice = choose(sweep)
+    assert choice.chosen is not None and choice.best is not None
+    assert (choice.chosen.setting.depth, choice.best.setting.depth) == (16, 1024)
+    assert choice.chosen.of_best == pytest.approx(2900 / 3260)
+    assert choice.why == (
+        "cpu_workers=2, max_pending=16: 89% of the items/s of the fastest setting (cpu_workers=2, "
+        "max_pending=1024: 3,260 items/s), within noise: its runs' upper quartile, 3,050 items/s, reaches "
+        "the fastest's lower quartile, 2,900; p99 14.7 ms; peak 5 MiB"
+    )
 
 
-def test_knee_of_a_single_setting_is_that_setting() -> None:
-    assert knee({32: 5.0}) == 32
+def test_a_setting_whose_runs_stay_below_the_best_s_is_not_within_noise() -> None:
+    choice = choose([at(1, 900, 910, 920), at(2, 1000, 1001, 1002)])
+    assert choice.chosen is not None and choice.chosen.setting.depth == 2
+    assert [j.within_noise for j in choice.judged] == [False, True]
 
 
-def test_knee_of_a_noisy_curve_ignores_a_dip_after_it() -> None:
-    # the best is at 64, but 8 is already within 5% of it; the dip at 16 does not move the knee
-    assert knee({1: 300.0, 2: 600.0, 4: 900.0, 8: 980.0, 16: 700.0, 32: 990.0, 64: 1010.0}) == 8
+def test_budgets_exclude_settings_and_the_best_is_the_fastest_within_them() -> None:
+    sweep = [
+        at(8, 500, 510, 520, p99=5, mib=2),
+        at(16, 890, 900, 910, p99=14.7, mib=5),
+        at(64, 980, 1000, 1020, p99=40, mib=80),  # within the latency budget, over the memory one
+        at(1024, 1000, 1010, 1020, p99=477, mib=127),  # over both
+    ]
+    goal = Goal(max_latency_ms=50, max_memory_bytes=64 * 2**20)
+    choice = choose(sweep, goal)
+    assert choice.chosen is not None and choice.best is not None
+    assert choice.chosen.setting.depth == choice.best.setting.depth == 16
+    assert [j.over for j in choice.judged] == [
+        (),
+        (),
+        ("peak 80 MiB > 64 MiB",),
+        ("p99 477 ms > 50 ms", "peak 127 MiB > 64 MiB"),
+    ]
+    assert choice.why == (
+        "cpu_workers=2, max_pending=16: the fastest setting within budget, 900 items/s; "
+        "p99 14.7 ms ≤ 50 ms; peak 5 MiB ≤ 64 MiB"
+    )
+    assert chosen_depth(*sweep, goal=Goal(max_latency_ms=50)) == 64  # memory no longer counts
+    assert chosen_depth(*sweep) == 64  # no budget: 64's runs reach 1024's lower quartile
 
 
-def test_knee_with_another_tolerance() -> None:
-    points = {1: 80.0, 2: 90.0, 4: 100.0}
-    assert knee(points, tolerance=0.0) == 4
-    assert knee(points, tolerance=0.2) == 1
+def test_a_budget_is_met_at_exactly_the_budget() -> None:
+    assert chosen_depth(at(4, 10, p99=50.0), at(8, 20, p99=50.1), goal=Goal(max_latency_ms=50)) == 4
+
+
+def test_when_nothing_meets_the_budgets_nothing_is_chosen_and_the_closest_is_named() -> None:
+    sweep = [at(1, 100, p99=80, mib=1), at(4, 300, p99=60, mib=1), at(16, 400, p99=70, mib=1)]
+    choice = choose(sweep, Goal(max_latency_ms=50))
+    assert choice.chosen is None and choice.best is None
+    assert choice.closest is not None and choice.closest.setting.depth == 4  # 1.2x its budget, the least
+    assert choice.why == (
+        "no setting meets the budgets (p99 ≤ 50 ms); the closest is cpu_workers=2, max_pending=4: "
+        "p99 60 ms > 50 ms, 300 items/s"
+    )
+    assert all(j.of_best is None and not j.within_noise for j in choice.judged)
+
+
+def test_the_closest_is_the_one_least_over_its_worst_budget() -> None:
+    goal = Goal(max_latency_ms=10, max_memory_bytes=10 * 2**20)
+    # 4: latency 1.5x over; 8: memory 3x over; 1: both 2x over
+    sweep = [at(1, 9, p99=20, mib=20), at(4, 10, p99=15, mib=5), at(8, 11, p99=5, mib=30)]
+    choice = choose(sweep, goal)
+    assert choice.closest is not None and choice.closest.setting.depth == 4
+
+
+def test_ties_go_to_the_smaller_setting() -> None:
+    assert chosen_depth(at(64, 10.0), at(8, 10.0), at(512, 10.0)) == 8
+    # a tie between the best two: the smaller is the best, and nothing smaller reaches it
+    assert chosen_depth(at(2, 5.0), at(32, 10.0), at(16, 10.0)) == 16
+    # equally close to the budgets: the smaller one is named
+    choice = choose([at(8, 10.0, p99=99), at(4, 10.0, p99=99)], Goal(max_latency_ms=1))
+    assert choice.closest is not None and choice.closest.setting.depth == 4
+
+
+def test_fewer_workers_count_as_smaller_than_a_smaller_depth() -> None:
+    sweep = [at(4, 1000, workers=2), at(64, 990, 1000, 1010, workers=1), at(128, 995, workers=1)]
+    choice = choose(sweep)
+    assert choice.chosen is not None
+    assert (choice.chosen.setting.workers, choice.chosen.setting.depth) == (1, 64)
+
+
+def test_with_one_run_each_there_is_no_noise_and_the_fastest_wins() -> None:
+    assert chosen_depth(at(16, 999.0), at(1024, 1000.0)) == 1024
 
 
 @pytest.mark.parametrize(
-    ("points", "tolerance", "message"),
+    ("measured", "goal", "message"),
     [
-        ({}, 0.05, "at least one"),
-        ({1: math.nan, 2: 1.0}, 0.05, "finite"),
-        ({1: -1.0}, 0.05, "non-negative"),
-        ({1: 1.0}, 1.0, "tolerance"),
+        ([], Goal(), "at least one"),
+        ([at(1, math.nan)], Goal(), "finite"),
+        ([at(1, -1.0)], Goal(), "non-negative"),
+        ([at(1)], Goal(), "non-negative"),
+        ([Measured(1, 1, (5.0,), None, 0.0)], Goal(max_latency_ms=5), "needs a p99 latency"),
     ],
 )
-def test_knee_rejects_what_has_no_knee(points: dict[int, float], tolerance: float, message: str) -> None:
+def test_choose_refuses_what_it_cannot_judge(measured: list[Measured], goal: Goal, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        knee(points, tolerance)
+        choose(measured, goal)
 
 
-def test_recommend_takes_the_fewest_workers_within_five_percent_of_the_best() -> None:
-    assert recommend({1: 970.0, 2: 1000.0, 4: 1010.0}) == 1
-    assert recommend({1: 500.0, 2: 1000.0, 4: 1010.0}) == 2
-    assert recommend({2: 7.0}) == 2
+@pytest.mark.parametrize(
+    ("text", "ms"), [("50ms", 50.0), ("0.2s", 200.0), ("500us", 0.5), ("250 µs", 0.25), (" 1.5 ms ", 1.5)]
+)
+def test_a_latency_budget_is_a_time_with_its_unit(text: str, ms: float) -> None:
+    assert parse_latency(text) == pytest.approx(ms)
+
+
+@pytest.mark.parametrize("text", ["50", "ms", "-5ms", "0ms", "5 minutes", "5ms!"])
+def test_a_latency_budget_without_a_unit_or_not_positive_is_refused(text: str) -> None:
+    with pytest.raises(TuneError, match="--max-latency takes a positive time with its unit"):
+        parse_latency(text)
+
+
+def test_a_memory_budget_is_read_as_the_settings_read_sizes() -> None:
+    assert parse_memory("64MiB") == 64 * 2**20
+    assert parse_memory("1GB") == 10**9
+    assert parse_memory("4096") == 4096
+    with pytest.raises(TuneError, match="--max-memory: '64parsecs' is not a byte size"):
+        parse_memory("64parsecs")
+    with pytest.raises(TuneError, match="--max-memory must be positive"):
+        parse_memory("0")
+
+
+# -- the command on made-up figures ----------------------------------------------------------------------
+
+#: (max_pending) -> (items/s of each run, p99 ms, peak MiB): the user's pipeline sweep, 1024 best by a noisy run
+PIPELINE = {
+    4: ((2400.0, 2450.0, 2500.0, 2520.0, 2550.0), 6.0, 2.0),
+    16: ((2700.0, 2800.0, 2900.0, 3050.0, 3100.0), 14.7, 5.0),
+    128: ((2600.0, 2700.0, 3000.0, 3100.0, 3200.0), 90.0, 33.0),
+    1024: ((2500.0, 2900.0, 3260.0, 3300.0, 3400.0), 477.0, 127.0),
+}
+
+
+@pytest.fixture
+def made_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run of the sweep gives PIPELINE's figures instead of running (1,000 items a run)."""
+    runs: dict[int, int] = {}
+
+    def fake(workload: Any, items: int, s: Any, traced: bool) -> Any:
+        throughput, p99, mib = PIPELINE[s.depth]
+        i = runs.get(s.depth, 0) % len(throughput)
+        runs[s.depth] = i + 1
+        latencies = [p99 / 2e3] * 98 + [p99 / 1e3] * 2  # nearest-rank p99: the last two
+        return tune_module._Run(1000 / throughput[i], 1000, 3000, latencies, 0, int(mib * 2**20))
+
+    monkeypatch.setattr(tune_module, "_run_setting", fake)
+
+
+def tune_made_up(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    depths = ",".join(map(str, PIPELINE))
+    status = main(["tune", "pipeline", "--depths", depths, "--workers", "2", "--reps", "5", *argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.usefixtures("made_up")
+def test_the_command_chooses_for_the_latency_budget_and_says_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = tune_made_up(capsys, "--max-latency", "50ms")
+    assert status == 0
+    flat = " ".join(out.split())
+    assert "goal: p99 ≤ 50 ms." in flat
+    assert (
+        "chosen: cpu_workers=2, max_pending=16: the fastest setting within budget, 2,900 items/s; "
+        "p99 14.7 ms ≤ 50 ms; peak 5 MiB." in flat
+    )
+    assert "over: p99 90 ms > 50 ms" in flat and "over: p99 477 ms > 50 ms" in flat
+    assert "cpu_workers = 2\nmax_pending = 16\n" in out
+    assert "--write PATH" in out
+    assert list(tmp_path.iterdir()) == []  # nothing written unasked
+
+
+@pytest.mark.usefixtures("made_up")
+def test_without_a_budget_the_smallest_setting_within_noise_is_chosen(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out, _ = tune_made_up(capsys, "--json", "-")
+    assert status == 0
+    report = json.loads(out)
+    assert report["recommended"] == {"cpu_workers": 2, "max_pending": 16}
+    assert report["goal"] == {"max_latency_ms": None, "max_memory_bytes": None}
+    rows = {r["max_pending"]: r for r in report["rows"]}
+    assert rows[16]["of_best"] == pytest.approx(2900 / 3260)
+    assert [rows[d]["within_noise"] for d in PIPELINE] == [False, True, True, True]
+    assert rows[1024]["items_per_s_quartiles"] == [2900.0, 3300.0]
+    assert report["why"].startswith("cpu_workers=2, max_pending=16: 89% of the items/s of the fastest")
+
+
+@pytest.mark.usefixtures("made_up")
+def test_when_no_setting_fits_it_says_so_names_the_closest_and_exits_3(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "tune.toml"
+    status, out, err = tune_made_up(
+        capsys, "--max-latency", "5ms", "--max-memory", "64MiB", "--write", str(path)
+    )
+    assert status == tune_module.NO_SETTING_FITS == 3
+    flat = " ".join(out.split())
+    assert (
+        "nothing chosen: no setting meets the budgets (p99 ≤ 5 ms, peak memory ≤ 64 MiB); the closest is "
+        "cpu_workers=2, max_pending=4: p99 6 ms > 5 ms, 2,500 items/s." in flat
+    )
+    assert "cpu_workers =" not in out
+    assert f"nothing written to {path}: no setting meets the budgets" in err
+    assert not path.exists()
+
+
+@pytest.mark.usefixtures("made_up")
+def test_write_saves_the_choice_with_the_goal_and_the_figures(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "tune.toml"
+    status, out, _ = tune_made_up(capsys, "--max-memory", "64MiB", "--write", str(path))
+    assert status == 0 and f"wrote {path}" in out
+    text = path.read_text()
+    assert "# goal: peak memory ≤ 64 MiB" in text
+    assert (
+        "# chosen: cpu_workers=2, max_pending=16: 97% of the items/s of the fastest setting within budget "
+        "(cpu_workers=2, max_pending=128: 3,000 items/s), within noise" in text
+    )
+    assert "over: peak 127 MiB > 64 MiB" in text
+    config = ss.Config.from_file(path)
+    assert (config.cpu_workers, config.max_pending) == (2, 16)
+
+
+def test_tune_writes_nothing_unasked_and_says_how_to_save_the_choice(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to write schedsvc-tune.toml into the working directory on every run."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "chain", "--depths", "1", "--items", "3", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+    assert "\nmax_pending = 1\n" in out
+    assert "run again with --write PATH" in " ".join(out.split())
+
+
+def test_out_is_still_read_as_write(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "old.toml"
+    assert main(["tune", "chain", "--depths", "1", "--items", "3", "--reps", "1", "--out", str(path)]) == 0
+    assert ss.Config.from_file(path).max_pending == 1
+
+
+def test_tune_help_describes_the_goals_the_rule_and_the_exit_statuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    for text in (
+        "--max-latency TIME",
+        "--max-memory SIZE",
+        "--write PATH",
+        "p99 latency per item",
+        "within noise",
+        "upper quartile",
+        "3 no setting meets the budgets",
+        "schedsvc tune pipeline --max-latency 50ms",
+    ):
+        assert text in flat, text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-latency", "50"], "--max-latency takes a positive time with its unit"),
+        (["--max-memory", "lots"], "--max-memory: 'lots' is not a byte size"),
+    ],
+)
+def test_a_bad_budget_is_refused_before_anything_runs(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tune", "chain", "--depths", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "..." not in err
 
 
 # -- each workload, tiny -------------------------------------------------------------------------
@@ -115,22 +382,30 @@ def test_each_workload_sweeps_and_its_json_has_the_promised_fields(
         assert r["tasks_per_s"] == pytest.approx(TASKS_PER_ITEM[workload] * r["items_per_s"])
         assert 0 < r["p50_ms"] <= r["p99_ms"]
         assert r["peak_mib"] > 0
-    assert [r["max_pending"] for r in rows if r["knee"]] == [report["knees"]["2"]]
-    assert report["recommended"] == {"cpu_workers": 2, "max_pending": report["knees"]["2"]}
+    assert [r["max_pending"] for r in rows if r["chosen"]] == [report["per_workers"]["2"]]
+    assert report["recommended"] == {"cpu_workers": 2, "max_pending": report["per_workers"]["2"]}
 
 
-def test_the_knee_row_follows_the_rule_on_the_measured_figures(
+def test_the_chosen_row_follows_the_rule_on_the_measured_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tune(capsys, tmp_path, "chain", "--depths", "1,2,8", "--items", "20", "--workers", "1,2")
+    measured = [
+        Measured(
+            r["workers"], r["max_pending"], tuple(r["items_per_s_reps"]), r["p99_ms"], r["peak_mib"] * 2**20
+        )
+        for r in report["rows"]
+    ]
+    expected = choose(measured).chosen
+    assert expected is not None
+    assert report["recommended"] == {
+        "cpu_workers": expected.setting.workers,
+        "max_pending": expected.setting.depth,
+    }
+    assert sum(r["chosen"] for r in report["rows"]) == 1
     for workers in (1, 2):
-        rows = [r for r in report["rows"] if r["workers"] == workers]
-        expected = knee({r["max_pending"]: r["items_per_s"] for r in rows})
-        assert report["knees"][str(workers)] == expected
-        assert [r["max_pending"] for r in rows if r["knee"]] == [expected]
-    best = {w: max(r["items_per_s"] for r in report["rows"] if r["workers"] == w) for w in (1, 2)}
-    chosen = recommend(best)
-    assert report["recommended"] == {"cpu_workers": chosen, "max_pending": report["knees"][str(chosen)]}
+        alone = choose([m for m in measured if m.workers == workers]).chosen
+        assert alone is not None and report["per_workers"][str(workers)] == alone.setting.depth
 
 
 def test_the_toml_round_trips_through_config_from_file(
@@ -138,7 +413,7 @@ def test_the_toml_round_trips_through_config_from_file(
 ) -> None:
     report = tune(capsys, tmp_path, "mlp", "--depths", "2,8", "--items", "4", "--workers", "1")
     text = (tmp_path / "tune.toml").read_text()
-    assert "# schedsvc tune mlp" in text and "CPUs" in text and "<- knee" in text
+    assert "# schedsvc tune mlp" in text and "CPUs" in text and "<- chosen" in text
     assert f"ss.Config.from_file({str(tmp_path / 'tune.toml')!r})" in text
     config = ss.Config.from_file(tmp_path / "tune.toml")
     assert config.cpu_workers == report["recommended"]["cpu_workers"] == 1
@@ -150,20 +425,21 @@ def test_without_rich_the_report_is_a_plain_table_and_progress_is_lines(
 ) -> None:
     monkeypatch.setitem(sys.modules, "rich", None)
     out = tmp_path / "rec.toml"
-    assert main(["tune", "chain", "--depths", "1,2", "--items", "5", "--reps", "1", "--out", str(out)]) == 0
+    assert main(["tune", "chain", "--depths", "1,2", "--items", "5", "--reps", "1", "--write", str(out)]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[0] == "schedsvc tune chain: 5 items, 1 run"
-    headers = ["cpu workers", "max pending", "items/s", "p50 ms", "p99 ms", "peak MiB", "pending MiB"]
+    headers = ["cpu workers", "max pending", "items/s", "middle half", "of best", "p50 ms", "p99 ms"]
+    headers += ["peak MiB", "pending MiB"]
     assert re.split(r"\s{2,}", lines[1].strip()) == headers
-    assert sum("<- knee, recommended" in line for line in lines) == 1
+    assert sum(line.endswith("<- chosen") for line in lines) == 1
     assert not any(box in captured.out for box in "─━│┃")
     assert f"wrote {out}" in lines
     steps = [line for line in captured.err.splitlines() if line.startswith("  ... tune chain ")]
     assert len(steps) == 4 and steps[-1].endswith("(4/4)")  # 2 depths x (1 rep + the memory run)
 
 
-def test_the_human_report_is_a_table_with_the_knee_marked(
+def test_the_human_report_is_a_table_with_the_chosen_setting_marked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "report.json"
@@ -181,7 +457,7 @@ def test_the_human_report_is_a_table_with_the_knee_marked(
                 "1",
                 "--json",
                 str(path),
-                "--out",
+                "--write",
                 str(out),
             ]
         )
@@ -189,7 +465,7 @@ def test_the_human_report_is_a_table_with_the_knee_marked(
     )
     captured = capsys.readouterr()
     assert "schedsvc tune chain: 5 items" in captured.out
-    assert "<- knee" in captured.out and "max_pending=" in captured.out
+    assert "<- chosen" in captured.out and "max_pending=" in captured.out
     assert f"wrote {out}" in captured.out and f"wrote {path}" in captured.out
     assert json.loads(path.read_text())["workload"] == "chain"
     assert out.is_file()
@@ -224,7 +500,7 @@ def test_without_matplotlib_the_plot_says_how_to_install_it_and_the_rest_is_done
         "3",
         "--reps",
         "1",
-        "--out",
+        "--write",
         str(out),
         "--plot",
         str(png),
@@ -234,7 +510,7 @@ def test_without_matplotlib_the_plot_says_how_to_install_it_and_the_rest_is_done
     assert "pip install 'schedsvc[plot]'" in captured.err
     assert not png.exists()
     assert ss.Config.from_file(out).max_pending == 1
-    assert "<- knee" in captured.out
+    assert "<- chosen" in captured.out
 
 
 # -- a user's module:function --------------------------------------------------------------------------
@@ -352,7 +628,7 @@ def test_a_user_workload_that_goes_wrong_fails_the_run_and_says_why(
 ) -> None:
     user_module(tmp_path, monkeypatch, "tune_user_bad", body)
     argv = ["tune", "tune_user_bad:bad", "--depths", "1", "--workers", "2", "--items", "2", "--reps", "1"]
-    argv += ["--out", str(tmp_path / "x.toml")]
+    argv += ["--write", str(tmp_path / "x.toml")]
     assert main(argv) == 1
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.toml").exists()
@@ -395,7 +671,7 @@ def test_a_bad_spec_names_what_is_wrong(
     with pytest.raises(TuneError) as info:
         load_workload(spec)
     assert message in str(info.value)
-    assert main(["tune", spec, "--out", str(tmp_path / "x.toml")]) == 2
+    assert main(["tune", spec, "--write", str(tmp_path / "x.toml")]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -416,6 +692,6 @@ def test_a_bad_spec_names_what_is_wrong(
 def test_bad_arguments_are_refused_before_anything_runs(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert main(["tune", "chain", *argv, "--out", str(tmp_path / "x.toml")]) == 2
+    assert main(["tune", "chain", *argv, "--write", str(tmp_path / "x.toml")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.toml").exists()
