@@ -575,12 +575,13 @@ async def test_unsupported_calls_raise_type_errors(engine: ss.Engine) -> None:
     np.testing.assert_array_equal(await within(t[1::2]), [1.0, 3.0, 5.0])
 
 
+NORMS: list[dict[str, Any]] = [{}, {"keepdims": True}, {"axis": 0}, {"axis": -1, "keepdims": True}]
+NORMS += [{"ord": 1, "axis": 1}, {"ord": np.inf, "axis": 0}, {"ord": -np.inf, "axis": 1}]
+NORMS += [{"ord": 0, "axis": 1}, {"ord": 3, "axis": 1}]
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.complex128])
-@pytest.mark.parametrize(
-    "options",
-    [{}, {"keepdims": True}, {"axis": 0}, {"axis": -1, "keepdims": True}, {"ord": 1, "axis": 1}]
-    + [{"ord": np.inf, "axis": 0}, {"ord": -np.inf, "axis": 1}, {"ord": 0, "axis": 1}, {"ord": 3, "axis": 1}],
-)
+@pytest.mark.parametrize("options", NORMS)
 async def test_vector_norms_are_queued_as_numpy_computes_them(
     engine: ss.Engine, dtype: Any, options: dict[str, Any]
 ) -> None:
@@ -601,8 +602,14 @@ async def test_matrix_norms_are_refused_with_what_to_do(engine: ss.Engine) -> No
 
 @pytest.mark.parametrize(
     ("name", "hint"),
-    [("numpy", "'await t' gives the NumPy array"), ("cpu", "t.to('cpu')"), ("get", "'await t' gives the array")]
-    + [("block_until_ready", "'await t' waits"), ("cuda", "t.to('cuda:0')"), ("detach", "a Tensor has no gradient")],
+    [
+        ("numpy", "'await t' gives the NumPy array"),
+        ("cpu", "t.to('cpu')"),
+        ("get", "'await t' gives the array"),
+        ("block_until_ready", "'await t' waits"),
+        ("cuda", "t.to('cuda:0')"),
+        ("detach", "a Tensor has no gradient"),
+    ],
 )
 async def test_other_libraries_names_for_a_tensors_value_say_how_it_is_done_here(
     engine: ss.Engine, name: str, hint: str
