@@ -7,22 +7,28 @@ Its pieces, each usable alone::
     import schedsvc as ss
     from schedsvc import serving
 
-    async def load(app, eng):                       # run at startup, before the first request
+    async def load(app, eng):  # run at startup, before the first request
         app.state.model = eng.compile(forward, batch_axis=0)
 
     app = FastAPI(
-        lifespan=serving.lifespan(ss.Config(max_pending=64), setup=load),  # opens and closes the engine
-        exception_handlers=serving.exception_handlers(retry_after=1),    # QueueFull, EngineClosed: 503
+        # opens and closes the engine
+        lifespan=serving.lifespan(ss.Config(max_pending=64), setup=load),
+        # QueueFull, EngineClosed: 503
+        exception_handlers=serving.exception_handlers(retry_after=1),
     )
 
     @app.post("/predict")
     async def predict(row: Row, request: Request):
-        call = request.app.state.model(np.array([row.x]))           # QueueFull at the limits: a 503
-        return {"y": (await serving.while_connected(request, call))[0].tolist()}  # dropped if the client left
+        # QueueFull at the limits: a 503
+        call = request.app.state.model(np.array([row.x]))
+        # dropped if the client left
+        y = await serving.while_connected(request, call)
+        return {"y": y[0].tolist()}
 
     @app.post("/predict-sync")
-    def predict_sync(row: Row, request: Request):                   # FastAPI runs it in a worker thread
-        return {"y": request.app.state.model(np.array([row.x])).result(timeout=30)[0].tolist()}
+    def predict_sync(row: Row, request: Request):  # run in a worker thread
+        call = request.app.state.model(np.array([row.x]))
+        return {"y": call.result(timeout=30)[0].tolist()}
 
 - ``lifespan(config, setup=...)`` is the app's ``lifespan=``: it opens an ``ss.Engine`` at startup, sets
   ``app.state.engine``, awaits ``setup(app, eng)``, and closes the engine at shutdown (``eng.aclose()``:
