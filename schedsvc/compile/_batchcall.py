@@ -102,14 +102,14 @@ class Deferred:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         batched = self.batched
         statics: dict[Any, Any] = {}
-        key, values, rows = batched._parse(args, kwargs, statics)
+        key, values, rows = batched.parse(args, kwargs, statics)
         if any(type(v) in BUFFER_TYPES for v in values):
             raise BatchError(
                 f"{batched!r}: a call whose Futures were pending at the call runs alone on the host, and "
                 "their values are device arrays; pass them as Tensors (eng.asarray(future, shape=..., "
                 "dtype=...))"
             )
-        group = batched._group(key, values, rows, statics or None, None)
+        group = batched.group(key, values, rows, statics or None, None)
         return group(*values)
 
     @property

@@ -54,14 +54,15 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 import numpy as np
 
 from .._core import FINAL_STATES
-from .._errors import BatchError, DependencyError, QueueFull, SchedsvcError
+from .._errors import BatchError, QueueFull, SchedsvcError
 from .._future import Future
 from .._logging import COMPILE, Throttled
 from .._runtime import BUFFER_TYPES, NOW, QUEUE, buffer_of, scan
 from .._tracing import ACTIVE, tracing
 from ..tensor import Tensor, order_after
 from ._batchcall import BatchCall, Deferred, check_exact
-from ._compiled import MAX_SIGNATURES, Compiled, static_part
+from ._callkey import parse_call
+from ._compiled import MAX_SIGNATURES, Compiled
 from ._cuda import batch_replay
 from ._fused import Group, Plan, Proved, SizePlan, pow2, signature_key, without_own_frames
 from ._params import check_batched
@@ -244,8 +245,8 @@ class Batched(Generic[P, R]):
         if device is None and port.host_device in port.memory_devices:
             device = port.host_device
         statics: dict[Any, Any] = {}
-        key, values, rows = self._parse(args, kwargs, statics)
-        group = self._group(key, values, rows, statics or None, device)
+        key, values, rows = self.parse(args, kwargs, statics)
+        group = self.group(key, values, rows, statics or None, device)
         return self._task(group, values, rows, tid)
 
     def _one_device(self, found: str | None, device: str | None, slot: Any) -> str:
@@ -275,7 +276,7 @@ class Batched(Generic[P, R]):
         else:
             host = self._port.host_device
             key = ((0, "rows", shape, dtype),)
-            group = self._group(
+            group = self.group(
                 key, [x], x.shape[0], None, host if host in self._port.memory_devices else None
             )
             self._last = (shape, dtype, group)
@@ -368,62 +369,16 @@ class Batched(Generic[P, R]):
         call.number = self.calls = next(self._numbers)
         return call
 
-    def _parse(
+    def parse(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], statics: dict[Any, Any]
     ) -> tuple[Any, list[Any], int]:
         """(key, batched values then unbatched arrays, rows along the batch axis) of one call; its other
-        arguments go into ``statics``."""
-        key: list[Any] = []
-        batched: list[Any] = []
-        shared: list[Any] = []
-        rows = -1
-        for slot, value in (*enumerate(args), *sorted(kwargs.items())):
-            if isinstance(value, Future) and not isinstance(value, Tensor):
-                if value.state != "done":
-                    raise DependencyError(f"{value!r}, an argument of {self!r}, did not finish") from (
-                        value.error
-                    )
-                value = value.value
-            if isinstance(value, list | tuple) and self._batched is not None and slot in self._batched:
-                value = np.asarray(value)
-            device_array = type(value) in BUFFER_TYPES
-            array = device_array or isinstance(value, np.ndarray | Tensor)
-            if array and (self._batched is None or slot in self._batched):
-                shape, axis = value.shape, self.batch_axis
-                ndim = len(shape)
-                if not -ndim <= axis < ndim:
-                    raise BatchError(
-                        f"{self!r}: argument {slot!r} has shape {shape}, which has no batch axis {axis}"
-                    )
-                axis %= ndim
-                n = shape[axis]
-                if rows not in (-1, n):
-                    raise BatchError(
-                        f"{self!r}: the batched arguments of one call disagree on their rows along axis "
-                        f"{axis} ({rows} and {n})"
-                    )
-                rows = n
-                part: tuple[Any, ...] = (slot, "rows", shape[:axis] + shape[axis + 1 :], value.dtype)
-                if device_array or (isinstance(value, Tensor) and value.device in self._port.memory_devices):
-                    part = (*part, "device")  # rows in a device's memory: its callers get device rows
-                key.append(part)
-                batched.append(value)
-            elif array:
-                key.append((slot, "shared", id(value), value.shape, value.dtype))  # (see Group.run)
-                shared.append(value)
-            else:
-                key.append((slot, "static", static_part(value)))
-                statics[slot] = value
-        if rows < 0:
-            raise BatchError(
-                f"{self!r} was called without a batched array argument (batch_axis={self.batch_axis}); pass "
-                "the rows as an array, or name the batched arguments with batched="
-            )
-        if rows == 0:
-            raise BatchError(f"{self!r}: a call with no rows along batch axis {self.batch_axis}")
-        return tuple(key), [*batched, *shared], rows
+        arguments go into ``statics`` (``_callkey.parse_call``)."""
+        return parse_call(
+            self, args, kwargs, statics, self._batched, self.batch_axis, self._port.memory_devices
+        )
 
-    def _group(
+    def group(
         self, key: Any, values: list[Any], rows: int, statics: dict[Any, Any] | None, device: str | None
     ) -> Group:
         """The group of ``key`` on ``device`` (None: the host); made now if it has none, after its rows are
