@@ -199,7 +199,9 @@ class _Trace:
                 f"the caller's data. Write 'y = x + ...' instead of 'x += ...'"
             )
         index = len(self.nodes)
-        node = Node(op.name, args, dict(attrs), target.shape, target.dtype, base, out=target.node, site=_site())
+        node = Node(
+            op.name, args, dict(attrs), target.shape, target.dtype, base, out=target.node, site=_site()
+        )
         self.nodes.append(node)
         target.node = index  # the Python name now means the written value
         return target
