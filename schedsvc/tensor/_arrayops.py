@@ -361,7 +361,9 @@ def instead(name: str, args: str = "...") -> str:
 def _no(name: str, **given: Any) -> None:
     bad = [k for k, v in given.items() if v is not None and v is not np._NoValue]
     if bad == ["out"]:
-        raise TypeError(f"np.{name}(..., out=...) is not supported on Tensors; assign its result: y = np.{name}(...)")
+        raise TypeError(
+            f"np.{name}(..., out=...) is not supported on Tensors; assign its result: y = np.{name}(...)"
+        )
     if bad:
         raise TypeError(f"np.{name}(..., {', '.join(bad)}=...) is not supported on Tensors; {instead(name)}")
 
