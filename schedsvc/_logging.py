@@ -18,7 +18,17 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["COMPILE", "DEVICES_CUDA", "ENGINE", "ROOT", "SERVING", "Throttled", "settings", "tally"]
+__all__ = [
+    "COMPILE",
+    "DEVICES_CUDA",
+    "DEVICES_DASK",
+    "ENGINE",
+    "ROOT",
+    "SERVING",
+    "Throttled",
+    "settings",
+    "tally",
+]
 
 ROOT = "schedsvc"
 #: an engine started (its settings) and closed (its tally), INFO; an error nobody could be told, ERROR
@@ -29,6 +39,8 @@ SERVING = "schedsvc.serving"
 COMPILE = "schedsvc.compile"
 #: CUDA devices: out of device memory at a launch, WARNING
 DEVICES_CUDA = "schedsvc.devices.cuda"
+#: Dask devices: a task's outcome the cluster could not give (the scheduler lost, a value not fetched), WARNING
+DEVICES_DASK = "schedsvc.devices.dask"
 
 #: the fewest seconds between two records of one ``Throttled`` warning
 INTERVAL_S = 60.0

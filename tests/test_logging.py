@@ -15,7 +15,13 @@ from schedsvc import _logging
 from tests.helpers import within
 
 #: the public logger names, as the observing guide lists them
-NAMES = ("schedsvc.engine", "schedsvc.serving", "schedsvc.compile", "schedsvc.devices.cuda")
+NAMES = (
+    "schedsvc.engine",
+    "schedsvc.serving",
+    "schedsvc.compile",
+    "schedsvc.devices.cuda",
+    "schedsvc.devices.dask",
+)
 
 
 def schedsvc_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -36,7 +42,14 @@ def test_the_library_adds_no_handler() -> None:
 
 
 def test_the_logger_names_are_the_documented_ones() -> None:
-    assert (_logging.ENGINE, _logging.SERVING, _logging.COMPILE, _logging.DEVICES_CUDA) == NAMES
+    named = (
+        _logging.ENGINE,
+        _logging.SERVING,
+        _logging.COMPILE,
+        _logging.DEVICES_CUDA,
+        _logging.DEVICES_DASK,
+    )
+    assert named == NAMES
 
 
 async def test_start_and_close_are_logged_with_the_settings_and_a_tally_and_no_task_is(

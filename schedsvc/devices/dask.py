@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ import numpy as np
 
 from .._core import FINAL_STATES, Task, name_of
 from .._errors import DeviceError, InvalidTask, SchedsvcError
+from .._logging import DEVICES_DASK, Throttled
 from .._runtime import Device, on_loop
 from ._dask_cluster import CLOSE_TIMEOUT_S, Client, DaskFuture, LocalCluster, close, connect, worker_threads
 from ._dask_payload import apply, apply_writing, diagnosed, remote_error, to_dask, write_back
@@ -89,6 +91,7 @@ class DaskDevice(Device):
         self.fetcher = Fetcher(client, rt.loop)
         self.spans = Spans(rt, rt.loop, f"{self._prefix}-spans")
         client.subscribe_topic(self.spans.topic, self.spans.on_span)
+        self._lost = Throttled(logging.getLogger(DEVICES_DASK))
 
     @classmethod
     async def open(cls, rt: Runtime, name: str, config: Config) -> DaskDevice:
@@ -251,6 +254,13 @@ class DaskDevice(Device):
                 cancelled = True
         except Exception as exc:  # the client lost the scheduler, the value could not be fetched, ...
             error = exc
+            self._lost.warning(
+                "%s: the outcome of %r could not be read from the cluster (%s: %s); the task fails with it",
+                self.client,
+                task,
+                type(exc).__name__,
+                exc,
+            )
         except BaseException:  # the watcher itself was cancelled (the loop is shutting down)
             self._finish(task, None, SchedsvcError(f"{task!r}: stopped watching its Dask future"))
             raise

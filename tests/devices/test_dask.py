@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -288,6 +289,25 @@ async def test_a_value_that_cannot_be_fetched_fails_alone(dask_address: str) -> 
         outcomes = await within(asyncio.gather(lost, kept, return_exceptions=True))
         assert isinstance(outcomes[0], distributed.client.FutureCancelledError)
         assert outcomes[1] == 4  # the batch's failure is not its neighbour's
+
+
+async def test_an_outcome_the_cluster_cannot_give_fails_the_task_and_is_a_warning(
+    dask_address: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def lost(self: Any) -> None:
+        raise OSError("connection to the scheduler lost")
+
+    async with engine(dask_address) as eng:
+        monkeypatch.setattr(distributed.Future, "_exception", lost)
+        with caplog.at_level(logging.WARNING, logger="schedsvc.devices.dask"):
+            fut = eng.submit_nowait(np.add, 1, 1)
+            with pytest.raises(OSError, match="scheduler lost"):
+                await within(fut)
+        monkeypatch.undo()
+    (record,) = [r for r in caplog.records if r.name == "schedsvc.devices.dask"]
+    said = record.getMessage()
+    assert record.levelno == logging.WARNING
+    assert "could not be read from the cluster (OSError: connection to the scheduler lost)" in said
 
 
 # -- issue 15: regressions of the bad-input sweep -----------------------------------------------------
