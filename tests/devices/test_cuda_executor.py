@@ -819,28 +819,11 @@ async def test_one_failed_allocation_with_work_in_flight_is_retried() -> None:
 
 
 @simulator_only
-async def test_allocation_failing_twice_fails_the_task_with_sizes_and_the_engine_keeps_serving() -> None:
-    gate = StreamGate()
-    async with cuda_engine() as eng:
-        x = await within(await eng.submit(np.arange, 4.0, device="cuda:0"))
-        held = await eng.submit(gate.hold, x, device="cuda:0")
-        await gate.wait_reached()
-        sim().fail_allocations(2)
-        doomed = await eng.submit(np.multiply, x, 3.0, device="cuda:0")
-        gate.open()
-        with pytest.raises(ss.MemoryLimitError, match=r"cuda:0.*bytes") as info:
-            await within(doomed)
-        assert isinstance(info.value.__cause__, cuda_api().OutOfMemoryError)
-        await within(held)
-        again = await eng.submit(np.multiply, x, 4.0, device="cuda:0")
-        np.testing.assert_array_equal(host(await within(again)), np.arange(4.0) * 4)
-
-
-@simulator_only
-async def test_out_of_device_memory_is_a_warning_on_schedsvc_devices_cuda(
+async def test_allocation_failing_twice_fails_the_task_with_sizes_and_the_engine_keeps_serving(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The retry is said, and so is the task's failure when the retry runs out of memory too."""
+    """The retry is a warning on schedsvc.devices.cuda, and so is the task's failure when the retry runs
+    out of memory too."""
     caplog.set_level(logging.DEBUG, logger="schedsvc.devices")
     gate = StreamGate()
     async with cuda_engine() as eng:
@@ -850,9 +833,12 @@ async def test_out_of_device_memory_is_a_warning_on_schedsvc_devices_cuda(
         sim().fail_allocations(2)
         doomed = await eng.submit(np.multiply, x, 3.0, device="cuda:0", name="doomed")
         gate.open()
-        with pytest.raises(ss.MemoryLimitError) as info:
+        with pytest.raises(ss.MemoryLimitError, match=r"cuda:0.*bytes") as info:
             await within(doomed)
+        assert isinstance(info.value.__cause__, cuda_api().OutOfMemoryError)
         await within(held)
+        again = await eng.submit(np.multiply, x, 4.0, device="cuda:0")
+        np.testing.assert_array_equal(host(await within(again)), np.arange(4.0) * 4)
     retry, failure = (r for r in caplog.records if r.name.startswith("schedsvc"))
     assert (retry.name, retry.levelno) == ("schedsvc.devices.cuda", logging.WARNING)
     assert retry.getMessage().startswith("cuda:0 ran out of device memory launching doomed (")
