@@ -3,8 +3,10 @@ argument of a task may be, and the signatures of ``submit``, ``submit_nowait`` a
 to the methods by ``as_submit``, ``as_submit_nowait`` and ``as_run``, which change nothing at run time).
 
 An argument that is a Future (a Tensor, a ``concurrent.futures.Future`` of ``eng.executor()``) is a
-dependency: the function gets its value.  So a function of a ``float`` takes a ``float`` or a future of
-one, or of an ``int`` (``Arg[float]``).
+dependency: the function gets its value.  So a function of a ``float`` takes a ``float`` or a future
+(``Arg[float]``).  A future's value type is not checked against the parameter: a future of ``Any`` (the
+result of an untyped function, or of NumPy's many functions typed ``Any``) would make a type checker
+infer the parameter as ``Any | Future[Any]`` and refuse every function, so any future fits.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ class Pending(Protocol[V_co]):
     def result(self, timeout: float | None = None) -> V_co: ...
 
 
-#: a task's argument: the value the function takes, or a future of it
-Arg: TypeAlias = V | Pending[V]
+#: a task's argument: the value the function takes, or a future (of it, unchecked: see the docstring above)
+Arg: TypeAlias = V | Pending[Any]
 
 
 class SubmitOptions(TypedDict, total=False):
@@ -82,9 +84,10 @@ class BatchOptions(CompileOptions, total=False):
 class Submit(Protocol):
     """``eng.submit``'s signatures.  A call of up to four positional arguments is checked against
     ``fn``'s parameters, each argument fitting by its type or as a future of it (a dependency), options
-    too; one giving ``fn``'s keywords, by the last overload (ParamSpec).  PEP 612 allows no keyword
-    between ``*args: P.args`` and ``**kwargs: P.kwargs``: a call giving ``fn``'s keywords and an option
-    matches the overload that requires that option, and is not checked further."""
+    too; one giving ``fn``'s keywords, by the last overload (ParamSpec), whose arguments are ``fn``'s
+    own.  PEP 612 allows no keyword between ``*args: P.args`` and ``**kwargs: P.kwargs``, so no overload
+    takes ``fn``'s keywords together with an option or a future: a type checker refuses such a call
+    (it runs); bind the keywords with ``functools.partial(fn, key=...)``, which it then checks."""
 
     @overload
     async def __call__(self, fn: Callable[[], T], /, **options: Unpack[SubmitOptions]) -> Future[T]: ...
@@ -116,28 +119,6 @@ class Submit(Protocol):
         a4: Arg[A4],
         /,
         **options: Unpack[SubmitOptions],
-    ) -> Future[T]: ...
-    @overload
-    async def __call__(
-        self, fn: Callable[..., T], /, *args: Any, device: str | None, **kwargs: Any
-    ) -> Future[T]: ...
-    @overload
-    async def __call__(
-        self, fn: Callable[..., T], /, *args: Any, priority: int, **kwargs: Any
-    ) -> Future[T]: ...
-    @overload
-    async def __call__(
-        self, fn: Callable[..., T], /, *args: Any, name: str | None, **kwargs: Any
-    ) -> Future[T]: ...
-    @overload
-    async def __call__(self, fn: Callable[..., T], /, *args: Any, reads: Any, **kwargs: Any) -> Future[T]: ...
-    @overload
-    async def __call__(
-        self, fn: Callable[..., T], /, *args: Any, writes: Any, **kwargs: Any
-    ) -> Future[T]: ...
-    @overload
-    async def __call__(
-        self, fn: Callable[..., T], /, *args: Any, nbytes: int | None, **kwargs: Any
     ) -> Future[T]: ...
     @overload
     async def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]: ...
@@ -178,22 +159,6 @@ class SubmitNowait(Protocol):
         **options: Unpack[SubmitOptions],
     ) -> Future[T]: ...
     @overload
-    def __call__(
-        self, fn: Callable[..., T], /, *args: Any, device: str | None, **kwargs: Any
-    ) -> Future[T]: ...
-    @overload
-    def __call__(self, fn: Callable[..., T], /, *args: Any, priority: int, **kwargs: Any) -> Future[T]: ...
-    @overload
-    def __call__(self, fn: Callable[..., T], /, *args: Any, name: str | None, **kwargs: Any) -> Future[T]: ...
-    @overload
-    def __call__(self, fn: Callable[..., T], /, *args: Any, reads: Any, **kwargs: Any) -> Future[T]: ...
-    @overload
-    def __call__(self, fn: Callable[..., T], /, *args: Any, writes: Any, **kwargs: Any) -> Future[T]: ...
-    @overload
-    def __call__(
-        self, fn: Callable[..., T], /, *args: Any, nbytes: int | None, **kwargs: Any
-    ) -> Future[T]: ...
-    @overload
     def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]: ...
 
 
@@ -231,18 +196,6 @@ class Run(Protocol):
         /,
         **options: Unpack[SubmitOptions],
     ) -> T: ...
-    @overload
-    async def __call__(self, fn: Callable[..., T], /, *args: Any, device: str | None, **kwargs: Any) -> T: ...
-    @overload
-    async def __call__(self, fn: Callable[..., T], /, *args: Any, priority: int, **kwargs: Any) -> T: ...
-    @overload
-    async def __call__(self, fn: Callable[..., T], /, *args: Any, name: str | None, **kwargs: Any) -> T: ...
-    @overload
-    async def __call__(self, fn: Callable[..., T], /, *args: Any, reads: Any, **kwargs: Any) -> T: ...
-    @overload
-    async def __call__(self, fn: Callable[..., T], /, *args: Any, writes: Any, **kwargs: Any) -> T: ...
-    @overload
-    async def __call__(self, fn: Callable[..., T], /, *args: Any, nbytes: int | None, **kwargs: Any) -> T: ...
     @overload
     async def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
 

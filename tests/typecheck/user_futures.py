@@ -5,6 +5,7 @@ Checked by ``tests/typecheck/test_typing.py``, never run."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import reveal_type
 
 import numpy as np
@@ -31,8 +32,11 @@ async def main(eng: ss.Engine) -> None:
     reveal_type(b)  # Future[int]
     reveal_type(await eng.submit(scale, b, 3.0, priority=1, name="scaled"))  # Future[float]
     reveal_type(eng.submit_nowait(scale, 1, factor=3.0))  # Future[float]
-    reveal_type(await eng.submit(scale, 1, factor=3.0, device="cpu"))  # Future[float]
+    # fn's keywords with an option: bound by functools.partial (no overload takes both)
+    reveal_type(await eng.submit(functools.partial(scale, factor=3.0), 1, device="cpu"))  # Future[float]
     reveal_type(await eng.submit(total, eng.ones((2, 2))))  # Future[float]
+    product = await eng.submit(np.dot, np.ones((2, 2)), np.ones((2, 2)))  # NumPy types it Any
+    reveal_type(await eng.submit(total, product))  # Future[float]
     reveal_type(await eng.run(square, a, priority=2))  # int
     reveal_type(await eng.submit(len, [1, 2]))  # Future[int]
     reveal_type(await eng.submit(lambda: "made"))  # Future[str]
