@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from ._core import FINAL_STATES, Task
 from ._errors import SchedsvcError, stop_through_await
@@ -25,6 +25,10 @@ else:
 __all__ = ["Future"]
 
 T = TypeVar("T")
+_SET = (
+    "{self!r}.{what}: a task's outcome is set by the engine when the task ends; for a value of your own "
+    "to await, make an asyncio future (loop.create_future()) or an anyio Event"
+)
 
 
 class Future(Task, _AsyncioFuture[T]):  # type: ignore[misc]  # (disjoint bases: only for the type checker)
@@ -80,6 +84,15 @@ class Future(Task, _AsyncioFuture[T]):  # type: ignore[misc]  # (disjoint bases:
 
     def cancelled(self) -> bool:
         return self.state == "cancelled"
+
+    def set_result(self, result: object) -> NoReturn:
+        """Refused: a task's outcome is the engine's to set, when the task ends (asyncio's own futures
+        have it; a type checker sees this one as such)."""
+        raise SchedsvcError(_SET.format(self=self, what="set_result()"))
+
+    def set_exception(self, exception: object) -> NoReturn:
+        """Refused, as ``set_result``."""
+        raise SchedsvcError(_SET.format(self=self, what="set_exception()"))
 
     def running(self) -> bool:
         return self.state == "running"

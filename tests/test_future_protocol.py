@@ -46,6 +46,18 @@ async def test_a_future_is_an_asyncio_future_of_the_engines_loop() -> None:
         assert await within(fut) == 3
 
 
+async def test_setting_a_tasks_outcome_is_refused_and_says_what_to_use() -> None:
+    """Type checkers see an asyncio future, whose set_result and set_exception it therefore has: they
+    refuse (the engine sets the outcome), and the task's own outcome stands."""
+    async with _engine() as eng:
+        fut = eng.submit_nowait(operator.add, 1, 2)
+        with pytest.raises(ss.SchedsvcError, match=r"set_result\(\): a task's outcome is set by the engine"):
+            fut.set_result(5)
+        with pytest.raises(ss.SchedsvcError, match=r"set_exception\(\).*loop\.create_future\(\)"):
+            fut.set_exception(ValueError())
+        assert await within(fut) == 3
+
+
 async def test_asyncio_wait_returns_done_and_pending_and_leaves_no_callback_behind() -> None:
     async with _engine() as eng, occupied(eng, 1) as (gate, held):
         quick = eng.submit_nowait(operator.add, 1, 2, device="cpu")

@@ -444,10 +444,15 @@ def _np_transpose(a: Any, axes: Any = None) -> Any:
 def _np_norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:
     """np.linalg.norm of vectors, composed of queued ops: along ``axis`` (an int), or of all the values
     (``axis=None``, ``ord=None``: the Frobenius norm of a matrix); matrix norms are refused."""
-    if isinstance(axis, list):
-        axis = tuple(axis)
-    vector = isinstance(axis, int | np.integer) or (axis is None and (ord is None or len(x.shape) == 1))
-    if not vector or (isinstance(axis, tuple) and len(axis) != 1):
+    if isinstance(axis, tuple) and len(axis) == 1:
+        axis = axis[0]
+    of_vectors = isinstance(axis, int | np.integer) or (axis is None and len(x.shape) == 1)
+    if isinstance(ord, str) and of_vectors:
+        raise ValueError(f"Invalid norm order '{ord}' for vectors")  # (NumPy's words)
+    if ord == "fro" and axis is None and len(x.shape) == 2:
+        ord = None  # a matrix's Frobenius norm: the 2-norm of all its values
+    vector = of_vectors or (axis is None and ord is None)
+    if not vector:
         raise TypeError(
             f"np.linalg.norm(..., ord={ord!r}, axis={axis!r}) of a matrix is not queued on Tensors (norms of "
             f"vectors are: an int axis, or ord=None); {instead('linalg.norm')}"

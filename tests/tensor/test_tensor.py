@@ -577,7 +577,7 @@ async def test_unsupported_calls_raise_type_errors(engine: ss.Engine) -> None:
 
 NORMS: list[dict[str, Any]] = [{}, {"keepdims": True}, {"axis": 0}, {"axis": -1, "keepdims": True}]
 NORMS += [{"ord": 1, "axis": 1}, {"ord": np.inf, "axis": 0}, {"ord": -np.inf, "axis": 1}]
-NORMS += [{"ord": 0, "axis": 1}, {"ord": 3, "axis": 1}]
+NORMS += [{"ord": 0, "axis": 1}, {"ord": 3, "axis": 1}, {"axis": (1,)}, {"ord": "fro"}]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.complex128])
@@ -595,9 +595,11 @@ async def test_vector_norms_are_queued_as_numpy_computes_them(
 
 async def test_matrix_norms_are_refused_with_what_to_do(engine: ss.Engine) -> None:
     t = engine.asarray(np.ones((2, 2)))
-    for options in ({"ord": 2}, {"axis": (0, 1)}, {"ord": "fro", "axis": (0, 1)}):
+    for options in ({"ord": 2}, {"axis": (0, 1)}, {"ord": "fro", "axis": (0, 1)}, {"ord": "nuc"}):
         with pytest.raises(TypeError, match=r"of a matrix is not queued.*eng\.submit\(np\.linalg\.norm"):
             np.linalg.norm(t, **options)
+    with pytest.raises(ValueError, match="Invalid norm order 'fro' for vectors"):  # as NumPy
+        np.linalg.norm(t, ord="fro", axis=1)
 
 
 @pytest.mark.parametrize(
