@@ -441,6 +441,9 @@ class Batched(Generic[P, R]):
 
     def split(self, calls: int, errors: list[BaseException]) -> None:
         """A batch of ``calls`` calls raised and was split: ``errors``, those of the calls that failed alone."""
+        if not errors:  # (the batch's size could not be run: every call ran in a smaller part)
+            self._splits.warning("%r: a batch of %d calls raised, and its calls ran in parts", self, calls)
+            return
         first = errors[0]
         self._splits.warning(
             "%r: a batch of %d calls raised, and was split to give each caller its own outcome: %d of the "

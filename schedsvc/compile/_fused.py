@@ -189,29 +189,25 @@ class Group:
         self, tasks: list[Task], args: list[Any]
     ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
         """The ready calls of this key, as one replay (split where it raises)."""
-        rows = [self.weight(t) for t in tasks]
-        runs: list[int] = []
-        outcomes = self.outcomes(args, rows, runs)
-        if len(runs) > 1:
-            self._told_split(outcomes)
-        return outcomes, self._described(tasks, rows, runs)
+        return self._fused(tasks, args, None)
 
     def launch(
         self, tasks: list[Task], args: list[Any], staging: Staging
     ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
         """The ready calls of this key, launched as one on ``staging``'s device (split where it raises)."""
+        return self._fused(tasks, args, staging)
+
+    def _fused(
+        self, tasks: list[Task], args: list[Any], staging: Staging | None
+    ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
         rows = [self.weight(t) for t in tasks]
         runs: list[int] = []
-        outcomes = self.outcomes(args, rows, runs, staging)
-        if len(runs) > 1:
-            self._told_split(outcomes)
-        return outcomes, self._described(tasks, rows, runs)
-
-    def _told_split(self, outcomes: list[tuple[Any, BaseException | None]]) -> None:
-        """The calls ran in parts: if some failed, the batch was split because it raised."""
-        errors = [error for _, error in outcomes if error is not None]
-        if errors:
+        split: list[bool] = []
+        outcomes = self.outcomes(args, rows, runs, staging, split)
+        if split:  # it raised, and was split: said (how many failed alone, the first error)
+            errors = [error for _, error in outcomes if error is not None]
             self.batched.split(len(outcomes), errors)
+        return outcomes, self._described(tasks, rows, runs)
 
     def _described(self, tasks: list[Task], rows: list[int], runs: list[int]) -> dict[str, Any]:
         return {
@@ -236,17 +232,24 @@ class Group:
         return f"batch:{self.batched.name}"
 
     def outcomes(
-        self, args: list[Any], rows: list[int], runs: list[int], staging: Staging | None = None
+        self,
+        args: list[Any],
+        rows: list[int],
+        runs: list[int],
+        staging: Staging | None = None,
+        split: list[bool] | None = None,
     ) -> list[tuple[Any, BaseException | None]]:
         """Each call's (value, error): the calls run (or, given ``staging``, are launched) as one replay;
         where it raises, as two halves, down to single calls, so each caller gets the outcome it would
-        have had alone."""
+        have had alone (and ``split`` gets an entry)."""
         nb = self.nbatched
         shared = args[0][nb:]
         if any(a[i] is not s for a in args[1:] for i, s in enumerate(shared, nb)):
             # another unbatched array under the key (its id was reused since): never in one replay
             return [
-                o for a, r in zip(args, rows, strict=True) for o in self.outcomes([a], [r], runs, staging)
+                o
+                for a, r in zip(args, rows, strict=True)
+                for o in self.outcomes([a], [r], runs, staging, split)
             ]
         try:
             values, size = self._replay(args, rows, staging)
@@ -255,9 +258,11 @@ class Group:
                 self.batched.count(rows[0])
                 runs.append(rows[0])
                 return [(None, without_own_frames(exc))]
+            if split is not None:
+                split.append(True)
             half = len(args) // 2
-            first = self.outcomes(args[:half], rows[:half], runs, staging)
-            return first + self.outcomes(args[half:], rows[half:], runs, staging)
+            first = self.outcomes(args[:half], rows[:half], runs, staging, split)
+            return first + self.outcomes(args[half:], rows[half:], runs, staging, split)
         self.batched.count(sum(rows))
         runs.append(size)
         return [(value, None) for value in values]

@@ -695,6 +695,24 @@ async def test_a_batch_split_after_an_error_is_one_warning_on_schedsvc_compile(
     assert "2 of the calls failed alone (the first: RuntimeWarning: " in said
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+async def test_calls_run_apart_for_another_unbatched_array_are_not_said_to_be_split(
+    anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Calls of one key whose unbatched arrays are not the same object (an address reused) run one by one:
+    no batch raised, so no split is said, though one of them fails alone."""
+    caplog.set_level(logging.DEBUG, logger="schedsvc")
+    async with engine() as eng:
+        f = eng.compile(lambda x, w: np.log(x * w), batch_axis=0, batched=[0])
+        w1, w2 = np.ones(F), np.ones(F)  # equal; w2 stands for an array at w1's reused address
+        call = f(np.ones((1, F)), w1)
+        await within(call)
+        runs = [[np.ones((1, F)), w1], [np.full((1, F), -1.0), w2]]
+        outcomes, _ = call.fusion.run([call, call], runs)
+    assert [error is None for _, error in outcomes] == [True, False]
+    assert not [r for r in caplog.records if "split" in r.getMessage()]
+
+
 # -- cancellation -------------------------------------------------------------------------------------------
 
 
