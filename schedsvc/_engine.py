@@ -101,7 +101,8 @@ class Engine:
         await port.start(None if self.config.trace_path is None else Timeline(self.config.trace_path))
         STARTED.add(port)  # for a fork: the child's copy refuses work
         port.loop_watch = watch_loop_end(port)
-        _log.info("engine started: %s", settings(self.config))
+        if _log.isEnabledFor(logging.INFO):
+            _log.info("engine started: %s", settings(self.config))
         return self
 
     async def aclose(self, *, cancel_pending: bool = False) -> None:

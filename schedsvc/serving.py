@@ -154,13 +154,15 @@ def exception_handlers(*, retry_after: int = RETRY_AFTER_S) -> dict[Any, Handler
 
     async def busy(request: Request, exc: Exception) -> Response:
         busy_log.warning(
-            "503 to %s %s, Retry-After %d s: %s", request.method, request.url.path, retry_after, exc
+            "503 to %s %s, Retry-After %d s: %s", request.method, request.scope["path"], retry_after, exc
         )
         detail = f"the service is busy: retry after {retry_after} s"
         return JSONResponse({"detail": detail}, 503, headers=headers)
 
     async def closing(request: Request, exc: Exception) -> Response:
-        closing_log.warning("503 to %s %s, the engine is closing: %s", request.method, request.url.path, exc)
+        closing_log.warning(
+            "503 to %s %s, the engine is closing: %s", request.method, request.scope["path"], exc
+        )
         detail = "the service is shutting down: retry on another instance, or after it restarts"
         return JSONResponse({"detail": detail}, 503, headers=headers)
 

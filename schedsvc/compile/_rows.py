@@ -256,7 +256,10 @@ def _type(node: Node) -> str:
 def _refuse(node: Node, why: str, axis: int | None = None, fix: str = "") -> BatchError:
     where = "" if axis is None else f" (batch axis {axis})"
     made = "" if node.site is None else f". The {node.op}() is made at {_line(node.site)}"
-    fix = fix or "leave this op out of the batched function, or compile it without batch_axis"
+    fix = (
+        fix
+        or "leave this op out of the batched function (compiled without batch_axis, it runs each call alone)"
+    )
     return BatchError(
         f"{node.op}(){where}: {why}, so a batched call would mix the rows of different callers (a "
         f"caller's values would depend on other callers' rows). To batch, {fix}{made}"
@@ -264,10 +267,13 @@ def _refuse(node: Node, why: str, axis: int | None = None, fix: str = "") -> Bat
 
 
 def _line(site: tuple[str, int]) -> str:
-    """``file:line: code`` of a call site."""
+    """``file:line (code)`` of a call site; the file relative to the working directory if it is in it."""
     path, number = site
     code = linecache.getline(path, number).strip()
-    return f"{os.path.basename(path)}:{number}" + (f" ({code!r})" if code else "")
+    shown = os.path.relpath(path)
+    if shown.startswith(os.pardir):
+        shown = path
+    return f"{shown}:{number}" + (f" ({code!r})" if code else "")
 
 
 def _broadcast(
@@ -310,19 +316,23 @@ def _reduce(graph: Graph, axes: list[int | None], node: Node) -> int:
     ndim = len(graph.nodes[a].shape)
     over = node.attrs.get("axis")
     if over is None:
-        raise _refuse(node, "it reduces every axis, the batch axis too", axis)
+        raise _refuse(node, "it reduces every axis, the batch axis too", axis, _own_axes(set(), axis, ndim))
     reduced = {_norm(x, ndim) for x in (over if isinstance(over, tuple) else (over,))}
     if axis in reduced:
-        own = tuple(x for x in range(ndim) if x != axis)
-        fix = "reduce only each row's own axes" + (
-            f" (axis={own[0] if len(own) == 1 else own}; keepdims=True keeps it broadcastable against the rows)"
-            if own
-            else ""
-        )
-        raise _refuse(node, f"it reduces the batch axis {axis}", axis, fix)
+        raise _refuse(node, f"it reduces the batch axis {axis}", axis, _own_axes(reduced, axis, ndim))
     if node.attrs.get("keepdims", False):
         return axis
     return axis - sum(1 for x in reduced if x < axis)
+
+
+def _own_axes(reduced: set[int], axis: int, ndim: int) -> str:
+    """What to reduce instead of a reduction over batch axis ``axis``: the other axes it reduced, or else
+    every axis of a row's own; a row of one value has none."""
+    own = sorted(reduced - {axis}) or [x for x in range(ndim) if x != axis]
+    if not own:
+        return "leave this op out of the batched function: each row is one value, with no axis of its own"
+    shown = own[0] if len(own) == 1 else tuple(own)
+    return f"reduce only each row's own axes (axis={shown}; keepdims=True keeps it broadcastable against the rows)"
 
 
 def _matmul(

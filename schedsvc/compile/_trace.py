@@ -213,9 +213,10 @@ _NUMPY = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 def _site() -> tuple[str, int] | None:
     """The (file, line) of the user's code that made the op being recorded: the first caller outside
-    schedsvc and NumPy.  (Tracing only: a replay never records.)"""
+    schedsvc and NumPy, inside the traced function (None for a function of schedsvc's own).  (Tracing
+    only: a replay never records.)"""
     frame: types.FrameType | None = sys._getframe(2)
-    while frame is not None:
+    while frame is not None and frame.f_code is not _TRACE_CODE:  # (not past the traced function's caller)
         path = frame.f_code.co_filename
         if not (path.startswith(_PACKAGE) or path.startswith(_NUMPY)):
             return path, frame.f_lineno
@@ -276,6 +277,9 @@ def trace(
     graph = optimize(Graph(name, record.nodes, input_nodes, outputs, kind))
     constants.share(graph)
     return graph
+
+
+_TRACE_CODE = trace.__code__  # where _site stops
 
 
 def _host_array(obj: Any) -> np.ndarray[Any, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -298,6 +300,41 @@ async def test_a_norm_over_the_batch_axis_says_the_rows_mix_which_axis_to_reduce
     assert "reduce only each row's own axes (axis=1;" in message
     assert "test_batching.py:" in message and "np.linalg.norm(x, axis=0)" in message
     assert "eng.submit" not in message
+
+
+REDUCTION_ADVICE: list[tuple[Callable[[Any], Any], tuple[int, ...], str]] = [
+    (lambda x: x.sum(axis=(0, 1)), (2, 3, 4), "reduce only each row's own axes (axis=1;"),
+    (lambda x: x - x.sum(), (2, 3), "reduce only each row's own axes (axis=1;"),
+    (lambda x: x - x.mean(axis=0), (2, 3, 4), "reduce only each row's own axes (axis=(1, 2);"),
+    (lambda x: x - x.mean(axis=0), (3,), "leave this op out of the batched function: each row is one value"),
+]
+
+
+@pytest.mark.parametrize(("fn", "shape", "advice"), REDUCTION_ADVICE)
+async def test_a_reduction_over_the_batch_axis_is_advised_the_axes_of_a_rows_own(
+    anyio_backend: str, fn: Callable[[Any], Any], shape: tuple[int, ...], advice: str
+) -> None:
+    async with engine() as eng:
+        with pytest.raises(ss.BatchError, match=re.escape(f"To batch, {advice}")):
+            eng.compile(fn, batch_axis=0)(np.ones(shape))
+
+
+async def test_an_op_of_a_function_of_schedsvcs_own_names_no_line_outside_it(anyio_backend: str) -> None:
+    """The line shown is inside the traced function: for one whose file is schedsvc's own, none (not the
+    line of whatever called the engine)."""
+    path = os.path.join(os.path.dirname(ss.__file__), "_a_model.py")
+    namespace: dict[str, Any] = {}
+    exec(compile("def centred(x):\n    return x - x.mean(axis=0)\n", path, "exec"), namespace)
+    async with engine() as eng:
+        with pytest.raises(ss.BatchError) as info:
+            eng.compile(namespace["centred"], batch_axis=0)(np.ones((2, 3)))
+    assert "is made at" not in str(info.value)
+
+
+async def test_an_op_that_mixes_rows_otherwise_is_advised_to_be_left_out(anyio_backend: str) -> None:
+    async with engine() as eng:
+        with pytest.raises(ss.BatchError, match=r"To batch, leave this op out of the batched function \("):
+            eng.compile(lambda x: x.T @ x, batch_axis=0)(np.ones((2, 3)))
 
 
 async def test_a_numpy_function_tensors_do_not_queue_is_advised_for_inside_a_compiled_function(
