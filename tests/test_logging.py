@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,14 +44,27 @@ def test_the_library_adds_no_handler() -> None:
 
 
 def test_the_logger_names_are_the_documented_ones() -> None:
-    named = (
+    """The observing guide's Logging table lists every logger the library writes to, and no other."""
+    named = {
         _logging.ENGINE,
         _logging.SERVING,
         _logging.COMPILE,
         _logging.DEVICES_CUDA,
         _logging.DEVICES_DASK,
-    )
-    assert named == NAMES
+    }
+    assert named == set(NAMES)
+    guide = (Path(__file__).parent.parent / "docs" / "guide" / "observing.md").read_text()
+    section = guide.split("## Logging", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(schedsvc[.\w]*)` \|", section, re.M))
+    assert documented == named
+    written = set(re.findall(r"getLogger\((\w+)\)", _source()))
+    assert {getattr(_logging, name) for name in written if name.isupper()} <= named
+
+
+def _source() -> str:
+    """The library's source, every module."""
+    package = Path(ss.__file__).parent
+    return "\n".join(path.read_text() for path in sorted(package.rglob("*.py")))
 
 
 async def test_start_and_close_are_logged_with_the_settings_and_a_tally_and_no_task_is(
