@@ -37,7 +37,7 @@ from ._submission import NO_WRITES, PLAIN, build_task
 from ._telemetry import Stats, percentiles
 from ._timeline import Timeline
 from ._typing import as_run, as_submit, as_submit_nowait
-from ._validate import check_fn, refuse_submit_while_tracing
+from ._validate import check_fn, check_map_order, refuse_submit_while_tracing
 from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
 
 if TYPE_CHECKING:
@@ -337,6 +337,7 @@ class Engine:
         """
         from ._pipeline import pipeline
 
+        check_map_order(fn, source)
         check_fn(fn)  # now, not at the first item: an async generator starts only when iterated
         if options or device is not None:
             refuse_taken(fn, "eng.map", {"device": device, **options} if device is not None else options)

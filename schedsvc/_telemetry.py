@@ -140,6 +140,12 @@ class Stats:
         width = max(map(len, names))
         return "\n".join(["Stats:", *(f"  {n:<{width}}  {_shown(n, getattr(self, n))}" for n in names)])
 
+    def __getitem__(self, name: object) -> Any:
+        """Not a mapping (``Batched.stats()`` is one): the refusal names the attribute to read."""
+        if isinstance(name, str) and name in self.__dataclass_fields__:
+            raise TypeError(f"Stats is not a mapping: read stats.{name} (stats.as_dict() gives a dict)")
+        raise TypeError("'Stats' object is not subscriptable")
+
     def as_dict(self) -> dict[str, Any]:
         """The figures as a plain dict (``worker_busy_s`` a dict too), ready for ``json.dumps``."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -23,6 +23,7 @@ __all__ = [
     "SYNC_KINDS",
     "async_fn",
     "check_fn",
+    "check_map_order",
     "refuse_submit_while_tracing",
     "submit_while_tracing",
 ]
@@ -38,6 +39,14 @@ def check_fn(fn: Any) -> None:
         raise InvalidTask(f"submit() needs a callable first, got {type(fn).__name__} {safe_repr(fn)}")
     if _is_async(fn):
         raise async_fn(fn)
+
+
+def check_map_order(fn: object, source: object) -> None:
+    """Refuse ``eng.map(items, fn)``, the arguments swapped, naming the order (the builtin map's)."""
+    if callable(source) and not callable(fn):
+        raise InvalidTask(
+            f"eng.map() takes the function first, then the items: eng.map(fn, items), got {fn!r}"
+        )
 
 
 def _is_async(fn: Any) -> bool:

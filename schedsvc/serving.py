@@ -117,6 +117,11 @@ def lifespan(
                 ...  # app.state.engine is open here
                 yield
     """
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(
+            f"serving.lifespan() takes an ss.Config (or settings as keywords), not {type(config).__name__}: "
+            "it opens the engine itself at each startup, on the server's event loop"
+        )
     settings = Config(**overrides) if config is None else config.replace(**overrides)
 
     @asynccontextmanager

@@ -131,6 +131,11 @@ async def test_unordered_yields_as_items_finish() -> None:
         assert await within(consumer) == [20, 0, 30, 10]
 
 
+async def test_items_given_before_the_function_are_refused_with_the_order(engine: ss.Engine) -> None:
+    with pytest.raises(ss.InvalidTask, match=r"eng\.map\(\) takes the function first, then the items"):
+        engine.map([1.0, 4.0], np.sqrt)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("ordered", [True, False])
 async def test_empty_source(engine: ss.Engine, ordered: bool) -> None:
     assert await within(collect(engine.map(abs, [], ordered=ordered))) == []

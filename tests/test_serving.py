@@ -65,6 +65,11 @@ def test_without_starlette_importing_serving_says_what_to_install() -> None:
 # -- the lifespan -------------------------------------------------------------------------------------------
 
 
+def test_the_lifespan_takes_a_config_not_an_engine() -> None:
+    with pytest.raises(TypeError, match=r"takes an ss\.Config .*not Engine: it opens the engine itself"):
+        serving.lifespan(ss.Engine())  # type: ignore[arg-type]
+
+
 async def test_the_lifespan_opens_the_engine_runs_setup_and_closes_it(anyio_backend: str) -> None:
     seen: list[Any] = []
 

@@ -68,6 +68,17 @@ async def test_json_round_trip() -> None:
     assert json.loads(stats.to_json(indent=2)) == stats.as_dict()
 
 
+async def test_stats_read_as_a_mapping_names_the_attribute_to_read() -> None:
+    async with ss.Engine(cpu_workers=1) as eng:
+        stats = eng.stats()
+    with pytest.raises(
+        TypeError, match=r"Stats is not a mapping: read stats\.completed \(stats\.as_dict\(\)"
+    ):
+        stats["completed"]  # type: ignore[index]
+    with pytest.raises(TypeError, match="not subscriptable"):
+        stats[0]  # type: ignore[index]
+
+
 async def test_as_dict_is_a_copy() -> None:
     stats = await final_stats()
     figures = stats.as_dict()
