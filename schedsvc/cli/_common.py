@@ -1,5 +1,6 @@
-"""What more than one ``schedsvc`` subcommand needs: errors, output files and reports, the measuring set-up,
-and the models they run (the sources' two, and a digits-sized MLP).
+"""What more than one ``schedsvc`` subcommand needs: errors, output files and reports, figures in words, the
+machine (its load, the cores the process may use), the measuring set-up, and the models they run (the
+sources' two, and a digits-sized MLP).
 
 Each subcommand module (``demo``, ``info``, ``tune``, and the ``bench`` suites) imports this module and the
 library, never another subcommand, so that one command can be read or changed without the others.  Only
@@ -32,26 +33,35 @@ __all__ = [
     "Figures",
     "MiB",
     "NeedsExtra",
+    "aligned",
     "bench_workers",
+    "cores_phrase",
     "digits_rows",
     "digits_weights",
+    "duration",
     "emit",
     "fail",
     "fancy_func",
+    "figure",
+    "figure_digits",
     "gpu_unavailable",
     "has_rich",
+    "load_average",
     "make_mlp",
     "median_figures",
     "meets",
     "mlp_weights",
     "one_blas_thread",
+    "or_dash",
     "output_problem",
     "print_json",
     "progress",
     "runs_phrase",
+    "short",
     "target_line",
     "target_mark",
     "text_table",
+    "usable_cores",
     "write_json",
 ]
 
@@ -91,18 +101,62 @@ def has_rich() -> bool:
 
 
 def text_table(headers: list[str], rows: list[list[str]], title: str | None = None, right: int = 0) -> str:
-    """Rows as plain text: a column per header, as wide as its widest cell, two spaces apart; the first
-    ``right`` columns (numbers) aligned right."""
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    """Rows as plain text: a column per header, as wide as its widest cell, two spaces apart, a rule under
+    the headers; the first ``right`` columns (numbers) aligned right."""
+    rule = ["-" * max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    head, *lines = aligned([headers, rule, *rows], right)
+    return "\n".join([*([title] if title else []), head, *lines])
 
-    def line(cells: list[str]) -> str:
-        return "  ".join(
+
+def aligned(rows: list[list[str]], right: int = 0) -> list[str]:
+    """Rows of cells as lines: each column as wide as its widest cell, two spaces apart; the first
+    ``right`` columns aligned right, the rest left."""
+    widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
+    return [
+        "  ".join(
             cell.rjust(width) if i < right else cell.ljust(width)
             for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
+        for cells in rows
+    ]
 
-    lines = [*([title] if title else []), line(headers), line(["-" * w for w in widths])]
-    return "\n".join(lines + [line(row) for row in rows])
+
+# -- figures in words ----------------------------------------------------------------------------------
+
+
+def figure_digits(x: float) -> int:
+    """Decimals a figure deserves: none from 100, one from 10, two below."""
+    magnitude = abs(x)
+    return 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2
+
+
+def figure(x: float, digits: int | None = None) -> str:
+    """A figure with as many decimals as it deserves (``figure_digits``), or ``digits`` of them."""
+    return f"{x:,.{figure_digits(x) if digits is None else digits}f}"
+
+
+def duration(seconds: float) -> str:
+    """A duration in the unit that suits it: '850 µs', '12.3 ms', '1.20 s'."""
+    if seconds < 1e-3:
+        return f"{figure(seconds * 1e6)} µs"
+    if seconds < 1:
+        return f"{figure(seconds * 1e3)} ms"
+    return f"{figure(seconds)} s"
+
+
+def short(value: float, unit: str) -> str:
+    """A figure to three significant digits with its unit: '14.7 ms', '127 MiB'."""
+    return f"{value:.3g} {unit}"
+
+
+def or_dash(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec``, or '-' where there is none."""
+    return "-" if value is None else format(value, spec)
+
+
+def cores_phrase(n: int) -> str:
+    """'1 core', '2 cores'."""
+    return "1 core" if n == 1 else f"{n} cores"
 
 
 # -- output files and reports ---------------------------------------------------------------------------
@@ -150,12 +204,26 @@ def runs_phrase(reps: int) -> str:
 # -- measuring ---------------------------------------------------------------------------------------------
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as an engine counts them), not all the machine's."""
+    from ..devices import engine_cores
+
+    return engine_cores()
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, to two decimals (None where the platform has none): runs on a busy
+    machine are noisy, and a report should say so."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):  # no load average on this platform
+        return None
+
+
 def bench_workers() -> int:
     """Worker threads for the parallel benchmarks and demo runs: one per core the process may run on (as
     an engine's default), and at least 2."""
-    from ..devices import engine_cores
-
-    return max(2, engine_cores())
+    return max(2, usable_cores())
 
 
 def one_blas_thread() -> AbstractContextManager[Any]:

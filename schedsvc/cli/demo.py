@@ -6,7 +6,7 @@ computation, automatic parallelism, memory under a flooded queue, hybridize,
 profiling, and CPU/GPU overlap; it also advises running a model a minibatch at
 a time, which dynamic batching does for concurrent one-row calls.  Each row of
 the table is an experiment of schedsvc's that measures one of them with
-schedsvc as the engine.  This module holds all of it, in four parts:
+schedsvc as the engine.  It comes in four parts, all here but the verdicts:
 
 - the experiments: each a coroutine ``fn(sizes) -> (figures, checks)``;
   ``figures`` are measured quantities (times, ratios, sizes, counts; all
@@ -16,12 +16,11 @@ schedsvc as the engine.  This module holds all of it, in four parts:
   is computed from their medians: ``DERIVED``).  The GPU experiments run
   only where the engine can run ``cuda`` tasks; elsewhere they are reported as
   skipped, with the reason the engine gives.  Nothing there prints.
-- the verdicts: a ``Target`` per claim, the figure that bears it out and the
-  value it must reach (a claim that one way is faster needs ``FASTER``, 1.1x);
-  ``judge`` says met or missed, and ``verdict_text`` says so with what may have
-  swayed it: runs on both sides of the target, or, for a missed timing, a
-  machine whose load average as the runs began was ``LOADED_SHARE`` of its
-  cores or more.
+- the verdicts (in ``_verdict``): a ``Target`` per claim, the figure that
+  bears it out and the value it must reach (a claim that one way is faster
+  needs ``FASTER``, 1.1x); ``judge`` says met or missed, and ``verdict_text``
+  says so with what may have swayed it: runs on both sides of the target, or,
+  for a missed timing, a loaded machine.
 - the table: a ``Row`` per claim, saying how to show its experiment's figures
   and the ``Target`` that judges them.
 - the command: ``register`` and ``run``, and ``main``, which measures, prints
@@ -44,26 +43,28 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import schedsvc as ss
 
-from ..devices import engine_cores
 from ._common import (
     Figures,
     MiB,
     bench_workers,
+    cores_phrase,
     digits_rows,
     digits_weights,
+    duration,
     fail,
     fancy_func,
+    figure,
     gpu_unavailable,
     has_rich,
+    load_average,
     make_mlp,
     median_figures,
-    meets,
     mlp_weights,
     one_blas_thread,
     output_problem,
@@ -71,8 +72,10 @@ from ._common import (
     progress,
     randn_on,
     runs_phrase,
+    usable_cores,
     write_json,
 )
+from ._verdict import AT_ONCE, FASTER, LOADED_SHARE, Checks, Target, judge, loaded, verdict_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -98,7 +101,6 @@ __all__ = [
     "verdict_text",
 ]
 
-Checks = dict[str, Any]
 Result = tuple[Figures, Checks]
 
 
@@ -642,7 +644,7 @@ def measure(
 ) -> dict[str, Any]:
     """Every experiment ``reps`` times, interleaved; medians of the figures, checks of the last run."""
     t0 = time.perf_counter()
-    load_before = load_now()  # before the runs add their own load
+    load_before = load_average()  # before the runs add their own load
     skips = _skips()
     todo = dict(EXPERIMENTS) | {k: fn for k, (fn, _) in GPU_EXPERIMENTS.items() if k not in skips}
     samples: dict[str, list[Result]] = {key: [] for key in todo}
@@ -660,7 +662,7 @@ def measure(
         "blas_threads": 1,
         "experiments": experiments,
         "wall_s": time.perf_counter() - t0,
-        "load": {"before": load_before, "after": load_now(), "cores": engine_cores()},
+        "load": {"before": load_before, "after": load_average(), "cores": usable_cores()},
     }
 
 
@@ -686,105 +688,6 @@ def _summary(results: list[Result]) -> dict[str, Any]:
     return {"status": "measured", "figures": figures, "range": spread, "checks": results[-1][1]}
 
 
-# -- verdicts: does a row's measurement bear the book's claim out? ------------------------------------------
-
-#: A claim that one way is faster is met at this speed-up or more: less is within the run-to-run noise of
-#: these experiments (and a claim that something cannot be made faster is met below it).
-FASTER = 1.1
-#: A claim that a call returns at once is met when the result takes at least this many times as long.
-AT_ONCE = 2.0
-#: A machine is loaded when its 1-minute load average, as the runs begin, is at least this share of the
-#: cores the process may use: other work holds half of them, and timings (speed-ups most) suffer.
-LOADED_SHARE = 0.5
-
-Quantity = Callable[[Figures, Checks], float]
-_SIGNS = {">=": "≥", "<=": "≤"}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Target:
-    """When a row's figures bear the book's claim out: ``value op target``, and each of ``holds`` true."""
-
-    what: str  # the value in words: "speed-up"
-    value: str | Quantity  # a figure (or check) of the experiment, or how to compute the value
-    op: Literal[">=", "<="]
-    target: float | Quantity
-    unit: str = "x"
-    target_words: str = ""  # what a computed target is: "the bound plus a batch"
-    timed: bool = True  # a timing, which a loaded machine or noisy runs can sway
-    holds: tuple[tuple[str, str], ...] = ()  # (a check that must be true, what it means when it is not)
-
-
-def judge(
-    target: Target, figures: Figures, checks: Checks, spread: dict[str, list[float]] | None = None
-) -> dict[str, Any]:
-    """Met or missed: the value and the target, the checks that failed, and the range of the value over the
-    runs where they fall on both sides of the target (None otherwise)."""
-    value = _quantity(target.value, figures, checks)
-    goal = float(target.target(figures, checks)) if callable(target.target) else float(target.target)
-    failed = [words for check, words in target.holds if not checks.get(check)]
-    runs = (spread or {}).get(target.value) if isinstance(target.value, str) else None
-    astride = runs is not None and meets(runs[0], target.op, goal) != meets(runs[1], target.op, goal)
-    return {
-        "met": not failed and meets(value, target.op, goal),
-        "value": value,
-        "target": goal,
-        "failed": failed,
-        "astride": list(runs) if astride and runs is not None else None,
-    }
-
-
-def _quantity(value: str | Quantity, figures: Figures, checks: Checks) -> float:
-    if callable(value):
-        return float(value(figures, checks))
-    return float(figures[value] if value in figures else checks[value])
-
-
-def loaded(load: dict[str, Any]) -> bool:
-    """Was the machine loaded as the runs began (see ``LOADED_SHARE``)?"""
-    before = load.get("before")
-    return before is not None and before >= LOADED_SHARE * load["cores"]
-
-
-def verdict_text(target: Target, judged: dict[str, Any], load: dict[str, Any]) -> str:
-    """The verdict in words, with what may have swayed it: 'missed: speed-up 0.94x, the claim needs ≥ 1.1x
-    — the machine was loaded: load average 3.1 on 2 cores'."""
-    sign, v = _SIGNS[target.op], _amount(judged["value"], target.unit)
-    t = _amount(judged["target"], target.unit, exact=not callable(target.target))
-    of = f" ({target.target_words})" if target.target_words else ""
-    if judged["failed"]:
-        text = "missed: " + "; ".join(judged["failed"])
-    elif judged["met"]:
-        text = f"met: {target.what} {v} {sign} {t}{of}"
-    else:
-        text = f"missed: {target.what} {v}, the claim needs {sign} {t}{of}"
-    notes = []
-    if judged["astride"] is not None:
-        low, high = (_amount(x, target.unit) for x in judged["astride"])
-        notes.append(f"noisy: the runs ranged {low} to {high}, on both sides of {t}")
-    if target.timed and not judged["met"] and loaded(load):
-        notes.append(f"the machine was loaded: load average {load['before']:.1f} on {_cores(load['cores'])}")
-    return text + (" — " + "; ".join(notes) if notes else "")
-
-
-def _amount(x: float, unit: str, exact: bool = False) -> str:
-    """A value with its unit; ``exact``: a target given as a number, shown as given (1.1x, not 1.10x)."""
-    number = f"{x:,.0f}" if float(x).is_integer() else f"{x:g}" if exact else _n(x)
-    return f"{number}{unit}" if unit in ("x", "") else f"{number} {unit}"
-
-
-def _cores(n: int) -> str:
-    return "1 core" if n == 1 else f"{n} cores"
-
-
-def load_now() -> float | None:
-    """The 1-minute load average (None where the platform has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
-
-
 # -- the table: a row per claim of the book ---------------------------------------------------------------
 
 
@@ -804,52 +707,34 @@ class Row:
     target: Target | None = None  # when the measurement bears the claim out (None: no verdict)
 
 
-def _n(x: float) -> str:
-    """A figure with as many digits as it deserves."""
-    if x >= 100:
-        return f"{x:,.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
-
-
-def _t(seconds: float) -> str:
-    """A duration in the unit that suits it."""
-    if seconds < 1e-3:
-        return f"{_n(seconds * 1e6)} µs"
-    if seconds < 1:
-        return f"{_n(seconds * 1e3)} ms"
-    return f"{_n(seconds)} s"
-
-
 def _show_queued(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     same = "equal to NumPy's" if c["equals_numpy"] else "DIFFERENT from NumPy's"
-    return f"submit returned in {_n(f['submit_us'])} µs; the result ({same}) came at {_n(f['result_ms'])} ms"
+    return f"submit returned in {figure(f['submit_us'])} µs; the result ({same}) came at {figure(f['result_ms'])} ms"
 
 
 def _show_loop(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
-        f"awaited op by op: {_n(f['awaited_ms'])} ms ({_n(f['awaited_us'])} µs/op through a worker; "
-        f"{_n(f['awaited_inline_us'])} µs/op when tiny ops run in the awaiting coroutine); "
-        f"queued, then one wait: {_n(f['queued_ms'])} ms, {_n(f['awaited_over_queued'])}x faster"
+        f"awaited op by op: {figure(f['awaited_ms'])} ms ({figure(f['awaited_us'])} µs/op through a worker; "
+        f"{figure(f['awaited_inline_us'])} µs/op when tiny ops run in the awaiting coroutine); "
+        f"queued, then one wait: {figure(f['queued_ms'])} ms, {figure(f['awaited_over_queued'])}x faster"
     )
 
 
 def _show_cost(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     per_op = f["t1_us"] + f["t2_us"] + f["t3_us"]
     return (
-        f"awaited: t1 {_n(f['t1_us'])} + t2 {_n(f['t2_us'])} + t3 {_n(f['t3_us'])} = {_n(per_op)} µs, "
-        f"N times = {_n(s.loop_ops * per_op / 1e3)} ms. Queued: t1 {_n(f['queued_t1_us'])} µs + "
-        f"N·t2 {_n(s.loop_ops * f['queued_t2_us'] / 1e3)} ms (t2 {_n(f['queued_t2_us'])} µs) + "
-        f"t3 {_n(f['queued_t3_us'])} µs; the frontend was done queueing at {_n(f['queued_frontend_ms'])} ms"
+        f"awaited: t1 {figure(f['t1_us'])} + t2 {figure(f['t2_us'])} + t3 {figure(f['t3_us'])} = {figure(per_op)} µs, "
+        f"N times = {figure(s.loop_ops * per_op / 1e3)} ms. Queued: t1 {figure(f['queued_t1_us'])} µs + "
+        f"N·t2 {figure(s.loop_ops * f['queued_t2_us'] / 1e3)} ms (t2 {figure(f['queued_t2_us'])} µs) + "
+        f"t3 {figure(f['queued_t3_us'])} µs; the frontend was done queueing at {figure(f['queued_frontend_ms'])} ms"
     )
 
 
 def _show_speedup(kind: str) -> Fmt:
     def fmt(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
         return (
-            f"1 worker {_t(f[f'{kind}_1worker_s'])}, {c['workers']} workers "
-            f"{_t(f[f'{kind}_nworkers_s'])}: {_n(f[f'{kind}_speedup'])}x"
+            f"1 worker {duration(f[f'{kind}_1worker_s'])}, {c['workers']} workers "
+            f"{duration(f[f'{kind}_nworkers_s'])}: {figure(f[f'{kind}_speedup'])}x"
         )
 
     return fmt
@@ -857,9 +742,9 @@ def _show_speedup(kind: str) -> Fmt:
 
 def _show_memory(mode: str) -> Fmt:
     def fmt(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
-        text = f"peak {_n(f[f'{mode}_peak_mib'])} MiB, {_t(f[f'{mode}_s'])}"
+        text = f"peak {figure(f[f'{mode}_peak_mib'])} MiB, {duration(f[f'{mode}_s'])}"
         if mode != "unbounded":
-            text += f" ({_n(f[f'{mode}_time_ratio'])}x the time without a limit)"
+            text += f" ({figure(f[f'{mode}_time_ratio'])}x the time without a limit)"
         return text
 
     return fmt
@@ -867,31 +752,31 @@ def _show_memory(mode: str) -> Fmt:
 
 def _show_mlp(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
-        f"NumPy {_n(f['numpy_us'])} µs/call; engine Tensors, eager {_n(f['eager_us'])} µs; "
-        f"compiled {_n(f['compiled_us'])} µs: {_n(f['eager_over_compiled'])}x faster than eager, "
-        f"{_n(f['compiled_over_numpy'])}x NumPy's time"
+        f"NumPy {figure(f['numpy_us'])} µs/call; engine Tensors, eager {figure(f['eager_us'])} µs; "
+        f"compiled {figure(f['compiled_us'])} µs: {figure(f['eager_over_compiled'])}x faster than eager, "
+        f"{figure(f['compiled_over_numpy'])}x NumPy's time"
     )
 
 
 def _show_fancy(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
-        f"eager: {f['eager_tasks_per_call']:.0f} tasks, {_n(f['eager_us'])} µs per call; compiled: "
-        f"{f['compiled_tasks_per_call']:.0f} task, {_n(f['compiled_us'])} µs ({_n(f['eager_over_compiled'])}x)"
+        f"eager: {f['eager_tasks_per_call']:.0f} tasks, {figure(f['eager_us'])} µs per call; compiled: "
+        f"{f['compiled_tasks_per_call']:.0f} task, {figure(f['compiled_us'])} µs ({figure(f['eager_over_compiled'])}x)"
     )
 
 
 def _show_folded(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"{c['folded_traced_ops']} traced ops, {c['folded_ops']} folded, {c['folded_kept_ops']} left: "
-        f"the graph returns the constant {c['folded_value']:g}; a call costs {_n(f['folded_us'])} µs"
+        f"the graph returns the constant {c['folded_value']:g}; a call costs {figure(f['folded_us'])} µs"
     )
 
 
 def _show_serialise(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     same = "the same result bit for bit" if c["loaded_equals_compiled"] else "a DIFFERENT result"
     return (
-        f"{_n(f['file_kib'])} KiB of JSON, saved in {_n(f['save_ms'])} ms; ss.load took {_n(f['load_ms'])} ms "
-        f"(no source, {c['loaded_traces']} traces); its first call {_n(f['loaded_call_ms'])} ms gave {same}"
+        f"{figure(f['file_kib'])} KiB of JSON, saved in {figure(f['save_ms'])} ms; ss.load took {figure(f['load_ms'])} ms "
+        f"(no source, {c['loaded_traces']} traces); its first call {figure(f['loaded_call_ms'])} ms gave {same}"
     )
 
 
@@ -902,43 +787,43 @@ def _show_batching(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
         else "rows DIFFERENT from the loop's"
     )
     return (
-        f"plain loop, a row at a time: {_n(f['loop_us'])} µs/row; batched by the engine: {_n(f['batched_us'])} "
-        f"µs/row, {_n(f['loop_over_batched'])}x the loop's throughput, in {f['batches']:.0f} batches "
-        f"({_n(f['rows_per_batch'])} rows each on average); {same}"
+        f"plain loop, a row at a time: {figure(f['loop_us'])} µs/row; batched by the engine: {figure(f['batched_us'])} "
+        f"µs/row, {figure(f['loop_over_batched'])}x the loop's throughput, in {f['batches']:.0f} batches "
+        f"({figure(f['rows_per_batch'])} rows each on average); {same}"
     )
 
 
 def _show_profile(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
         f"{f['spans']:.0f} spans on {f['tracks']:.0f} thread tracks, {f['flow_arrows']:.0f} dependency "
-        f"arrows, {f['counter_samples']:.0f} counter samples: {_n(f['file_kib'])} KiB of Chrome trace JSON "
+        f"arrows, {f['counter_samples']:.0f} counter samples: {figure(f['file_kib'])} KiB of Chrome trace JSON "
         "(open it in ui.perfetto.dev)"
     )
 
 
 def _show_gpu_queued(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
-        f"queued in {_t(f['queue_s'])}, finished after {_t(f['finish_s'])} "
-        f"({_n(f['finish_over_queue'])}x the time to queue)"
+        f"queued in {duration(f['queue_s'])}, finished after {duration(f['finish_s'])} "
+        f"({figure(f['finish_over_queue'])}x the time to queue)"
     )
 
 
 def _show_cpu_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
-        f"CPU alone {_t(f['cpu_s'])}, GPU alone {_t(f['gpu_s'])}, both queued together "
-        f"{_t(f['both_s'])} ({_n(f['sum_over_both'])}x less than one after the other)"
+        f"CPU alone {duration(f['cpu_s'])}, GPU alone {duration(f['gpu_s'])}, both queued together "
+        f"{duration(f['both_s'])} ({figure(f['sum_over_both'])}x less than one after the other)"
     )
 
 
 def _show_copy_overlap(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
     return (
-        f"each product awaited on the host in turn {_t(f['serial_s'])}; all queued "
-        f"{_t(f['overlapped_s'])} ({_n(f['serial_over_overlapped'])}x)"
+        f"each product awaited on the host in turn {duration(f['serial_s'])}; all queued "
+        f"{duration(f['overlapped_s'])} ({figure(f['serial_over_overlapped'])}x)"
     )
 
 
 def _show_multi_gpu(f: dict[str, float], c: dict[str, Any], s: Sizes) -> str:
-    return f"1 GPU {_t(f['one_s'])}, {len(c['devices'])} GPUs {_t(f['all_s'])}: {_n(f['speedup'])}x"
+    return f"1 GPU {duration(f['one_s'])}, {len(c['devices'])} GPUs {duration(f['all_s'])}: {figure(f['speedup'])}x"
 
 
 #: (section title, rows), in the order of the book.
@@ -1232,13 +1117,22 @@ def _with_rows(report: dict[str, Any], sizes: Sizes, quick: bool) -> dict[str, A
             entry["label"] = row.label.format(s=sizes)
             entry["status"] = result["status"]
             if result["status"] == "measured":
-                entry["measured"] = row.measured(result["figures"], result["checks"], sizes)
+                entry["measured"] = _shown(row, result, sizes)
                 if row.target is not None:
                     entry["verdict"] = _verdict(row.target, result, report["load"])
             else:
                 entry["reason"] = result["reason"]
             rows.append(entry | {"claim": row.claim})
     return {"schedsvc": ss.__version__, "quick": quick} | report | {"rows": rows}
+
+
+def _shown(row: Row, result: dict[str, Any], sizes: Sizes) -> str:
+    """What a row's experiment measured, in words; a figure the row shows that the runs did not give is
+    named rather than ending the demo after every run."""
+    try:
+        return row.measured(result["figures"], result["checks"], sizes)
+    except KeyError as exc:
+        return f"not shown: {exc.args[0]} not measured"
 
 
 def _verdict(target: Target, result: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
@@ -1285,15 +1179,19 @@ def _heading(report: dict[str, Any]) -> str:
 
 def _footer(report: dict[str, Any]) -> str:
     verdicts = [r["verdict"]["met"] for r in report["rows"] if "verdict" in r]
+    judged = [met for met in verdicts if met is not None]  # None: a figure it needed was not measured
+    unjudged = f", {len(verdicts) - len(judged)} without a verdict" if len(judged) < len(verdicts) else ""
     load = report["load"]
     loads = ", ".join(
         f"{load[when]:.1f} {words}"
         for when, words in (("before", "as the runs began"), ("after", "as they ended"))
         if load[when] is not None
     )
-    machine = f"load average {loads}, on {_cores(load['cores'])}" if loads else _cores(load["cores"])
+    machine = (
+        f"load average {loads}, on {cores_phrase(load['cores'])}" if loads else cores_phrase(load["cores"])
+    )
     return (
-        f"claims met: {sum(verdicts)} of {len(verdicts)} measured; {machine}"
+        f"claims met: {sum(judged)} of {len(judged)} measured{unjudged}; {machine}"
         f"{' (loaded)' if loaded(load) else ''}; took {report['wall_s']:.1f} s; "
         "schedsvc demo --json PATH writes every figure"
     )
@@ -1374,6 +1272,9 @@ def _plain(report: dict[str, Any]) -> str:
     return "\n".join([*lines, "", textwrap.fill(_footer(report), 100)])
 
 
+_VERDICT_STYLES = {True: "green", False: "bold red", None: "yellow"}
+
+
 def _table(cells: list[_Cell], header: bool) -> Any:
     from rich import box
     from rich.table import Table
@@ -1393,6 +1294,6 @@ def _table(cells: list[_Cell], header: bool) -> Any:
     for cell in cells:
         measured = Text(cell.measured, style="yellow" if cell.skipped else "")
         if cell.verdict is not None:  # below the figures, coloured by the verdict
-            measured.append("\n" + cell.verdict, style="green" if cell.met else "bold red")
+            measured.append("\n" + cell.verdict, style=_VERDICT_STYLES[cell.met])
         table.add_row(Text(cell.label), measured, Text(cell.claim))
     return table

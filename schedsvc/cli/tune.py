@@ -29,15 +29,12 @@ memory      peak bytes allocated during the run and live at once
             (``tracemalloc``; NumPy reports its buffers there), from the
             separate traced pass; and the engine's ``peak_pending_bytes``
 
-The choice (``choose``, a pure function of those figures): of the settings
-whose p99 latency and peak memory meet the goal's budgets, the smallest
-(fewest workers, then smallest depth) whose throughput is within noise of the
-fastest such setting (highest median): the upper quartile of its runs reaches
-the fastest's lower quartile.  Quartiles rather than the runs' range, so that
-one stray run in five neither widens nor narrows the band; written here
-rather than taken from pyperf, which would be a dependency for a median and
-two quartiles.  With no setting within budget, nothing is chosen and the
-closest setting (the smallest worst ratio of figure to budget) is named.
+The choice (``choose``, a pure function of those figures, in ``_choose``): of
+the settings whose p99 latency and peak memory meet the goal's budgets, the
+smallest (fewest workers, then smallest depth) whose throughput is within
+noise of the fastest such setting (highest median): the upper quartile of its
+runs reaches the fastest's lower quartile.  With no setting within budget,
+nothing is chosen and the closest setting is named.
 """
 
 from __future__ import annotations
@@ -49,32 +46,45 @@ import functools
 import gc
 import importlib
 import inspect
-import math
 import os
 import platform
-import re
 import statistics
 import sys
 import textwrap
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._choose import (
+    Choice,
+    Goal,
+    Judged,
+    Measured,
+    TuneError,
+    choose,
+    parse_latency,
+    parse_memory,
+    quartiles,
+)
 from ._common import (
     MiB,
+    aligned,
     fail,
     has_rich,
+    load_average,
     make_mlp,
     mlp_weights,
     one_blas_thread,
+    or_dash,
     output_problem,
     print_json,
     progress,
     runs_phrase,
     text_table,
+    usable_cores,
     write_json,
 )
 
@@ -113,10 +123,6 @@ WARM_ITEMS = 8
 PLOT_HINT = "pip install 'schedsvc[plot]'"
 
 Workload = Callable[..., Any]
-
-
-class TuneError(Exception):
-    """A bad argument or workload spec (the message says what to change), or a workload that failed."""
 
 
 # -- the built-in workloads -----------------------------------------------------------------
@@ -411,197 +417,10 @@ class _traced_memory:
             tracemalloc.stop()
 
 
-# -- the goal and the choice (pure) ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Goal:
-    """The budgets a chosen setting must meet; None: no budget on that figure."""
-
-    max_latency_ms: float | None = None  # on the p99 latency per item
-    max_memory_bytes: int | None = None  # on the peak memory of a run (tracemalloc)
-
-    def words(self) -> str:
-        """The budgets in words: 'p99 ≤ 50 ms, peak memory ≤ 64 MiB', or 'no budget'."""
-        parts = []
-        if self.max_latency_ms is not None:
-            parts.append(f"p99 ≤ {_ms(self.max_latency_ms)}")
-        if self.max_memory_bytes is not None:
-            parts.append(f"peak memory ≤ {_mib(self.max_memory_bytes / MiB)}")
-        return ", ".join(parts) or "no budget"
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What the sweep measured at one setting, as the choice sees it."""
-
-    workers: int
-    depth: int
-    throughput: tuple[float, ...]  # items/s of each timed run
-    p99_ms: float | None  # the median over the runs of each run's p99; None: the workload has no latency
-    peak_bytes: float  # peak memory of the traced run
-
-
-@dataclass(frozen=True)
-class Judged:
-    """One setting judged: its throughput's median and quartiles, the budgets it misses, and how it
-    compares with the fastest setting that meets the budgets."""
-
-    setting: Measured
-    median: float
-    low: float  # lower quartile of the runs' throughputs
-    high: float  # upper quartile
-    over: tuple[str, ...]  # the budgets it misses, in words ('p99 477 ms > 50 ms')
-    of_best: float | None = None  # its median over the best's; None when no setting meets the budgets
-    within_noise: bool = False  # its upper quartile reaches the best's lower quartile
-
-    @property
-    def meets(self) -> bool:
-        return not self.over
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The outcome of ``choose``: the chosen setting (None: none meets the budgets), the fastest that meets
-    them, the one closest to them when none does, every setting judged, and why, in words."""
-
-    chosen: Judged | None
-    best: Judged | None
-    closest: Judged | None
-    judged: list[Judged]
-    why: str
-
-
-def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
-    """Lower quartile, median and upper quartile of ``values`` (one value: that value three times)."""
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    low, median, high = statistics.quantiles(values, n=4, method="inclusive")
-    return low, median, high
-
-
-def choose(measured: Sequence[Measured], goal: Goal = Goal()) -> Choice:
-    """Among the settings that meet the goal's budgets, the smallest (fewest workers, then smallest
-    max_pending) whose throughput is within noise of the best: its runs' upper quartile reaches the
-    lower quartile of the runs of the fastest setting (highest median) that meets the budgets."""
-    if not measured:
-        raise ValueError("choose() needs at least one measured setting")
-    judged = [_judge(m, goal) for m in sorted(measured, key=lambda m: (m.workers, m.depth))]
-    eligible = [j for j in judged if j.meets]
-    if not eligible:
-        closest = min(judged, key=lambda j: (_excess(j.setting, goal), -j.median))
-        return Choice(None, None, closest, judged, _why_none(closest, goal))
-    best = max(eligible, key=lambda j: j.median)  # the first of equal medians: the smaller setting
-    judged = [_against(j, best) for j in judged]
-    chosen = next(j for j in judged if j.meets and j.within_noise)
-    best = next(j for j in judged if j.setting == best.setting)
-    return Choice(chosen, best, None, judged, _why(chosen, best, goal))
-
-
-def _judge(m: Measured, goal: Goal) -> Judged:
-    bad = [t for t in m.throughput if not (math.isfinite(t) and t >= 0)]
-    if not m.throughput or bad:
-        raise ValueError(f"choose(): throughputs must be finite and non-negative, got {list(m.throughput)}")
-    if goal.max_latency_ms is not None and m.p99_ms is None:
-        raise ValueError("choose(): a latency budget needs a p99 latency for every setting")
-    low, median, high = quartiles(m.throughput)
-    over = []
-    if goal.max_latency_ms is not None and m.p99_ms is not None and m.p99_ms > goal.max_latency_ms:
-        over.append(f"p99 {_ms(m.p99_ms)} > {_ms(goal.max_latency_ms)}")
-    if goal.max_memory_bytes is not None and m.peak_bytes > goal.max_memory_bytes:
-        over.append(f"peak {_mib(m.peak_bytes / MiB)} > {_mib(goal.max_memory_bytes / MiB)}")
-    return Judged(m, median, low, high, tuple(over))
-
-
-def _against(j: Judged, best: Judged) -> Judged:
-    share = j.median / best.median if best.median > 0 else 1.0
-    return replace(j, of_best=share, within_noise=j.high >= best.low)
-
-
-def _excess(m: Measured, goal: Goal) -> float:
-    """How far a setting is over its budgets: the largest of its figure-over-budget ratios."""
-    ratios = [0.0]
-    if goal.max_latency_ms is not None and m.p99_ms is not None:
-        ratios.append(m.p99_ms / goal.max_latency_ms)
-    if goal.max_memory_bytes is not None:
-        ratios.append(m.peak_bytes / goal.max_memory_bytes)
-    return max(ratios)
-
-
-def _setting(m: Measured) -> str:
-    return f"cpu_workers={m.workers}, max_pending={m.depth}"
-
-
-def _budget_words(j: Judged, goal: Goal) -> str:
-    """The figures a goal bounds, against their budgets: 'p99 14.7 ms ≤ 50 ms; peak 5.0 MiB'."""
-    m = j.setting
-    latency = "" if m.p99_ms is None else f"p99 {_ms(m.p99_ms)}"
-    if latency and goal.max_latency_ms is not None:
-        latency += f" ≤ {_ms(goal.max_latency_ms)}"
-    memory = f"peak {_mib(m.peak_bytes / MiB)}"
-    if goal.max_memory_bytes is not None:
-        memory += f" ≤ {_mib(goal.max_memory_bytes / MiB)}"
-    return "; ".join(p for p in (latency, memory) if p)
-
-
-def _why(chosen: Judged, best: Judged, goal: Goal) -> str:
-    fastest = "the fastest setting" + ("" if goal == Goal() else " within budget")
-    if chosen.setting == best.setting:
-        speed = f"{fastest}, {chosen.median:,.0f} items/s"
-    else:
-        speed = (
-            f"{chosen.of_best:.0%} of the items/s of {fastest} ({_setting(best.setting)}: "
-            f"{best.median:,.0f} items/s), within noise: its runs' upper quartile, {chosen.high:,.0f} "
-            f"items/s, reaches the fastest's lower quartile, {best.low:,.0f}"
-        )
-    return f"{_setting(chosen.setting)}: {speed}; {_budget_words(chosen, goal)}"
-
-
-def _why_none(closest: Judged, goal: Goal) -> str:
-    return (
-        f"no setting meets the budgets ({goal.words()}); the closest is {_setting(closest.setting)}: "
-        f"{', '.join(closest.over)}, {closest.median:,.0f} items/s"
-    )
-
-
-def _ms(value: float) -> str:
-    return f"{value:.3g} ms"
-
-
-def _mib(value: float) -> str:
-    return f"{value:.3g} MiB"
-
-
-# -- budgets from the command line -----------------------------------------------------------------
-
-_TIME_UNITS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
-_LATENCY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*")
-
-
-def parse_latency(text: str) -> float:
-    """A latency budget such as '50ms', '0.2s' or '500us', in milliseconds."""
-    match = _LATENCY.fullmatch(text)
-    if match is None or float(match[1]) <= 0:
-        raise TuneError(
-            f"--max-latency takes a positive time with its unit, e.g. 50ms, 0.2s or 500us; got {text!r}"
-        )
-    return float(match[1]) * _TIME_UNITS[match[2]]
-
-
-def parse_memory(text: str) -> int:
-    """A memory budget such as '64MiB' or '1GB', in bytes (read as the settings read sizes)."""
-    from .._config import byte_count
-
-    try:
-        size = byte_count(text)
-    except ValueError as exc:
-        raise TuneError(f"--max-memory: {exc}") from exc
-    if size < 1:
-        raise TuneError(f"--max-memory must be positive, e.g. 64MiB; got {text!r}")
-    return size
-
-
 # -- the sweep ------------------------------------------------------------------------------------
+
+
+_NO_BUDGET = Goal()
 
 
 @dataclass
@@ -620,26 +439,39 @@ def sweep(
     items: int = 1000,
     reps: int = DEFAULT_REPS,
     name: str = "workload",
-    goal: Goal = Goal(),
+    goal: Goal = _NO_BUDGET,
     step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure every (workers, depth) setting; return the report (rows, the setting chosen for ``goal``
     and why)."""
     settings = [_Setting(w, d) for w in sorted(set(workers)) for d in sorted(set(depths))]
-    load_before = _load_average()
+    timed = not inspect.iscoroutinefunction(workload)  # a generator's items have latencies
+    load_before = load_average()
     with one_blas_thread():
         for rep in range(reps):
             for s in settings:
-                s.runs.append(_run_setting(workload, items, s, traced=False))
+                s.runs.append(_items_run(workload, items, s, name, timed, traced=False))
                 if step is not None:
                     step(f"rep {rep + 1}/{reps}: workers={s.workers} max_pending={s.depth}")
         for s in settings:
-            s.memory = _run_setting(workload, items, s, traced=True)
+            s.memory = _items_run(workload, items, s, name, timed, traced=True)
             if step is not None:
                 step(f"memory: workers={s.workers} max_pending={s.depth}")
-    report = _report(name, items, reps, [_row(s) for s in settings], goal)
-    report["machine"]["load_average"] = [load_before, _load_average()]
+    report = _report(name, items, reps, [_row(s, timed) for s in settings], goal)
+    report["machine"]["load_average"] = [load_before, load_average()]
     return report
+
+
+def _items_run(workload: Workload, items: int, s: _Setting, name: str, timed: bool, traced: bool) -> _Run:
+    """One run of a setting; a generator that yielded no items fails it (nothing to time, no latency)."""
+    run = _run_setting(workload, items, s, traced)
+    if timed and not run.latencies:
+        raise TuneError(
+            f"at cpu_workers={s.workers}, max_pending={s.depth}: workload {name!r} yielded no items "
+            f"(asked for {items}), so it has no throughput or latency to measure; make it yield, per item, "
+            "the Future (or Tensor) of the item's last task"
+        )
+    return run
 
 
 def _run_setting(workload: Workload, items: int, s: _Setting, traced: bool) -> _Run:
@@ -653,29 +485,27 @@ def _run_setting(workload: Workload, items: int, s: _Setting, traced: bool) -> _
         ) from exc
 
 
-def _load_average() -> float | None:
-    """The 1-minute load average: a sweep on a busy machine is noisy, and the report should say so."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (OSError, AttributeError):  # not available on this platform
-        return None
-
-
-def _row(s: _Setting) -> dict[str, Any]:
-    from .._telemetry import percentile
+def _row(s: _Setting, timed: bool) -> dict[str, Any]:
+    """A setting's figures: medians over its runs (``timed``: with latencies, which every run then has)."""
+    from .._telemetry import percentiles
 
     def median(f: Callable[[_Run], float]) -> float:
         return statistics.median(f(r) for r in s.runs)
 
-    timed = bool(s.runs[0].latencies)
     assert s.memory is not None and s.memory.peak_traced_bytes is not None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    if timed:  # each run's p50 and p99 from one sort, then the median of each over the runs
+        each = [percentiles(r.latencies, (0.5, 0.99)) for r in s.runs]
+        p50_ms = statistics.median(p50 for p50, _ in each) * 1e3
+        p99_ms = statistics.median(p99 for _, p99 in each) * 1e3
     return {
         "workers": s.workers,
         "max_pending": s.depth,
         "items_per_s": median(lambda r: r.items / r.seconds),
         "tasks_per_s": median(lambda r: r.tasks / r.seconds),
-        "p50_ms": median(lambda r: percentile(r.latencies, 0.5) * 1e3) if timed else None,
-        "p99_ms": median(lambda r: percentile(r.latencies, 0.99) * 1e3) if timed else None,
+        "p50_ms": p50_ms,
+        "p99_ms": p99_ms,
         "peak_mib": s.memory.peak_traced_bytes / MiB,
         "peak_pending_mib": median(lambda r: r.peak_pending_bytes) / MiB,
         "items_per_s_reps": [r.items / r.seconds for r in s.runs],
@@ -731,7 +561,7 @@ def _machine() -> dict[str, Any]:
 
     return {
         "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        "cpus": usable_cores(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "schedsvc": schedsvc.__version__,
@@ -740,10 +570,6 @@ def _machine() -> dict[str, Any]:
 
 
 # -- output --------------------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def _goal(report: dict[str, Any]) -> Goal:
@@ -809,11 +635,11 @@ def _table_cells(report: dict[str, Any]) -> tuple[str, list[str], list[list[str]
             str(r["workers"]),
             str(r["max_pending"]),
             f"{r['items_per_s']:,.0f}",
-            "{:,.0f}-{:,.0f}".format(*r["items_per_s_quartiles"]),
-            _fmt(r["of_best"], ".0%"),
+            _middle_half(r),
+            or_dash(r["of_best"], ".0%"),
             *([f"{r['tasks_per_s']:,.0f}"] if tasks else []),
-            _fmt(r["p50_ms"], ".3g"),
-            _fmt(r["p99_ms"], ".3g"),
+            or_dash(r["p50_ms"], ".3g"),
+            or_dash(r["p99_ms"], ".3g"),
             f"{r['peak_mib']:.2f}",
             f"{r['peak_pending_mib']:.2f}",
             _verdict(r, goal),
@@ -824,6 +650,11 @@ def _table_cells(report: dict[str, Any]) -> tuple[str, list[str], list[list[str]
     return title, headers, cells, chosen
 
 
+def _middle_half(row: dict[str, Any]) -> str:
+    """A row's items/s from the lower to the upper quartile of its runs: '2,900-3,300'."""
+    return "{:,.0f}-{:,.0f}".format(*row["items_per_s_quartiles"])
+
+
 def summary(report: dict[str, Any]) -> list[str]:
     """What the table means: the goal and the rule, what was chosen and why (or that nothing fits)."""
     goal, m = _goal(report), report["machine"]
@@ -832,11 +663,8 @@ def summary(report: dict[str, Any]) -> list[str]:
         "then smallest max_pending) whose items/s are within noise of the fastest's: the upper end of its "
         "runs' middle half reaches the lower end of the fastest's.",
     ]
-    if report["reps"] < 3:
-        lines.append(
-            f"note: {runs_phrase(report['reps'])} per setting shows no spread to judge noise by, so the fastest "
-            f"setting wins; --reps {DEFAULT_REPS} judges it."
-        )
+    if note := _runs_note(report["reps"]):
+        lines.append(note)
     lines.append(f"machine: {m['cpus']} CPUs, load average {_loads(m)} during the sweep.")
     if report["recommended"] is None:
         lines.append(f"nothing chosen: {report['why']}.")
@@ -845,8 +673,23 @@ def summary(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _runs_note(reps: int) -> str | None:
+    """What a sweep of too few runs per setting can tell of noise (None from 3 runs)."""
+    if reps == 1:
+        return (
+            f"note: 1 run per setting shows no spread to judge noise by, so the fastest setting wins; "
+            f"--reps {DEFAULT_REPS} judges it."
+        )
+    if reps == 2:
+        return (
+            "note: the noise judgement rests on 2 runs per setting (their middle half lies a quarter of the "
+            f"way in from each); --reps {DEFAULT_REPS} judges it on more."
+        )
+    return None
+
+
 def _loads(machine: dict[str, Any]) -> str:
-    return " -> ".join(_fmt(v, ".2f") for v in machine.get("load_average", [None]))
+    return " -> ".join(or_dash(v, ".2f") for v in machine.get("load_average", [None]))
 
 
 def settings_toml(report: dict[str, Any]) -> str:
@@ -868,14 +711,21 @@ def toml_text(report: dict[str, Any], path: str = "<this file>") -> str:
         f"# chosen: {report['why']}.",
         f"# Load with ss.Config.from_file({path!r}); SCHEDSVC_* variables and keywords still win.",
         "#",
-        "# workers  max_pending   items/s  middle half    p99 ms  peak MiB",
     ]
-    for r in report["rows"]:
-        middle = "{:,.0f}-{:,.0f}".format(*r["items_per_s_quartiles"])
-        lines.append(
-            f"# {r['workers']:7d}  {r['max_pending']:11d}  {r['items_per_s']:8,.0f}  {middle:>11}  "
-            f"{_fmt(r['p99_ms'], '8.3g')}  {r['peak_mib']:8.2f}  {_verdict(r, _goal(report))}".rstrip()
-        )
+    headers = ["workers", "max_pending", "items/s", "middle half", "p99 ms", "peak MiB", ""]
+    cells = [
+        [
+            str(r["workers"]),
+            str(r["max_pending"]),
+            f"{r['items_per_s']:,.0f}",
+            _middle_half(r),
+            or_dash(r["p99_ms"], ".3g"),
+            f"{r['peak_mib']:.2f}",
+            _verdict(r, _goal(report)),
+        ]
+        for r in report["rows"]
+    ]
+    lines += [f"# {line}".rstrip() for line in aligned([headers, *cells], right=len(headers) - 1)]
     return "\n".join([*lines, "", settings_toml(report)])
 
 
@@ -1015,7 +865,8 @@ def register(sub: Any) -> None:
         "--reps",
         type=int,
         default=DEFAULT_REPS,
-        help=f"timed runs per setting, interleaved; median and quartiles reported (default {DEFAULT_REPS})",
+        help=f"timed runs per setting, interleaved; median and quartiles reported, and with 1 run the fastest "
+        f"setting wins (default {DEFAULT_REPS})",
     )
     tune.add_argument(
         "--write",

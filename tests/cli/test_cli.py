@@ -42,7 +42,7 @@ def test_an_output_path_that_cannot_be_written_fails_before_running(
 def test_a_bad_setting_in_the_environment_exits_2_with_the_message(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
-    """It used to end the run in a ConfigError traceback."""
+    """The configuration's message, said on stderr with exit status 2 before anything runs (no traceback)."""
     monkeypatch.setenv("SCHEDSVC_MAX_PENDING_BYTES", "1.7")
     assert main(command) == 2
     err = capsys.readouterr().err
@@ -53,7 +53,7 @@ def test_a_bad_setting_in_the_environment_exits_2_with_the_message(
 
 
 def test_a_bare_schedsvc_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
-    """It used to end in argparse's 'the following arguments are required' error."""
+    """With no subcommand, the help: every subcommand with its one-line help, and exit status 0."""
     assert main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: schedsvc") and "{demo,bench,tune,info}" in out

@@ -1,10 +1,9 @@
-"""``schedsvc tune``: the choice for a goal (a pure function, fed made-up figures), each workload on a tiny sweep,
-the TOML written only where asked, the plot, user workloads."""
+"""``schedsvc tune``: the command on made-up figures, each workload on a tiny sweep, the TOML written only where
+asked, the plot, user workloads.  The choice itself is tested on its own in test_choose.py."""
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 import textwrap
@@ -16,16 +15,8 @@ import pytest
 import schedsvc as ss
 from schedsvc.cli import main
 from schedsvc.cli import tune as tune_module
-from schedsvc.cli.tune import (
-    Goal,
-    Measured,
-    TuneError,
-    choose,
-    load_workload,
-    parse_latency,
-    parse_memory,
-    quartiles,
-)
+from schedsvc.cli._choose import Measured, TuneError, choose
+from schedsvc.cli.tune import load_workload
 
 ROW_FIELDS = {
     "workers",
@@ -57,158 +48,10 @@ def tune(capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> dict
     return report
 
 
-# -- the choice (pure, on made-up figures) -----------------------------------------------------------
-
-
-def at(depth: int, *throughput: float, p99: float = 1.0, mib: float = 1.0, workers: int = 2) -> Measured:
-    """A setting's made-up figures: the items/s of each run, its p99 in ms and its peak in MiB."""
-    return Measured(workers, depth, throughput, p99, mib * 2**20)
-
-
-def chosen_depth(*measured: Measured, goal: Goal | None = None) -> int | None:
-    choice = choose(measured, goal or Goal())
-    return None if choice.chosen is None else choice.chosen.setting.depth
-
-
-def test_quartiles_are_those_of_the_runs() -> None:
-    assert quartiles([5.0]) == (5.0, 5.0, 5.0)
-    assert quartiles([3.0, 1.0, 2.0, 5.0, 4.0]) == (2.0, 3.0, 4.0)
-
-
-def test_a_smaller_setting_within_noise_of_a_noisy_best_is_chosen() -> None:
-    """The user's sweep: 1024 was the best by one noisy run; 16 gives 89% of it, and its runs overlap."""
-    sweep = [
-        at(4, 2400, 2450, 2500, 2520, 2550),  # clearly slower: its runs stay below the best's
-        at(16, 2700, 2800, 2900, 3050, 3100, p99=14.7, mib=5),
-        at(1024, 2500, 2900, 3260, 3300, 3400, p99=477, mib=127),
-    ]
-    choice = choose(sweep)
-    assert choice.chosen is not None and choice.best is not None
-    assert (choice.chosen.setting.depth, choice.best.setting.depth) == (16, 1024)
-    assert choice.chosen.of_best == pytest.approx(2900 / 3260)
-    assert choice.why == (
-        "cpu_workers=2, max_pending=16: 89% of the items/s of the fastest setting (cpu_workers=2, "
-        "max_pending=1024: 3,260 items/s), within noise: its runs' upper quartile, 3,050 items/s, reaches "
-        "the fastest's lower quartile, 2,900; p99 14.7 ms; peak 5 MiB"
-    )
-
-
-def test_a_setting_whose_runs_stay_below_the_best_s_is_not_within_noise() -> None:
-    choice = choose([at(1, 900, 910, 920), at(2, 1000, 1001, 1002)])
-    assert choice.chosen is not None and choice.chosen.setting.depth == 2
-    assert [j.within_noise for j in choice.judged] == [False, True]
-
-
-def test_budgets_exclude_settings_and_the_best_is_the_fastest_within_them() -> None:
-    sweep = [
-        at(8, 500, 510, 520, p99=5, mib=2),
-        at(16, 890, 900, 910, p99=14.7, mib=5),
-        at(64, 980, 1000, 1020, p99=40, mib=80),  # within the latency budget, over the memory one
-        at(1024, 1000, 1010, 1020, p99=477, mib=127),  # over both
-    ]
-    goal = Goal(max_latency_ms=50, max_memory_bytes=64 * 2**20)
-    choice = choose(sweep, goal)
-    assert choice.chosen is not None and choice.best is not None
-    assert choice.chosen.setting.depth == choice.best.setting.depth == 16
-    assert [j.over for j in choice.judged] == [
-        (),
-        (),
-        ("peak 80 MiB > 64 MiB",),
-        ("p99 477 ms > 50 ms", "peak 127 MiB > 64 MiB"),
-    ]
-    assert choice.why == (
-        "cpu_workers=2, max_pending=16: the fastest setting within budget, 900 items/s; "
-        "p99 14.7 ms ≤ 50 ms; peak 5 MiB ≤ 64 MiB"
-    )
-    assert chosen_depth(*sweep, goal=Goal(max_latency_ms=50)) == 64  # memory no longer counts
-    assert chosen_depth(*sweep) == 64  # no budget: 64's runs reach 1024's lower quartile
-
-
-def test_a_budget_is_met_at_exactly_the_budget() -> None:
-    assert chosen_depth(at(4, 10, p99=50.0), at(8, 20, p99=50.1), goal=Goal(max_latency_ms=50)) == 4
-
-
-def test_when_nothing_meets_the_budgets_nothing_is_chosen_and_the_closest_is_named() -> None:
-    sweep = [at(1, 100, p99=80, mib=1), at(4, 300, p99=60, mib=1), at(16, 400, p99=70, mib=1)]
-    choice = choose(sweep, Goal(max_latency_ms=50))
-    assert choice.chosen is None and choice.best is None
-    assert choice.closest is not None and choice.closest.setting.depth == 4  # 1.2x its budget, the least
-    assert choice.why == (
-        "no setting meets the budgets (p99 ≤ 50 ms); the closest is cpu_workers=2, max_pending=4: "
-        "p99 60 ms > 50 ms, 300 items/s"
-    )
-    assert all(j.of_best is None and not j.within_noise for j in choice.judged)
-
-
-def test_the_closest_is_the_one_least_over_its_worst_budget() -> None:
-    goal = Goal(max_latency_ms=10, max_memory_bytes=10 * 2**20)
-    # 4: latency 1.5x over; 8: memory 3x over; 1: both 2x over
-    sweep = [at(1, 9, p99=20, mib=20), at(4, 10, p99=15, mib=5), at(8, 11, p99=5, mib=30)]
-    choice = choose(sweep, goal)
-    assert choice.closest is not None and choice.closest.setting.depth == 4
-
-
-def test_ties_go_to_the_smaller_setting() -> None:
-    assert chosen_depth(at(64, 10.0), at(8, 10.0), at(512, 10.0)) == 8
-    # a tie between the best two: the smaller is the best, and nothing smaller reaches it
-    assert chosen_depth(at(2, 5.0), at(32, 10.0), at(16, 10.0)) == 16
-    # equally close to the budgets: the smaller one is named
-    choice = choose([at(8, 10.0, p99=99), at(4, 10.0, p99=99)], Goal(max_latency_ms=1))
-    assert choice.closest is not None and choice.closest.setting.depth == 4
-
-
-def test_fewer_workers_count_as_smaller_than_a_smaller_depth() -> None:
-    sweep = [at(4, 1000, workers=2), at(64, 990, 1000, 1010, workers=1), at(128, 995, workers=1)]
-    choice = choose(sweep)
-    assert choice.chosen is not None
-    assert (choice.chosen.setting.workers, choice.chosen.setting.depth) == (1, 64)
-
-
-def test_with_one_run_each_there_is_no_noise_and_the_fastest_wins() -> None:
-    assert chosen_depth(at(16, 999.0), at(1024, 1000.0)) == 1024
-
-
-@pytest.mark.parametrize(
-    ("measured", "goal", "message"),
-    [
-        ([], Goal(), "at least one"),
-        ([at(1, math.nan)], Goal(), "finite"),
-        ([at(1, -1.0)], Goal(), "non-negative"),
-        ([at(1)], Goal(), "non-negative"),
-        ([Measured(1, 1, (5.0,), None, 0.0)], Goal(max_latency_ms=5), "needs a p99 latency"),
-    ],
-)
-def test_choose_refuses_what_it_cannot_judge(measured: list[Measured], goal: Goal, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        choose(measured, goal)
-
-
-@pytest.mark.parametrize(
-    ("text", "ms"), [("50ms", 50.0), ("0.2s", 200.0), ("500us", 0.5), ("250 µs", 0.25), (" 1.5 ms ", 1.5)]
-)
-def test_a_latency_budget_is_a_time_with_its_unit(text: str, ms: float) -> None:
-    assert parse_latency(text) == pytest.approx(ms)
-
-
-@pytest.mark.parametrize("text", ["50", "ms", "-5ms", "0ms", "5 minutes", "5ms!"])
-def test_a_latency_budget_without_a_unit_or_not_positive_is_refused(text: str) -> None:
-    with pytest.raises(TuneError, match="--max-latency takes a positive time with its unit"):
-        parse_latency(text)
-
-
-def test_a_memory_budget_is_read_as_the_settings_read_sizes() -> None:
-    assert parse_memory("64MiB") == 64 * 2**20
-    assert parse_memory("1GB") == 10**9
-    assert parse_memory("4096") == 4096
-    with pytest.raises(TuneError, match="--max-memory: '64parsecs' is not a byte size"):
-        parse_memory("64parsecs")
-    with pytest.raises(TuneError, match="--max-memory must be positive"):
-        parse_memory("0")
-
-
 # -- the command on made-up figures ----------------------------------------------------------------------
 
-#: (max_pending) -> (items/s of each run, p99 ms, peak MiB): the user's pipeline sweep, 1024 best by a noisy run
+#: (max_pending) -> (items/s of each run, p99 ms, peak MiB): a pipeline sweep in which 1024 is the fastest by
+#: one stray run
 PIPELINE = {
     4: ((2400.0, 2450.0, 2500.0, 2520.0, 2550.0), 6.0, 2.0),
     16: ((2700.0, 2800.0, 2900.0, 3050.0, 3100.0), 14.7, 5.0),
@@ -217,23 +60,38 @@ PIPELINE = {
 }
 
 
-@pytest.fixture
-def made_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every run of the sweep gives PIPELINE's figures instead of running (1,000 items a run)."""
+Sweep = dict[int, tuple[tuple[float, ...], float, float]]
+
+
+def fake_runs(monkeypatch: pytest.MonkeyPatch, sweep: Sweep, empty: frozenset[int] = frozenset()) -> None:
+    """Every run of the sweep gives ``sweep``'s figures instead of running (1,000 items a run); the runs
+    numbered in ``empty`` (from 1, in the order they run) yield no items."""
     runs: dict[int, int] = {}
+    count = iter(range(1, 10**6))
 
     def fake(workload: Any, items: int, s: Any, traced: bool) -> Any:
-        throughput, p99, mib = PIPELINE[s.depth]
+        throughput, p99, mib = sweep[s.depth]
         i = runs.get(s.depth, 0) % len(throughput)
         runs[s.depth] = i + 1
         latencies = [p99 / 2e3] * 98 + [p99 / 1e3] * 2  # nearest-rank p99: the last two
-        return tune_module._Run(1000 / throughput[i], 1000, 3000, latencies, 0, int(mib * 2**20))
+        if next(count) in empty:
+            latencies = []
+        done = len(latencies) * 10
+        return tune_module._Run(done / throughput[i], done, 3 * done, latencies, 0, int(mib * 2**20))
 
     monkeypatch.setattr(tune_module, "_run_setting", fake)
 
 
-def tune_made_up(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    depths = ",".join(map(str, PIPELINE))
+@pytest.fixture
+def made_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run of the sweep gives PIPELINE's figures instead of running (1,000 items a run)."""
+    fake_runs(monkeypatch, PIPELINE)
+
+
+def tune_made_up(
+    capsys: pytest.CaptureFixture[str], *argv: str, sweep: Sweep = PIPELINE
+) -> tuple[int, str, str]:
+    depths = ",".join(map(str, sweep))
     status = main(["tune", "pipeline", "--depths", depths, "--workers", "2", "--reps", "5", *argv])
     captured = capsys.readouterr()
     return status, captured.out, captured.err
@@ -311,10 +169,84 @@ def test_write_saves_the_choice_with_the_goal_and_the_figures(
     assert (config.cpu_workers, config.max_pending) == (2, 16)
 
 
+@pytest.mark.parametrize(
+    ("reps", "note"),
+    [
+        ("1", "note: 1 run per setting shows no spread to judge noise by, so the fastest setting wins;"),
+        ("2", "note: the noise judgement rests on 2 runs per setting"),
+        ("3", None),
+    ],
+)
+@pytest.mark.usefixtures("made_up")
+def test_the_summary_says_what_few_runs_can_tell_of_noise(
+    reps: str, note: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run per setting has no spread, and the fastest setting wins; two runs still give quartiles, so
+    the note says the judgement rests on them; from three runs there is no note."""
+    status, out, _ = tune_made_up(capsys, "--reps", reps)
+    flat = " ".join(out.split())
+    assert status == 0
+    if note is None:
+        assert "note:" not in flat
+    else:
+        assert note in flat and f"--reps {tune_module.DEFAULT_REPS}" in flat
+    assert ("no spread" in flat) is (reps == "1")
+
+
+#: figures of a sweep of more than 10,000 items/s, whose middle halves print wider than the column's header
+FAST: Sweep = {
+    8: ((11_600.0, 11_692.0, 11_721.0, 12_526.0, 12_600.0), 1.21, 0.18),
+    16: ((9_000.0, 9_100.0, 9_200.0, 9_300.0, 9_400.0), 1.82, 0.23),
+    128: ((15_900.0, 15_920.0, 18_042.0, 18_289.0, 18_300.0), 9.52, 0.92),
+}
+
+
+def test_the_written_table_lines_up_however_wide_its_figures(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_runs(monkeypatch, FAST)
+    path = tmp_path / "tune.toml"
+    status, _, _ = tune_made_up(capsys, "--max-latency", "5ms", "--write", str(path), sweep=FAST)
+    assert status == 0
+    comments = path.read_text().split("\n#\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert comments[0].startswith("# workers") and len(comments) == 1 + len(FAST)
+    assert "11,692-12,526" in comments[1]
+    # where each number column ends (the headers and the figures are aligned right): the same on every line
+    ends = {tuple(m.end() for m in re.finditer(r"\S+(?: \S+)*", line[2:]))[:6] for line in comments}
+    assert len(ends) == 1, comments
+
+
+def test_a_workload_run_that_yields_no_items_fails_the_sweep(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run must have latencies, the later ones too: a run with none fails the sweep (exit status 1)
+    and names the workload and the setting, rather than counting as a run of 0 ms."""
+    fake_runs(monkeypatch, PIPELINE, empty=frozenset({7}))  # rep 2 at the third depth, 128
+    status, out, err = tune_made_up(capsys, "--json", "-")
+    assert status == 1 and out == ""
+    assert (
+        "schedsvc tune pipeline: at cpu_workers=2, max_pending=128: workload 'pipeline' yielded no items "
+        "(asked for 1000)" in err
+    )
+
+
+@pytest.mark.usefixtures("made_up")
+def test_the_report_gives_the_cores_the_process_may_use_and_the_load(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import schedsvc.devices
+
+    monkeypatch.setattr(schedsvc.devices, "engine_cores", lambda: 3)  # an affinity narrower than the machine
+    monkeypatch.setattr("os.getloadavg", lambda: (1.234, 0.5, 0.25))
+    status, out, _ = tune_made_up(capsys, "--json", "-")
+    machine = json.loads(out)["machine"]
+    assert status == 0 and machine["cpus"] == 3 and machine["load_average"] == [1.23, 1.23]
+
+
 def test_tune_writes_nothing_unasked_and_says_how_to_save_the_choice(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It used to write schedsvc-tune.toml into the working directory on every run."""
+    """Without --write, no file appears in the working directory; the report says how to save the choice."""
     monkeypatch.chdir(tmp_path)
     assert main(["tune", "chain", "--depths", "1", "--items", "3", "--reps", "1"]) == 0
     out = capsys.readouterr().out
@@ -600,6 +532,14 @@ def test_a_user_coroutine_is_swept_without_latency(
         ),
         (
             """
+            async def bad(eng, items):
+                return
+                yield
+            """,
+            "at cpu_workers=2, max_pending=1: workload 'tune_user_bad:bad' yielded no items (asked for 2)",
+        ),
+        (
+            """
             def boom(x):
                 raise RuntimeError("kaput")
 
@@ -619,18 +559,21 @@ def test_a_user_coroutine_is_swept_without_latency(
         ),
     ],
 )
+@pytest.mark.parametrize("budget", [[], ["--max-latency", "5ms"]])
 def test_a_user_workload_that_goes_wrong_fails_the_run_and_says_why(
     body: str,
     message: str,
+    budget: list[str],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     user_module(tmp_path, monkeypatch, "tune_user_bad", body)
     argv = ["tune", "tune_user_bad:bad", "--depths", "1", "--workers", "2", "--items", "2", "--reps", "1"]
-    argv += ["--write", str(tmp_path / "x.toml")]
+    argv += ["--write", str(tmp_path / "x.toml"), *budget]
     assert main(argv) == 1
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
     assert not (tmp_path / "x.toml").exists()
 
 
