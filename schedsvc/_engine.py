@@ -35,7 +35,7 @@ from ._port import LOOP_CLOSED, Port
 from ._runtime import NOW, QUEUE, is_cancellation
 from ._submission import NO_WRITES, PLAIN, build_task
 from ._telemetry import Stats, percentiles
-from ._timeline import Timeline
+from ._timeline import Recording, Timeline
 from ._typing import as_run, as_submit, as_submit_nowait
 from ._validate import check_fn, check_map_order, refuse_submit_while_tracing
 from .tensor import Tensor, TensorMemory, asarray, create, shape_arg
@@ -562,31 +562,6 @@ class Engine:
 
     def __repr__(self) -> str:
         return self._port.describe()
-
-
-class Recording:
-    """The block of ``eng.trace(path)``, ``with`` or ``async with``: records a timeline, written at its end."""
-
-    def __init__(self, port: Port, path: str | os.PathLike[str], max_spans: int) -> None:
-        self._port = port
-        self._args = (path, max_spans)
-
-    def __enter__(self) -> Timeline:
-        port = self._port
-        port.running()
-        timeline = self._timeline = Timeline(*self._args)
-        port.attach(timeline)
-        return timeline
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._port.detach()
-        self._timeline.write()
-
-    async def __aenter__(self) -> Timeline:
-        return self.__enter__()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.__exit__()
 
 
 async def _say_what_close_waits_for(port: Port) -> None:

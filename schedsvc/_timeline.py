@@ -37,8 +37,9 @@ from ._core import Task, name_of
 
 if TYPE_CHECKING:
     from ._core import Scheduler
+    from ._port import Port
 
-__all__ = ["Timeline", "describe"]
+__all__ = ["Recording", "Timeline", "describe"]
 
 _PID = 1  # track n is tid _PID + n: Perfetto labels the thread whose tid equals the pid "main thread"
 _ndarray = np.ndarray
@@ -398,3 +399,28 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return str(value)
+
+
+class Recording:
+    """The block of ``eng.trace(path)``, ``with`` or ``async with``: records a timeline, written at its end."""
+
+    def __init__(self, port: Port, path: str | os.PathLike[str], max_spans: int) -> None:
+        self._port = port
+        self._args = (path, max_spans)
+
+    def __enter__(self) -> Timeline:
+        port = self._port
+        port.running()
+        timeline = self._timeline = Timeline(*self._args)
+        port.attach(timeline)
+        return timeline
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._port.detach()
+        self._timeline.write()
+
+    async def __aenter__(self) -> Timeline:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__()

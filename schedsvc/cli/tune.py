@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._choose import (
-    Choice,
     Goal,
     Judged,
     Measured,
@@ -67,7 +66,6 @@ from ._choose import (
     choose,
     parse_latency,
     parse_memory,
-    quartiles,
 )
 from ._common import (
     MiB,
@@ -98,16 +96,7 @@ __all__ = [
     "DEFAULT_REPS",
     "NO_SETTING_FITS",
     "WORKLOADS",
-    "Choice",
-    "Goal",
-    "Judged",
-    "Measured",
-    "TuneError",
-    "choose",
     "load_workload",
-    "parse_latency",
-    "parse_memory",
-    "quartiles",
     "register",
     "run",
     "sweep",
