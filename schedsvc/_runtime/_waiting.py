@@ -102,6 +102,8 @@ class Waiting:
                 return True
             rt.other_loops = True  # (collect looks for watchers woken elsewhere from now on: this gate)
             watch(task, gate)
+            if self.conditions:  # a thread now waits on the task: what an ``until`` may wait to see
+                self.recheck_soon()
         try:
             if worker is not None:
                 worker.blocking(+1)

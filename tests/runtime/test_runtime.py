@@ -46,6 +46,28 @@ async def test_until_sees_a_state_reached_on_worker_threads(engine: ss.Engine) -
     assert all(f.done() for f in futs)
 
 
+async def test_until_sees_a_thread_start_waiting_on_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread blocked on a task (its ``result()`` off the loop) is state an ``until`` can wait for: it is
+    re-checked when the thread starts waiting, though no scheduling event follows.  (The thread's hand-over
+    of staged work, which could make an event of its own, is taken out: nothing is staged here.)"""
+    async with ss.Engine(cpu_workers=1) as eng:
+        rt = runtime(eng)
+        async with occupied(eng, 1) as (_, held):
+            monkeypatch.setattr(rt, "flush", lambda: None)
+            checked = asyncio.Event()
+
+            def waited_on() -> bool:
+                checked.set()
+                return bool(held[0].watchers)
+
+            watching = asyncio.ensure_future(rt.until(waited_on, TIMEOUT))
+            await within(checked.wait())  # its first check: nobody waits on the task yet
+            blocked = asyncio.ensure_future(asyncio.to_thread(held[0].result, TIMEOUT))
+            await within(watching)
+            monkeypatch.undo()
+        await within(blocked)
+
+
 async def test_until_sees_the_engine_close() -> None:
     eng = await ss.Engine(cpu_workers=1).start()
     rt = runtime(eng)
