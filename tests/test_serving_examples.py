@@ -79,8 +79,9 @@ async def test_a_def_endpoint_at_the_engines_limits_is_answered_503() -> None:
     example = load_example("serve_fastapi")
     app = example.create_app(ss.Config(**HELD, max_pending=1), retry_after=4)
     async with client_of(app) as client:
-        async with occupied(app.state.engine, 1):  # the one slot
+        async with occupied(app.state.engine, 1) as (_, held):  # the one slot
             refused = await within(client.post("/predict-sync", json={"x": row(0).tolist()}))
+        await within(held[0])  # the slot is free again once the held task has ended, not at the gate
         admitted = await within(client.post("/predict-sync", json={"x": row(1).tolist()}))
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "4"
     assert "busy" in refused.json()["detail"]
