@@ -82,12 +82,17 @@ class BatchOptions(CompileOptions, total=False):
 
 
 class Submit(Protocol):
-    """``eng.submit``'s signatures.  A call of up to four positional arguments is checked against
-    ``fn``'s parameters, each argument fitting by its type or as a future of it (a dependency), options
-    too; one giving ``fn``'s keywords, by the last overload (ParamSpec), whose arguments are ``fn``'s
-    own.  PEP 612 allows no keyword between ``*args: P.args`` and ``**kwargs: P.kwargs``, so no overload
-    takes ``fn``'s keywords together with an option or a future: a type checker refuses such a call
-    (it runs); bind the keywords with ``functools.partial(fn, key=...)``, which it then checks."""
+    """``eng.submit``'s signatures, tried in order:
+
+    - up to four positional arguments and options: each argument checked against ``fn``'s parameter,
+      fitting by its type or as a future (a dependency);
+    - ``fn``'s own arguments, keywords too (ParamSpec): all checked, but a future fits none (PEP 612
+      allows no keyword between ``*args: P.args`` and ``**kwargs: P.kwargs``, and ``P`` has no futures);
+    - up to four positional arguments checked as in the first, and keywords -- ``fn``'s and options --
+      taken unchecked: ``eng.submit(np.add, t, 1.0, out=t)`` with a Tensor ``t``.
+
+    So a misspelt keyword of ``fn``'s is found at run time, not by a type checker; a call of more than four
+    positional arguments with a future among them is refused by one (it runs)."""
 
     @overload
     async def __call__(self, fn: Callable[[], T], /, **options: Unpack[SubmitOptions]) -> Future[T]: ...
@@ -122,6 +127,29 @@ class Submit(Protocol):
     ) -> Future[T]: ...
     @overload
     async def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]: ...
+    @overload
+    async def __call__(self, fn: Callable[[], T], /, **kwargs: Any) -> Future[T]: ...
+    @overload
+    async def __call__(self, fn: Callable[[A1], T], a1: Arg[A1], /, **kwargs: Any) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[[A1, A2], T], a1: Arg[A1], a2: Arg[A2], /, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[[A1, A2, A3], T], a1: Arg[A1], a2: Arg[A2], a3: Arg[A3], /, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    async def __call__(
+        self,
+        fn: Callable[[A1, A2, A3, A4], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        a4: Arg[A4],
+        /,
+        **kwargs: Any,
+    ) -> Future[T]: ...
 
 
 class SubmitNowait(Protocol):
@@ -160,6 +188,29 @@ class SubmitNowait(Protocol):
     ) -> Future[T]: ...
     @overload
     def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]: ...
+    @overload
+    def __call__(self, fn: Callable[[], T], /, **kwargs: Any) -> Future[T]: ...
+    @overload
+    def __call__(self, fn: Callable[[A1], T], a1: Arg[A1], /, **kwargs: Any) -> Future[T]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[A1, A2], T], a1: Arg[A1], a2: Arg[A2], /, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[A1, A2, A3], T], a1: Arg[A1], a2: Arg[A2], a3: Arg[A3], /, **kwargs: Any
+    ) -> Future[T]: ...
+    @overload
+    def __call__(
+        self,
+        fn: Callable[[A1, A2, A3, A4], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        a4: Arg[A4],
+        /,
+        **kwargs: Any,
+    ) -> Future[T]: ...
 
 
 class Run(Protocol):
@@ -198,6 +249,27 @@ class Run(Protocol):
     ) -> T: ...
     @overload
     async def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[[], T], /, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[[A1], T], a1: Arg[A1], /, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(self, fn: Callable[[A1, A2], T], a1: Arg[A1], a2: Arg[A2], /, **kwargs: Any) -> T: ...
+    @overload
+    async def __call__(
+        self, fn: Callable[[A1, A2, A3], T], a1: Arg[A1], a2: Arg[A2], a3: Arg[A3], /, **kwargs: Any
+    ) -> T: ...
+    @overload
+    async def __call__(
+        self,
+        fn: Callable[[A1, A2, A3, A4], T],
+        a1: Arg[A1],
+        a2: Arg[A2],
+        a3: Arg[A3],
+        a4: Arg[A4],
+        /,
+        **kwargs: Any,
+    ) -> T: ...
 
 
 def _same(fn: Any) -> Any:

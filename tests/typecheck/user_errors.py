@@ -45,7 +45,7 @@ async def main(eng: ss.Engine) -> None:
     eng.submit_nowait(square)  # error: arg-type
     eng.submit_nowait(square, "3")  # error: arg-type
     eng.submit_nowait(square, 1, 2)  # error: arg-type
-    eng.submit_nowait(scale, 1, fator=3.0)  # error: call-arg
+    eng.submit_nowait(scale, "1", factor=3.0)  # error: arg-type
     await eng.run(scale, 1, "3")  # error: arg-type
     eng.submit_nowait(square, "3", name="sq")  # error: arg-type
     await eng.run(square, "3", device="cpu")  # error: arg-type

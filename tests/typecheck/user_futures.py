@@ -32,8 +32,10 @@ async def main(eng: ss.Engine) -> None:
     reveal_type(b)  # Future[int]
     reveal_type(await eng.submit(scale, b, 3.0, priority=1, name="scaled"))  # Future[float]
     reveal_type(eng.submit_nowait(scale, 1, factor=3.0))  # Future[float]
-    # fn's keywords with an option: bound by functools.partial (no overload takes both)
     reveal_type(await eng.submit(functools.partial(scale, factor=3.0), 1, device="cpu"))  # Future[float]
+    reveal_type(await eng.submit(scale, b, factor=3.0, device="cpu"))  # Future[float]
+    t = eng.asarray(np.zeros(3))
+    reveal_type(await eng.submit(np.add, t, 1.0, out=t, name="add"))  # Future[Any]
     reveal_type(await eng.submit(total, eng.ones((2, 2))))  # Future[float]
     product = await eng.submit(np.dot, np.ones((2, 2)), np.ones((2, 2)))  # NumPy types it Any
     reveal_type(await eng.submit(total, product))  # Future[float]
