@@ -27,7 +27,8 @@ def load(i: int) -> np.ndarray:
 
 def compute(batch: np.ndarray) -> np.ndarray:
     """Stage 2: the model."""
-    return np.maximum(batch @ W1, 0) @ W2
+    out: np.ndarray = np.maximum(batch @ W1, 0) @ W2
+    return out
 
 
 def postprocess(out: np.ndarray) -> float:

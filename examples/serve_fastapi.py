@@ -124,13 +124,17 @@ async def bad_row(request: Request, exc: RequestValidationError) -> JSONResponse
     return JSONResponse({"detail": f"{SEND}: {errors}"}, 400)
 
 
-def get_model(request: Request) -> ss.Batched:
+#: the compiled model: called with a batch of rows, awaited for the caller's rows of the outputs
+Model = ss.Batched[[np.ndarray], np.ndarray]
+
+
+def get_model(request: Request) -> Model:
     """The compiled model (a FastAPI dependency), made at startup by ``load``."""
-    model: ss.Batched = request.app.state.model
+    model: Model = request.app.state.model
     return model
 
 
-ModelDep = Annotated[ss.Batched, Depends(get_model)]
+ModelDep = Annotated[Model, Depends(get_model)]
 EngineDep = Annotated[ss.Engine, Depends(serving.get_engine)]
 
 
