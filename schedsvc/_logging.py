@@ -100,5 +100,6 @@ def tally(stats: Any) -> str:
         f"{stats.cancelled} cancelled; peak pending bytes {stats.peak_pending_bytes}"
     )
     if stats.batches:
-        text += f"; {stats.batches} batches of {stats.batch_rows} rows"
+        batches = "1 batch" if stats.batches == 1 else f"{stats.batches} batches"
+        text += f"; {batches} of {stats.batch_rows} rows"
     return text

@@ -7,6 +7,7 @@ import logging
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,14 @@ def test_a_throttled_warning_is_logged_at_once_then_counted(
         " s since the last one logged)"
     )
     assert said[2:] == ["refused 6"]
+
+
+def test_the_tally_counts_batches_in_words() -> None:
+    one = SimpleNamespace(**dict.fromkeys(("submitted", "completed", "failed", "cancelled"), 3))
+    one.peak_pending_bytes, one.batches, one.batch_rows = 96, 1, 3
+    assert _logging.tally(one).endswith("; 1 batch of 3 rows")
+    one.batches = 2
+    assert _logging.tally(one).endswith("; 2 batches of 3 rows")
 
 
 def test_the_settings_shown_are_the_main_ones_and_every_one_not_left_at_its_default() -> None:
