@@ -687,6 +687,10 @@ def settings_toml(report: dict[str, Any]) -> str:
     return f"cpu_workers = {rec['cpu_workers']}\nmax_pending = {rec['max_pending']}\n"
 
 
+#: the columns of the table the TOML file keeps in its comments
+_TOML_COLUMNS = ("cpu\nworkers", "max\npending", "items/s", "middle\nhalf", "p99\nms", "peak\nMiB", "")
+
+
 def toml_text(report: dict[str, Any], path: str = "<this file>") -> str:
     """The chosen settings as TOML for ``Config.from_file``, with the goal, the reason and the figures in
     comments."""
@@ -701,20 +705,10 @@ def toml_text(report: dict[str, Any], path: str = "<this file>") -> str:
         f"# Load with ss.Config.from_file({path!r}); SCHEDSVC_* variables and keywords still win.",
         "#",
     ]
-    headers = ["workers", "max_pending", "items/s", "middle half", "p99 ms", "peak MiB", ""]
-    cells = [
-        [
-            str(r["workers"]),
-            str(r["max_pending"]),
-            f"{r['items_per_s']:,.0f}",
-            _middle_half(r),
-            or_dash(r["p99_ms"], ".3g"),
-            f"{r['peak_mib']:.2f}",
-            _verdict(r, _goal(report)),
-        ]
-        for r in report["rows"]
-    ]
-    lines += [f"# {line}".rstrip() for line in aligned([headers, *cells], right=len(headers) - 1)]
+    _, headers, cells, _ = _table_cells(report)  # the printed table's columns, those that matter here
+    keep = [i for i, header in enumerate(headers) if header in _TOML_COLUMNS]
+    table = [[headers[i].replace("\n", " ") for i in keep], *([row[i] for i in keep] for row in cells)]
+    lines += [f"# {line}".rstrip() for line in aligned(table, right=len(keep) - 1)]
     return "\n".join([*lines, "", settings_toml(report)])
 
 

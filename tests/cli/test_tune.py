@@ -209,7 +209,7 @@ def test_the_written_table_lines_up_however_wide_its_figures(
     status, _, _ = tune_made_up(capsys, "--max-latency", "5ms", "--write", str(path), sweep=FAST)
     assert status == 0
     comments = path.read_text().split("\n#\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert comments[0].startswith("# workers") and len(comments) == 1 + len(FAST)
+    assert comments[0].startswith("# cpu workers  max pending") and len(comments) == 1 + len(FAST)
     assert "11,692-12,526" in comments[1]
     # where each number column ends (the headers and the figures are aligned right): the same on every line
     ends = {tuple(m.end() for m in re.finditer(r"\S+(?: \S+)*", line[2:]))[:6] for line in comments}
