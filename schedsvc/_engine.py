@@ -51,11 +51,6 @@ __all__ = ["Engine", "check_fn"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
-R = TypeVar("R")
-A1 = TypeVar("A1")
-A2 = TypeVar("A2")
-A3 = TypeVar("A3")
-A4 = TypeVar("A4")
 Tensors = TypeVar("Tensors", bound=tuple[Tensor, ...])
 
 _JOIN_TIMEOUT_S = 30.0
