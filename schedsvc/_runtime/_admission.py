@@ -207,8 +207,7 @@ class Admission:
             if self.closed or not self.core.hold(task):
                 return False
             if not self.flush_scheduled:
-                self.flush_scheduled = True
-                self.bridge.call_soon(self._flush)
+                self._schedule_flush()
         return True
 
     def _claim(self, task: Task, claims: Any, counted: Callable[[], None] | None) -> None:
@@ -350,8 +349,7 @@ class Admission:
         if self.eager_left > 0:
             self.eager_left -= 1
             if self.eager_left == 0 and not self.flush_scheduled:
-                self.flush_scheduled = True  # the flush re-arms the budget
-                self.bridge.call_soon(self._flush)
+                self._schedule_flush()  # the flush re-arms the budget
             return False
         return True
 
@@ -362,9 +360,13 @@ class Admission:
         over (``gathering``)."""
         self.gathering = True
         if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.bridge.call_soon(self._flush)
+            self._schedule_flush()
         return True
+
+    def _schedule_flush(self) -> None:
+        """With the lock held, on the loop thread: the flush at the end of this turn of the loop (once)."""
+        self.flush_scheduled = True
+        self.bridge.call_soon(self._flush)
 
     def flush(self) -> None:
         """Hand staged tasks to the workers now (before this thread waits)."""
