@@ -308,17 +308,13 @@ class Group:
             else:
                 inputs.append(_joined_on(staging, parts, axis, pad))
         n = len(rows)
-        if staging is None and size == 1 and plan.samples < _ROW_TIMINGS:  # what one row costs: timed
-            untimed = not plan.samples
-            began = time.perf_counter()
+        timed = staging is None and size == 1 and plan.samples < _ROW_TIMINGS  # what one row costs
+        # (a first replay is slow: cold caches, first allocations; a second one is timed too)
+        for _ in range(2 if timed and not plan.samples else 1):
+            began = time.perf_counter() if timed else 0.0
             out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
-            if untimed:  # (a first replay is slow: cold caches, first allocations; a second one is timed too)
+            if timed:
                 self._timed(plan, time.perf_counter() - began)
-                began = time.perf_counter()
-                out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
-            self._timed(plan, time.perf_counter() - began)
-        else:
-            out = plan.replay(*inputs, spans) if plan.spans else plan.replay(*inputs)
         if staging is not None and self.host_rows:  # the host's callers: their rows back on the host, at once
             out = staging.to_host(out) if graph.out_kind == "single" else [staging.to_host(o) for o in out]
         if graph.out_kind == "single" and plan.plan.outputs[0] == 0 and uniform:
