@@ -64,6 +64,7 @@ class ReadyQueue:
         ready state (they stay in their buckets, skipped when met, as a cancelled task is)."""
         taken: list[Task] = []
         like = self.fusions.get(fusion)
+        held = 0
         while like and limit > 0:
             task = like[0]
             if task.state != "ready":  # popped, claimed or cancelled since it was listed
@@ -75,10 +76,11 @@ class ReadyQueue:
             like.popleft()
             limit -= share
             taken.append(task)
+            if task.staged == HELD:
+                held += 1
         if like is not None and not like:
             del self.fusions[fusion]
         if taken:
-            held = sum(1 for task in taken if task.staged == HELD)
             self.held -= held
             self.count -= len(taken) - held
             if not self.count:

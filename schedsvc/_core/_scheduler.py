@@ -429,8 +429,11 @@ class Scheduler:
         of them (ready -> running): oldest first, whatever their priority, while their weights (default
         1 each) add up to at most ``limit``."""
         taken = self.queues[device].take_like(fusion, limit, weight)
+        check = self._check
         for task in taken:
-            self._move(task, "running")
+            if check:  # hot path: no call unless checking
+                self._move(task, "running")
+            task.state = "running"
         self.running += len(taken)
         return taken
 
@@ -487,6 +490,52 @@ class Scheduler:
             inline.state = "running"
             self.running += 1
         return inline
+
+    def finish_all(self, tasks: list[Task], outcomes: list[tuple[Any, BaseException | None]]) -> Task | None:
+        """``finish`` each of ``tasks`` -- the calls of one fused run, taken together -- with its
+        ``(value, error)``, in order; the last may hand on a dependent to run at once, as ``finish`` does.
+
+        A call that succeeded and that nothing depends on is finished here in a few steps (the common
+        case of a batch: its reads released, its caller resolved); any other goes through ``finish``."""
+        general = self._check or self._hooks or self._barriers
+        last = tasks[-1]
+        out = self.out
+        buffers = self._buffers
+        nxt = None
+        done = freed = 0
+        for task, (value, error) in zip(tasks, outcomes, strict=True):
+            if general or error is not None or task.dependents is not None:
+                nxt = self.finish(task, value, error, task is last)
+                continue
+            task.value = value
+            task.state = "done"
+            done += 1
+            if task.watchers is not None:
+                out.append(("resolve", task))
+            freed += task.out_bytes
+            for key, _, write in task.buffers:  # (_release, for a task with no hooks to call)
+                buf = buffers[key]
+                buf.users -= 1
+                if buf.users == 0:
+                    del buffers[key]
+                    freed += buf.nbytes
+                elif write:
+                    if buf.writer is task:
+                        buf.writer = None
+                else:
+                    buf.readers.pop(task, None)
+            if task.name is None:
+                task.name = name_of(task.fn)
+            task.fn = None
+            task.args = task.buffers = task.deps = ()
+            task.kwargs = None
+        self.running -= done
+        self.completed += done
+        self.pending -= done
+        self.pending_bytes -= freed
+        if done and self._admission:
+            self._admit_waiters()
+        return nxt
 
     def finish_cancelled(self, task: Task) -> None:
         """A running task ends ``cancelled``: its executor cancelled it before it started there.

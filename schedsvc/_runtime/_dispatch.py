@@ -269,11 +269,10 @@ class Dispatch:
         core = self.core
         with self.lock:
             tasks = [first, *self.joined.pop(first, ())]
-            room = fusion.limit - sum(fusion.weight(t) for t in tasks)
+            room = fusion.limit - sum(map(fusion.weight, tasks))
             tasks += core.take_like(first.device, fusion, room, fusion.weight)
         t0 = time.perf_counter()
-        for task in tasks:
-            self.queue_waits.append(t0 - task.t_ready)
+        self.queue_waits.extend([t0 - task.t_ready for task in tasks])
         try:
             args = [substitute_args(t.args) if t.deps else t.args for t in tasks]
             outcomes, described = fusion.run(tasks, args)
@@ -287,16 +286,13 @@ class Dispatch:
         if not lock.acquire(False):
             acquire_contended(lock)
         try:
-            last = len(tasks) - 1
             if self.record:
                 for task in tasks:
                     self.add_wait(t0 - task.t_ready)
                     self.add_run(t1 - t0)
                 if len(self.latencies.waits) >= Latencies.FOLD:
                     self.latencies.fold()
-            for i, task in enumerate(tasks):  # the last one may hand on a dependent to run here
-                value, error = outcomes[i]
-                nxt = core.finish(task, value, error, i == last)
+            nxt = core.finish_all(tasks, outcomes)  # (the last one may hand on a dependent to run here)
             if nxt is None:
                 nxt = core.take(first.device)
                 if nxt is not None and nxt.fusion is not None:

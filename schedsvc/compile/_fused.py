@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -181,9 +182,8 @@ class Group:
         #: calling thread (``Batched._inline``)
         self.lone: Plan | None = None
 
-    @staticmethod
-    def weight(task: Task) -> int:
-        return task.rows  # type: ignore[attr-defined, no-any-return]
+    #: a call's weight within ``limit``: its rows (``Scheduler.take_like`` asks it of each call it takes)
+    weight: Callable[[Task], int] = attrgetter("rows")
 
     def run(
         self, tasks: list[Task], args: list[Any]
@@ -200,7 +200,7 @@ class Group:
     def _fused(
         self, tasks: list[Task], args: list[Any], staging: Staging | None
     ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
-        rows = [self.weight(t) for t in tasks]
+        rows = [t.rows for t in tasks]  # type: ignore[attr-defined]
         runs: list[int] = []
         split: list[bool] = []
         outcomes = self.outcomes(args, rows, runs, staging, split)
@@ -244,7 +244,7 @@ class Group:
         have had alone (and ``split`` gets an entry)."""
         nb = self.nbatched
         shared = args[0][nb:]
-        if any(a[i] is not s for a in args[1:] for i, s in enumerate(shared, nb)):
+        if shared and any(a[i] is not s for a in args[1:] for i, s in enumerate(shared, nb)):
             # another unbatched array under the key (its id was reused since): never in one replay
             return [
                 o
@@ -275,7 +275,7 @@ class Group:
         nb = self.nbatched
         k = rows[0]
         total = sum(rows)
-        uniform = all(r == k for r in rows)
+        uniform = rows.count(k) == len(rows)
         size = pow2(total)
         shared = args[0][nb:]
         plan = self.batched.plan(self.sigkey, size, self.shared or shared, self.statics, k, self.device)

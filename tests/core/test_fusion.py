@@ -9,7 +9,7 @@ from typing import Any
 
 from schedsvc._core import Scheduler, Task
 
-from .helpers import BIG, W, out_of
+from .helpers import BIG, R, W, out_of, resolved
 
 
 class Fusable(Task):
@@ -210,3 +210,59 @@ def test_a_write_after_a_held_read_waits_for_it() -> None:
     assert s.take("cpu") is held
     s.finish(held, 0, None, False)
     assert write.state == "ready" and s.take("cpu") is write
+
+
+def finish_fused_batch(check: bool) -> tuple[Scheduler, list[Task], Task, Task]:
+    """Six held calls of one fusion, taken together and finished with ``finish_all``: the first two read a
+    buffer a writer then waits to write, the third raises, the fourth has a dependent, and the last two
+    read one buffer and nothing follows them (the short way)."""
+    s = Scheduler(max_pending=1000, max_pending_bytes=BIG, devices=("cpu",), check=check)
+    f = object()
+    calls = [Fusable(f"c{i}", f, buffers=(R(key, 100),)) for i, key in enumerate((1, 1, 2, 3, 4, 4))]
+    for call in calls:
+        call.out_bytes = 10
+        if check:  # (a checking core holds nothing: it queues)
+            assert s.submit(call)
+        else:
+            assert s.hold(call)
+    writer = Task(name="writer", buffers=(W(1, 100),))
+    after = Task(name="after", deps=(calls[3],))  # (its value: the fourth's)
+    assert s.submit(writer) and s.submit(after)
+    s.drain()
+    assert writer.state == "waiting" and after.state == "waiting"
+    first = s.take("cpu")
+    assert first is calls[0]
+    taken = [first, *s.take_like("cpu", f, 10)]
+    assert taken == calls
+    outcomes: list[tuple[Any, BaseException | None]] = [
+        ("a", None),
+        ("b", None),
+        (None, ValueError("c")),
+        ("d", None),
+        ("e", None),
+        ("f", None),
+    ]
+    assert s.finish_all(taken, outcomes) is None  # (the call with a dependent is not the last)
+    return s, calls, writer, after
+
+
+def test_calls_finished_together_end_as_each_would_alone() -> None:
+    for check in (False, True):  # the short way for the common call, and finish() for any other
+        s, calls, writer, after = finish_fused_batch(check)
+        out = s.drain()
+        assert [(c.state, c.value) for c in calls] == [
+            ("done", "a"),
+            ("done", "b"),
+            ("failed", None),
+            ("done", "d"),
+            ("done", "e"),
+            ("done", "f"),
+        ]
+        assert isinstance(calls[2].error, ValueError)
+        assert resolved(out) == calls  # each caller is told, in order
+        assert (s.completed, s.failed, s.running) == (5, 1, 0)
+        assert writer.state == "ready" and after.state == "ready"  # the reads released, the value there
+        assert s.pending == 2 and s.pending_bytes == 100  # the writer's and the dependent's, no more
+        assert all(c.args == () and c.buffers == () and c.fn is None for c in calls)
+        if check:
+            s.validate()
