@@ -80,6 +80,7 @@ class Port:
         "__weakref__",
         "_rt",
         "abandoned",
+        "base_loop",
         "compile_counts",
         "config",
         "default_device",
@@ -149,6 +150,9 @@ class Port:
         self.host_device = config.default_device
         self.vet: list[Device] = []  # devices that check each task at submission (``check_task``)
         self.loop: Any = None  # the asyncio loop it runs on (None on trio)
+        #: that loop is an ``asyncio.BaseEventLoop``: it runs on this thread now if its ``_thread_id`` is this
+        #: thread's (``asyncio._get_running_loop()`` makes a system call, ``getpid``, every time)
+        self.base_loop = False
         self.loop_thread = -1  # that loop's thread
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles
         self.worker_threads: set[int] = set()  # threads that run tasks (their submissions are nested)
@@ -185,6 +189,7 @@ class Port:
         for name in _CALLS:
             setattr(self, name, getattr(rt, name))
         self.loop, self.loop_thread, self.remote = rt.loop, rt.loop_thread, rt.remote
+        self.base_loop = rt.bridge.base_loop
         self.memory_devices = memory = frozenset(rt.preparers)
         self.host_device = next((d for d in config.devices if d not in memory), config.default_device)
         self.worker_threads, self.queue_waits = rt.worker_threads, rt.queue_waits

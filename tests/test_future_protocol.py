@@ -46,6 +46,38 @@ async def test_a_future_is_an_asyncio_future_of_the_engines_loop() -> None:
         assert await within(fut) == 3
 
 
+async def test_the_engines_loop_is_known_without_asking_asyncio_for_the_running_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``asyncio._get_running_loop()`` makes a system call (``getpid``) each time: an await, a batched
+    call's await, ``get_loop()`` and ``gather`` on the engine's loop read which loop runs instead; from
+    another loop the answer is that loop."""
+    asked = []
+    real = asyncio._get_running_loop
+
+    def counted() -> Any:
+        asked.append(1)
+        return real()
+
+    async with _engine() as eng, asyncio.timeout(TIMEOUT):  # (not within(): it asks)
+        batched = eng.compile(np.negative, batch_axis=0)
+        monkeypatch.setattr(asyncio, "_get_running_loop", counted)
+        assert await (await eng.submit(operator.add, 1, 2)) == 3
+        assert (await batched(np.ones((1, 2)))).tolist() == [[-1.0, -1.0]]
+        futures = [eng.submit_nowait(operator.add, i, 1) for i in range(3)]
+        assert futures[0].get_loop() is real()
+        assert await asyncio.gather(*futures) == [1, 2, 3]
+        assert asked == []
+        fut = eng.submit_nowait(operator.add, 2, 2)
+
+        async def elsewhere() -> tuple[Any, int]:
+            return fut.get_loop(), await fut
+
+        other, value = await asyncio.to_thread(asyncio.run, elsewhere())
+        assert other is not real() and value == 4
+        assert asked  # (the thread's own loop: asked for)
+
+
 async def test_setting_a_tasks_outcome_is_refused_and_says_what_to_use() -> None:
     """Type checkers see an asyncio future, whose set_result and set_exception it therefore has: they
     refuse (the engine sets the outcome), and the task's own outcome stands."""

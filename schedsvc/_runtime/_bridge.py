@@ -20,6 +20,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from .._core import FINAL_STATES
@@ -114,6 +115,8 @@ class Bridge:
     #: the type of the loop's own futures (``loop.create_future()``): the drain settles those of its loop
     #: itself, without a call per waiter
     own_future: Any = None  # (trio: no watcher's type is None)
+    #: is ``loop`` an ``asyncio.BaseEventLoop``, which says which thread runs it (``AsyncioBridge``)
+    base_loop = False
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -133,12 +136,22 @@ class Bridge:
             return token.get_loop() is not self.home
         return isinstance(token, Token) and token.home is not self.home
 
+    def running_loop(self) -> Any:
+        """``asyncio._get_running_loop()``, which makes a system call (``getpid``) each time: read without it
+        where the engine's loop is the one running on this thread."""
+        loop: Any = self.loop
+        if self.base_loop and loop._thread_id == get_ident():
+            return loop
+        return asyncio._get_running_loop()
+
     async def wait(self, task: Task) -> None:
         """Wait, in whichever library runs the caller, until ``task`` is final (``Runtime.wait``)."""
         rt = self.rt
         if rt.forked:
             raise EngineClosed(FORKED)
-        loop = asyncio._get_running_loop()
+        loop: Any = self.loop  # (running_loop(), inlined: this runs at every await)
+        if not self.base_loop or loop._thread_id != get_ident():
+            loop = asyncio._get_running_loop()
         waiter: Any = loop.create_future() if loop is not None else new_token()
         with rt.lock:
             if task.state in FINAL_STATES:
@@ -230,6 +243,9 @@ class AsyncioBridge(Bridge):
         super().__init__(rt)
         self.loop = self.home = loop
         self.own_future = asyncio.Future
+        #: the loop runs on this thread now if its ``_thread_id`` is this thread's: read without the system
+        #: call (``getpid``) ``asyncio._get_running_loop()`` makes every time
+        self.base_loop = isinstance(loop, asyncio.BaseEventLoop)
         #: has the loop closed?  (its own method, bound: asked on every submission, so no frame of ours)
         self.closed = loop.is_closed
 

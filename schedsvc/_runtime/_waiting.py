@@ -128,9 +128,7 @@ class Waiting:
     ) -> None:
         """Call ``fn(task)`` on the loop once ``task`` is final (in ``context``, if given); added by a
         coroutine on another asyncio loop, on that loop, woken directly (not through the engine's)."""
-        import asyncio  # (here, not at import: see _bridge.py)
-
-        loop = asyncio._get_running_loop()
+        loop = self.bridge.running_loop()
         watcher: Any = fn
         if loop is not None and loop is not self.rt.loop:
             watcher = LoopCallback(fn, context, loop, task)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -70,8 +71,11 @@ class BatchCall(Future[R]):
         watchers = self.watchers
         if self.state in FINAL_STATES or watchers is None:
             return (yield from Future.__await__(self))
-        loop = asyncio._get_running_loop()
-        if loop is None or loop is not self._port.loop:
+        port = self._port
+        loop = port.loop
+        if (not port.base_loop or loop._thread_id != get_ident()) and (  # (else: the loop running here)
+            loop is None or asyncio._get_running_loop() is not loop  # (a system call each time: getpid)
+        ):
             return (yield from Future.__await__(self))
         waiter = loop.create_future()
         watchers.append(waiter)
