@@ -5,6 +5,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from ._task import Task
@@ -13,6 +14,17 @@ __all__ = ["HELD", "ReadyQueue"]
 
 #: a task's ``staged`` while it is held (``ReadyQueue.hold``): listed by its fusion only
 HELD = -1
+
+
+_state = attrgetter("state")
+_staged = attrgetter("staged")
+
+
+def _all_fit(like: deque[Task], limit: int, weight: Callable[[Task], int] | None) -> bool:
+    """Are the tasks listed for a fusion all ready, and do their weights add up to at most ``limit``?"""
+    if (len(like) if weight is None else sum(map(weight, like))) > limit:
+        return False
+    return list(map(_state, like)).count("ready") == len(like)
 
 
 class ReadyQueue:
@@ -62,8 +74,17 @@ class ReadyQueue:
         """Remove and return the ready tasks of ``fusion``, oldest first, while their weights (default 1
         each) add up to at most ``limit``; whatever their priority.  The caller moves them out of the
         ready state (they stay in their buckets, skipped when met, as a cancelled task is)."""
-        taken: list[Task] = []
         like = self.fusions.get(fusion)
+        if like and _all_fit(like, limit, weight):  # (a batch of calls: taken at once, not one step each)
+            taken = list(like)
+            del self.fusions[fusion]
+            held = list(map(_staged, taken)).count(HELD)
+            self.held -= held
+            self.count -= len(taken) - held
+            if not self.count:
+                self._clear()
+            return taken
+        taken = []
         held = 0
         while like and limit > 0:
             task = like[0]

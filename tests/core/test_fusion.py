@@ -66,6 +66,24 @@ def test_take_like_takes_the_ready_tasks_of_one_fusion_oldest_first() -> None:
     assert s.take("cpu") is None
 
 
+def test_take_like_takes_a_whole_ready_listing_at_once_and_keeps_the_counts() -> None:
+    for check in (True, False):  # (a checking core queues what it would hold)
+        s = Scheduler(max_pending=1000, max_pending_bytes=BIG, devices=("cpu",), check=check)
+        f = object()
+        calls = [Fusable(f"c{i}", f, rows=2, buffers=(R(i),)) for i in range(3)]
+        plain = Task(name="p")
+        for call in calls:
+            assert s.submit(call) if check else s.hold(call)
+        assert s.submit(plain)
+        queue = s.queues["cpu"]
+        assert s.take_like("cpu", f, 6, weight=rows_of) == calls  # all of them: 6 rows fit 6
+        assert all(c.state == "running" for c in calls)
+        if check:
+            s.validate()
+        assert (queue.count, queue.held, queue.fusions) == (1, 0, {})
+        assert s.running == 3 and s.take("cpu") is plain and s.take("cpu") is None
+
+
 def test_take_like_stops_at_the_limit() -> None:
     s = make()
     f = object()
