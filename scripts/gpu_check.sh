@@ -12,30 +12,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-check-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-status=0
-
-step() {  # step NAME COMMAND...: run it, keep its output in $OUT/NAME.log, remember a failure
-    local name="$1"
-    shift
-    echo "== $name: $*" | tee -a "$OUT/summary.txt"
-    "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    tail -n 25 "$OUT/$name.log"
-    echo "== $name: exit $rc" | tee -a "$OUT/summary.txt"
-    [ "$rc" -eq 0 ] || status=1
-}
-
-wheels=""
-for dir in .whl ../shared/gpu-wheels; do
-    if compgen -G "$dir/*.whl" >/dev/null; then wheels="$dir"; break; fi
-done
-if [ -n "$wheels" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$HOME/site" "$wheels"/*.whl || { echo "installing the wheels failed" >&2; exit 1; }
-    export PYTHONPATH="$HOME/site:$PWD"
-else
-    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. scripts/_device.sh  # (step, and the wheels)
 
 {
     date -u
