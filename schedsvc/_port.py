@@ -277,8 +277,10 @@ class Port:
         """Is the trace of the engine's whole life (``Config.trace_path``) being recorded?"""
         return self._rt is not None and self._rt.timeline is not None
 
-    def spawn(self, fn: Callable[[], Any], name: str, interruptible: bool = True) -> Any:
-        """Run ``fn()`` in the background on the engine's loop (a ``Job``)."""
+    def spawn(self, fn: Callable[[], Any], name: str, interruptible: bool = False) -> Any:
+        """Run ``fn()`` in the background on the engine's loop (a ``Job``).  Under trio, a Ctrl-C that arrives
+        while it runs goes to the run's main task, unless ``interruptible`` (``fn`` runs the user's code, and
+        hands on what it raises): a job of the engine's own must not take the user's Ctrl-C."""
         assert self._rt is not None
         return self._rt.bridge.spawn(fn, name, interruptible=interruptible)
 

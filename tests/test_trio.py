@@ -337,3 +337,31 @@ def test_engines_closed_in_a_long_trio_run_are_let_go() -> None:
         return [r for r in refs if r() is not None]
 
     assert trio.run(main) == []
+
+
+def test_the_engines_own_background_jobs_leave_ctrl_c_to_the_main_task() -> None:
+    """A second Ctrl-C that arrived while the engine's notice of what its close waits for was still running
+    went to that notice, which kept it (the close then waited out the running task): the engine's own jobs
+    run shielded from Ctrl-C under trio, which delivers it to the main task; only a job that runs the user's
+    code (``eng.map``'s source) takes it, to hand it on."""
+    protected: dict[bool, bool] = {}
+
+    async def main() -> None:
+        async with ss.Engine(cpu_workers=1) as eng:
+            port = eng._port
+            for interruptible in (False, True):
+                ran = trio.Event()
+
+                async def probe(interruptible: bool = interruptible, ran: trio.Event = ran) -> None:
+                    protected[interruptible] = trio.lowlevel.currently_ki_protected()
+                    ran.set()
+
+                if interruptible:
+                    port.spawn(probe, "a job that runs user code", interruptible=True)
+                else:
+                    port.spawn(probe, "a job of the engine's own")
+                with trio.fail_after(TIMEOUT):
+                    await ran.wait()
+
+    trio.run(main)
+    assert protected == {False: True, True: False}
