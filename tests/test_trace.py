@@ -368,8 +368,9 @@ async def test_recording_stops_soon_after_the_cap_and_keeps_the_earliest(tmp_pat
             await within(eng.waitall())
         held = sum(len(spans) for _, spans in timeline._tracks) // 6
     assert held == 2048  # stopped at the first check past the cap: memory stays bounded
-    # counter samples stop there too: 3,000 submissions and 2,048 finishes sampled, not 6,000 events
-    assert 3000 + 2048 <= len(timeline._samples) // 3 < 3000 + 2048 + 10
+    # counter samples stop there too: 3,000 submissions and 2,048 finishes sampled, not 6,000 events (and a
+    # few other scheduling events, as many as the timing makes: flushes, a parked worker looking for work)
+    assert 3000 + 2048 <= len(timeline._samples) // 3 < 3000 + 2048 + 500
     assert (timeline.recorded, timeline.dropped) == (1500, 1500)
     doc = json.loads(path.read_text())
     assert doc["otherData"] == {"producer": "schedsvc", "spans": 1500, "spans_dropped": 1500}
