@@ -497,14 +497,14 @@ class Scheduler:
 
         A call that succeeded and that nothing depends on is finished here in a few steps (the common
         case of a batch: its reads released, its caller resolved); any other goes through ``finish``."""
-        general = self._check or self._hooks or self._barriers
+        check = self._check  # (checking moves every task through finish)
         last = tasks[-1]
         out = self.out
-        buffers = self._buffers
+        release = self._release
         nxt = None
-        done = freed = 0
+        done = 0
         for task, (value, error) in zip(tasks, outcomes, strict=True):
-            if general or error is not None or task.dependents is not None:
+            if check or error is not None or task.dependents is not None:
                 nxt = self.finish(task, value, error, task is last)
                 continue
             task.value = value
@@ -512,27 +512,9 @@ class Scheduler:
             done += 1
             if task.watchers is not None:
                 out.append(("resolve", task))
-            freed += task.out_bytes
-            for key, _, write in task.buffers:  # (_release, for a task with no hooks to call)
-                buf = buffers[key]
-                buf.users -= 1
-                if buf.users == 0:
-                    del buffers[key]
-                    freed += buf.nbytes
-                elif write:
-                    if buf.writer is task:
-                        buf.writer = None
-                else:
-                    buf.readers.pop(task, None)
-            if task.name is None:
-                task.name = name_of(task.fn)
-            task.fn = None
-            task.args = task.buffers = task.deps = ()
-            task.kwargs = None
+            release(task)
         self.running -= done
         self.completed += done
-        self.pending -= done
-        self.pending_bytes -= freed
         if done and self._admission:
             self._admit_waiters()
         return nxt
