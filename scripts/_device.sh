@@ -1,7 +1,11 @@
-# Sourced by gpu_check.sh and serve_check.sh, from the checkout's root on a machine that reaches no package
-# index, with OUT (created) and PY set: `step`, which runs one step of the check; and the wheels of .whl/
-# (copied from ../shared/gpu-wheels/ next to the checkout) or of that folder installed into ~/site, which
-# goes on PYTHONPATH with the checkout (the checkout alone if there are none).
+# Sourced as `. scripts/_device.sh NAME` by gpu_check.sh and serve_check.sh, from the checkout's root on a
+# machine that reaches no package index: OUT (created; default ./NAME), PY ($PYTHON, default python3);
+# `step`, which runs one step of the check; and the wheels of .whl/ (copied from ../shared/gpu-wheels/ next to
+# the checkout) or of that folder installed into ~/site, which goes on PYTHONPATH with the checkout (the
+# checkout alone if there are none).
+OUT="${OUT:-$PWD/$1}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
 status=0
 
 step() {  # step NAME COMMAND...: run it, keep its output in $OUT/NAME.log, remember a failure in `status`

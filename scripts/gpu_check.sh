@@ -9,10 +9,7 @@
 # come as wheels from .whl/ (copied from ../shared/gpu-wheels/ next to the checkout) or that folder.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/gpu-check-out}"
-mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-. scripts/_device.sh  # (step, and the wheels)
+. scripts/_device.sh gpu-check-out  # (OUT, PY, step, and the wheels)
 
 {
     date -u

@@ -10,10 +10,7 @@
 # checkout) or from PATH; uvicorn, Starlette and httptools as wheels, as scripts/gpu_check.sh takes them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/serve-check-out}"
-mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-. scripts/_device.sh  # (step, and the wheels)
+. scripts/_device.sh serve-check-out  # (OUT, PY, step, and the wheels)
 
 if [ -x .bin/wrk ]; then  # (a copy outside the checkout: the carried one may not keep its mode)
     mkdir -p "$OUT/bin" && cp .bin/wrk "$OUT/bin/" && chmod +x "$OUT/bin/wrk"
