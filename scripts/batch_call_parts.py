@@ -52,12 +52,12 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
             for x in rows:
                 BatchCall.__new__(BatchCall).rows_call(port, group, x, 1, group.device or port.host_device)
             t1 = clock()
-            held = [fn._rows_call(x, tid, False) for x in rows]
+            held = [fn._rows_call(x, x.shape, tid, False) for x in rows]
             t2 = clock()
             for call in held:
                 port.hold(call, tid)
             t3 = clock()
-            alone = [fn._rows_call(x, tid, False) for x in rows]
+            alone = [fn._rows_call(x, x.shape, tid, False) for x in rows]
             t4 = clock()
             with lock:
                 for call in alone:

@@ -61,7 +61,10 @@ class ReadyQueue:
 
     def hold(self, task: Task) -> None:
         """List a ready task by its fusion only (its ``staged`` is ``HELD``)."""
-        self._list_like(task)
+        like = self.fusions.get(task.fusion)  # (_list_like, inlined: every held call comes here)
+        if like is None:
+            like = self.fusions[task.fusion] = deque()
+        like.append(task)
         self.held += 1
 
     def _list_like(self, task: Task) -> None:

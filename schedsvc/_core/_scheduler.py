@@ -289,19 +289,19 @@ class Scheduler:
             need += nbytes
         elif buf.writer is not None:
             return False
-        if self.pending_bytes + need > self.max_pending_bytes:
+        pending_bytes = self.pending_bytes + need
+        if pending_bytes > self.max_pending_bytes:
             return False
         if buf is None:
             buf = self._buffers[key] = _BufferState(nbytes)
         buf.users += 1
         buf.readers[task] = None
         self.submitted += 1
-        self._seq += 1
-        task.seq = self._seq
+        task.seq = self._seq = self._seq + 1
         self.pending += 1
-        self.pending_bytes += need
-        if self.pending_bytes > self.peak_pending_bytes:
-            self.peak_pending_bytes = self.pending_bytes
+        self.pending_bytes = pending_bytes
+        if pending_bytes > self.peak_pending_bytes:
+            self.peak_pending_bytes = pending_bytes
         task.state = "ready"
         task.t_ready = self._clock()
         task.staged = HELD

@@ -198,8 +198,10 @@ class Batched(Generic[P, R]):
         tid = get_ident()
         port = self._port
         x = args[0] if len(args) == 1 and not kwargs and self._simple else None
-        if type(x) is np.ndarray and x.ndim and x.shape[0]:  # one array, the batch on axis 0 (hot path)
-            call = self._rows_call(x, tid, True)
+        if (
+            type(x) is np.ndarray and (shape := x.shape) and shape[0]
+        ):  # one array, batched on axis 0 (hot path)
+            call = self._rows_call(x, shape, tid, True)
             if call.state != "new" or port.hold(call, tid):  # ran inline, or held for a worker
                 return call
         else:
@@ -222,8 +224,8 @@ class Batched(Generic[P, R]):
         """The call's task (not admitted yet); a key's first call proves the function's rows apart."""
         if len(args) == 1 and not kwargs and self._simple:  # one array, the batch on axis 0 (hot path)
             x = args[0]
-            if type(x) is np.ndarray and x.ndim and x.shape[0]:
-                return self._rows_call(x, tid, False)
+            if type(x) is np.ndarray and (shape := x.shape) and shape[0]:
+                return self._rows_call(x, shape, tid, False)
         device = None  # the device with memory of its own its arrays are on, if any
         pending = None  # a Future argument not final yet: the call runs alone once it is (on the host)
         port = self._port
@@ -263,24 +265,21 @@ class Batched(Generic[P, R]):
             )
         return device
 
-    def _rows_call(self, x: np.ndarray, tid: int, inline: bool) -> BatchCall[Any]:
+    def _rows_call(self, x: np.ndarray, shape: tuple[int, ...], tid: int, inline: bool) -> BatchCall[Any]:
         """``_task`` for a call of one ndarray batched on axis 0, the common case of serving: one buffer
         read and no dependencies, for which ``order_after`` adds nothing (the core's hazard on the buffer
         still orders it after the writes queued to that memory, a Tensor's included).  With ``inline``
         (a call that is not to wait for room: ``fn(x)``), one cheap enough runs here (``_inline``): the
         call comes back final, not to be admitted."""
-        shape, dtype = x.shape[1:], x.dtype
+        rest, dtype, rows = shape[1:], x.dtype, shape[0]
         last = self._last
-        if last is not None and last[1] is dtype and last[0] == shape:  # (NumPy's dtypes are shared objects)
+        if last is not None and last[1] is dtype and last[0] == rest:  # (NumPy's dtypes are shared objects)
             group = last[2]
         else:
             host = self._port.host_device
-            key = ((0, "rows", shape, dtype),)
-            group = self.group(
-                key, [x], x.shape[0], None, host if host in self._port.memory_devices else None
-            )
-            self._last = (shape, dtype, group)
-        rows = x.shape[0]
+            key = ((0, "rows", rest, dtype),)
+            group = self.group(key, [x], rows, None, host if host in self._port.memory_devices else None)
+            self._last = (rest, dtype, group)
         port = self._port
         call = BatchCall.__new__(BatchCall)
         call.rows_call(port, group, x, rows, group.device or port.host_device)
