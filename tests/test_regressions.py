@@ -29,7 +29,17 @@ import pytest
 import schedsvc as ss
 from schedsvc._core import Scheduler, Task
 
-from .helpers import TIMEOUT, Gate, interrupted_twice, occupied, started, state, wait_thread_event, within
+from .helpers import (
+    TIMEOUT,
+    Gate,
+    interrupted_twice,
+    occupied,
+    started,
+    state,
+    until,
+    wait_thread_event,
+    within,
+)
 
 # -- helpers -----------------------------------------------------------------------------------------
 
@@ -1064,6 +1074,9 @@ async def test_a_failed_task_does_not_keep_its_engine_alive_until_a_garbage_coll
     failed = await eng.submit(int, "x")
     await within(failed.wait())
     assert isinstance(failed.exception(), ValueError)
+    assert eng._rt is not None
+    pool = eng._rt.devices["cpu"]
+    await until(lambda: bool(pool.idle))  # the worker parked: no frame of its stack holds the task any more
     gc.disable()
     try:
         with pytest.warns(ResourceWarning, match="unclosed <Engine running"):
