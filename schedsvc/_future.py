@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Callable, Generator
-from threading import get_ident
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 
 from ._core import FINAL_STATES, Task
@@ -219,12 +218,7 @@ class Future(Task, _AsyncioFuture[T]):  # type: ignore[misc]  # (disjoint bases:
     def get_loop(self) -> asyncio.AbstractEventLoop:
         """The asyncio loop its done-callbacks run on: the engine's, or the calling coroutine's own loop if
         that is another (a future is awaitable from any loop); RuntimeError under trio, outside asyncio."""
-        port = self._port
-        loop = port.loop
-        if not port.base_loop or loop._thread_id != get_ident():  # (else: the engine's loop, running here)
-            import asyncio  # (here, not at import: see _runtime/_bridge.py)
-
-            loop = asyncio._get_running_loop() or loop  # (a system call each time: getpid)
+        loop = self._port.running_loop() or self._port.loop
         if loop is None:
             raise RuntimeError(f"{self!r} belongs to an engine running under trio, which has no asyncio loop")
         return cast("asyncio.AbstractEventLoop", loop)

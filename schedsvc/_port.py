@@ -62,6 +62,7 @@ _CALLS = (
     "on_loop_thread",
     "remove_done_callback",
     "run_inline",
+    "running_loop",
     "shutdown",
     "sweeps",
     "throttle",
@@ -124,6 +125,9 @@ class Port:
     on_loop_thread: Callable[[], bool]
     remove_done_callback: Callable[[Task, Callable[[Any], Any]], int]
     run_inline: Callable[[Task], bool]
+    #: the asyncio loop running on this thread, or None (``Bridge.running_loop``: no system call where it
+    #: is the engine's)
+    running_loop: Callable[[], Any]
     shutdown: Callable[[bool, float], Awaitable[list[threading.Thread]]]
     sweeps: Callable[[], dict[str, int]]
     unwatch: Callable[[Task, Any], None]
@@ -150,8 +154,8 @@ class Port:
         self.host_device = config.default_device
         self.vet: list[Device] = []  # devices that check each task at submission (``check_task``)
         self.loop: Any = None  # the asyncio loop it runs on (None on trio)
-        #: that loop is an ``asyncio.BaseEventLoop``: it runs on this thread now if its ``_thread_id`` is this
-        #: thread's (``asyncio._get_running_loop()`` makes a system call, ``getpid``, every time)
+        #: that loop is an ``asyncio.BaseEventLoop``, whose ``_thread_id`` says it runs on this thread now
+        #: (``running_loop``, inlined where every await comes)
         self.base_loop = False
         self.loop_thread = -1  # that loop's thread
         self.remote = False  # tasks run in other processes (Dask): values are Remote handles

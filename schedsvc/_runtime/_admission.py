@@ -201,11 +201,7 @@ class Admission:
         worker to take together -- the one a previous call of it woke, or the one the flush at the end of
         this turn of the loop wakes.  False, and nothing done: ``admit`` decides (a closed engine, the
         limits, a write queued to its rows, a nested call, sync mode, devices that copy or forward)."""
-        if tid != self.loop_thread or not self.plain or tid in self.worker_threads:
-            return False
-        bridge = self.bridge
-        loop: Any = bridge.loop
-        if not (bridge.base_loop and loop._thread_id == tid) and bridge.closed():  # (running here: open)
+        if tid != self.loop_thread or not self.plain or tid in self.worker_threads or self.bridge.closed():
             return False
         with self.lock:
             if self.closed or not self.core.hold(task):

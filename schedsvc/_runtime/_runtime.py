@@ -100,6 +100,7 @@ _PARTS = (
 # the entry points: the parts' methods, bound once
 _ENTRY_POINTS = (
     "wait",
+    "running_loop",
     "admit",
     "hold",
     "admission",
@@ -186,6 +187,8 @@ class Runtime:
         #: ``await rt.wait(task)``: wait on the event loop until ``task`` is final (the bridge's own
         #: method, bound here: no frame of the runtime's on the path of every await)
         self.wait = self.bridge.wait
+        #: ``asyncio._get_running_loop()``, read without its system call where the engine's loop runs here
+        self.running_loop = self.bridge.running_loop
         self.devices: dict[str, Device] = {}
         self._pools: list[tuple[Device, Any]] = []  # (device, its ready queue), for collect()
         #: devices with a byte budget: their allocators are read (``meter``) before admissions and

@@ -3,7 +3,6 @@ of a call that runs alone (``Deferred``); the check of ``exact=``."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Generator
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -73,8 +72,8 @@ class BatchCall(Future[R]):
             return (yield from Future.__await__(self))
         port = self._port
         loop = port.loop
-        if (not port.base_loop or loop._thread_id != get_ident()) and (  # (else: the loop running here)
-            loop is None or asyncio._get_running_loop() is not loop  # (a system call each time: getpid)
+        if not (port.base_loop and loop._thread_id == get_ident()) and (  # (running_loop(), inlined: hot)
+            loop is None or port.running_loop() is not loop
         ):
             return (yield from Future.__await__(self))
         waiter = loop.create_future()

@@ -198,9 +198,8 @@ class Batched(Generic[P, R]):
         tid = get_ident()
         port = self._port
         x = args[0] if len(args) == 1 and not kwargs and self._simple else None
-        if (
-            type(x) is np.ndarray and (shape := x.shape) and shape[0]
-        ):  # one array, batched on axis 0 (hot path)
+        # one array, batched on axis 0 (the hot path)
+        if type(x) is np.ndarray and (shape := x.shape) and shape[0]:
             call = self._rows_call(x, shape, tid, True)
             if call.state != "new" or port.hold(call, tid):  # ran inline, or held for a worker
                 return call
