@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 from .._core import Task
 from ._admission import BLOCK, NOW, OVER, QUEUE
-from ._bridge import Job, is_cancellation, on_loop
+from ._bridge import Job, LoopWaiter, is_cancellation, on_loop
 from ._copies import Copies, CopyTask
 from ._device import Device, Keyer
 from ._dispatch import Fusion, Staging
@@ -45,6 +45,7 @@ __all__ = [
     "CopyTask",
     "Found",
     "Job",
+    "LoopWaiter",
     "Remote",
     "Staging",
     "Device",

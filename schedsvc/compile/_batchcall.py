@@ -12,7 +12,7 @@ import numpy as np
 from .._core import FINAL_STATES
 from .._errors import BatchError
 from .._future import Future
-from .._runtime import BUFFER_TYPES, buffer_of, is_cancellation
+from .._runtime import BUFFER_TYPES, LoopWaiter, buffer_of, is_cancellation
 
 if TYPE_CHECKING:
     from .._port import Port
@@ -72,11 +72,12 @@ class BatchCall(Future[R]):
             return (yield from Future.__await__(self))
         port = self._port
         loop = port.loop
-        if not (port.base_loop and loop._thread_id == get_ident()) and (  # (running_loop(), inlined: hot)
-            loop is None or port.running_loop() is not loop
-        ):
+        if port.base_loop and loop._thread_id == get_ident():  # (running_loop(), inlined: hot)
+            waiter: Any = LoopWaiter(loop)  # (the drain wakes this coroutine's Task itself)
+        elif loop is not None and port.running_loop() is loop:
+            waiter = loop.create_future()
+        else:
             return (yield from Future.__await__(self))
-        waiter = loop.create_future()
         watchers.append(waiter)
         try:
             yield from waiter.__await__()

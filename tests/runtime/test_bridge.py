@@ -154,3 +154,134 @@ def test_a_contended_finish_waits_for_the_lock_and_then_takes_it() -> None:
     assert got.wait(TIMEOUT), "the contender never took the released lock"
     thread.join(TIMEOUT)
     assert not thread.is_alive() and not lock.locked()
+
+
+@contextmanager
+def wakeups_scheduled(loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[Any]]) -> Iterator[list[Any]]:
+    """Record every loop.call_soon made while the block runs that schedules the next step of one of
+    ``tasks`` (their wake-up: a callback bound to the task)."""
+    calls: list[Any] = []
+    original = loop.call_soon
+
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(getattr(callback, "__self__", None) is task for task in tasks):
+            calls.append(callback)
+        return original(callback, *args, **kwargs)
+
+    loop.call_soon = counting  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        del loop.call_soon
+
+
+@pytest.mark.parametrize("what", ["future", "batched call"])
+async def test_the_drain_steps_the_coroutines_it_wakes_itself(what: str) -> None:
+    """A coroutine of the engine's loop that awaits a task, or a batched call, is stepped by the drain that
+    learns the task is final, in that turn of the loop: no callback scheduled per await (an asyncio
+    future's result would schedule one, for the next turn)."""
+    import numpy as np
+
+    loop = asyncio.get_running_loop()
+    async with ss.Engine(cpu_workers=1, inline_threshold_us=0) as eng:
+        gate, last_done = threading.Event(), threading.Event()
+        eng.submit_nowait(gate.wait, TIMEOUT)
+        negative = eng.compile(np.negative, batch_axis=0)
+
+        async def awaits(i: int) -> Any:
+            if what == "future":
+                return await eng.submit_nowait(int, i)
+            return (await negative(np.full((1, 2), float(i))))[0, 0]
+
+        tasks = [asyncio.ensure_future(awaits(i)) for i in range(20)]
+        await asyncio.sleep(0)  # every coroutine now waits
+        last = eng.submit_nowait(last_done.set)
+        with wakeups_scheduled(loop, tasks) as wakeups:
+            gate.set()
+            assert last_done.wait(TIMEOUT), "the worker did not finish the burst"
+            values = await within(asyncio.gather(*tasks))
+        await within(last)
+        assert values == ([*range(20)] if what == "future" else [-float(i) for i in range(20)])
+        assert wakeups == []
+
+
+async def test_a_coroutine_cancelled_while_it_awaits_a_task_gets_its_cancellation_and_the_task_is_dropped() -> (
+    None
+):
+    async with ss.Engine(cpu_workers=1) as eng:
+        gate = Gate()
+        held = eng.submit_nowait(gate.hold())
+        queued = eng.submit_nowait(int, 5)
+        awaiting = asyncio.ensure_future(_await(queued))
+        await asyncio.sleep(0)  # it waits
+        awaiting.cancel("enough")
+        with pytest.raises(asyncio.CancelledError, match="enough"):
+            await within(awaiting)
+        assert queued.cancelled()
+        gate.open()
+        await within(held)
+
+
+async def _await(fut: Any) -> Any:
+    return await fut
+
+
+def test_a_ctrl_c_in_a_coroutine_the_drain_woke_stops_the_loop_and_the_others_are_woken_after() -> None:
+    """The drain steps the coroutines it wakes itself: a KeyboardInterrupt out of one stops the loop, as
+    it would out of the callback of a task's step, and the coroutines the drain had yet to wake are
+    woken once the loop runs again."""
+    loop = asyncio.new_event_loop()
+    eng = ss.Engine(cpu_workers=1)
+    try:
+        loop.run_until_complete(eng.__aenter__())
+        gate, last_done = threading.Event(), threading.Event()
+        eng.submit_nowait(gate.wait, TIMEOUT)
+        first, second = eng.submit_nowait(int, 1), eng.submit_nowait(int, 2)
+        eng.submit_nowait(last_done.set)
+
+        async def interrupted() -> None:
+            await first
+            raise KeyboardInterrupt
+
+        tasks = [loop.create_task(interrupted()), loop.create_task(_await(second))]
+        loop.run_until_complete(asyncio.sleep(0))  # both wait
+        gate.set()
+        assert last_done.wait(TIMEOUT), "the worker did not finish"  # one drain wakes both
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(within(tasks[1]))
+        assert loop.run_until_complete(within(tasks[1])) == 2
+        assert isinstance(tasks[0].exception(), KeyboardInterrupt)
+    finally:
+        loop.run_until_complete(eng.__aexit__(None, None, None))
+        loop.close()
+
+
+async def test_a_loop_waiter_speaks_asyncios_future_protocol() -> None:
+    from schedsvc._runtime import LoopWaiter
+
+    loop = asyncio.get_running_loop()
+    waiter = LoopWaiter(loop)
+    assert not waiter.done() and waiter.get_loop() is loop
+    with pytest.raises(asyncio.InvalidStateError):
+        waiter.result()
+    awaiting = asyncio.ensure_future(_await(waiter))
+    await asyncio.sleep(0)  # it waits
+    await asyncio.to_thread(waiter.settle)  # from another thread: woken on the loop
+    assert await within(awaiting) is None and waiter.done() and not waiter.cancelled()
+    called = asyncio.Event()
+    waiter.add_done_callback(lambda w: called.set())  # once done: called soon, as asyncio's
+    await within(called.wait())
+
+    failing = LoopWaiter(loop)
+    awaiting = asyncio.ensure_future(_await(failing))
+    await asyncio.sleep(0)
+    failing.settle(ValueError("no"))  # in a task of the loop: its Task steps in a callback
+    with pytest.raises(ValueError, match="no"):
+        await within(awaiting)
+
+    cancelled = LoopWaiter(loop)
+    assert cancelled.cancel("why") and not cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError, match="why"):
+        await within(_await(cancelled))
+    cancelled.settle()  # too late: stays cancelled
+    assert cancelled.cancelled()
