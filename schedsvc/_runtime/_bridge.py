@@ -100,9 +100,9 @@ class LoopWaiter(Token):
     def __init__(self, loop: Any) -> None:
         self.home: asyncio.AbstractEventLoop = loop
         self.state = _PENDING
-        self.callback: Callable[[Any], Any] | None = None  # the Task's wake-up
-        self.context: Any = None  # and the Task's context
-        self.error: Any = None  # the error it was settled with; cancelled: the message
+        self.callback: Callable[[Any], Any] | None = None  # the Task's wake-up (and its context, once set)
+        self.context: Any
+        self.error: Any  # once failed: the error; once cancelled: the message
         self._asyncio_future_blocking = False
 
     def __await__(self) -> Generator[Any, None, None]:
@@ -124,11 +124,12 @@ class LoopWaiter(Token):
         return self.state is _CANCELLED
 
     def result(self) -> None:
-        if self.error is None and self.state is _DONE:
+        state = self.state
+        if state is _DONE:
             return
-        if self.state is _CANCELLED:
+        if state is _CANCELLED:
             raise asyncio.CancelledError(*(() if self.error is None else (self.error,)))
-        if self.state is _PENDING:
+        if state is _PENDING:
             raise asyncio.InvalidStateError("Result is not set.")
         raise self.error
 
@@ -161,8 +162,10 @@ class LoopWaiter(Token):
         (the drain), not in a task (asyncio runs one task at a time)."""
         if self.state is not _PENDING:
             return
-        self.state = _DONE
-        self.error = error
+        if error is None:
+            self.state = _DONE
+        else:
+            self.state, self.error = _FAILED, error
         callback = self.callback
         if callback is None:
             return
@@ -172,7 +175,7 @@ class LoopWaiter(Token):
             self.context.run(callback, self)
 
 
-_PENDING, _DONE, _CANCELLED = "pending", "done", "cancelled"
+_PENDING, _DONE, _FAILED, _CANCELLED = "pending", "done", "failed", "cancelled"
 
 
 class Job:

@@ -79,14 +79,15 @@ class BatchCall(Future[R]):
         else:
             return (yield from Future.__await__(self))
         watchers.append(waiter)
-        try:
-            yield from waiter.__await__()
+        waiter._asyncio_future_blocking = True  # (its own __await__, inlined: yielded to the Task here,
+        try:  # which asks its result() once woken, and so raises here if it has to)
+            yield waiter
         except BaseException as exc:
             self._port.unwatch(self, waiter)
             if is_cancellation(exc):
                 self.cancel()  # the awaiter gave up: an unstarted call is not wanted
             raise
-        return self._outcome()
+        return self.value if self.state == "done" else self._outcome()  # (_outcome, its hot path inlined)
 
     def __repr__(self) -> str:
         rows = f" rows={self.rows}" if self.rows else ""
