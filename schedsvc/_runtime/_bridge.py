@@ -169,13 +169,21 @@ class LoopWaiter(Token):
         callback = self.callback
         if callback is None:
             return
-        if self.context is None:
+        context = self.context
+        self.callback = self.context = None  # (let the Task go: nothing calls it back twice)
+        if context is None:
             callback(self)
         else:
-            self.context.run(callback, self)
+            context.run(callback, self)
 
 
 _PENDING, _DONE, _FAILED, _CANCELLED = "pending", "done", "failed", "cancelled"
+
+
+def _wake_soon(waiters: list[LoopWaiter]) -> None:
+    """Wake ``waiters`` in callbacks of their loop (a drain was interrupted before it woke them)."""
+    for waiter in waiters:
+        waiter.home.call_soon(waiter.wake)
 
 
 class Job:
@@ -296,20 +304,33 @@ class Bridge:
         with self.rt.lock:
             items, self.to_loop = self.to_loop, []
             self.drain_scheduled = False
+        waiters = self._deliver(items)
+        del items  # (the Tasks woken below may drop the last reference to a task: this frame holds none)
+        for k, waiter in enumerate(waiters):
+            try:
+                waiter.wake()  # (its Task steps now, not in a callback of the next turn)
+            except BaseException:  # KeyboardInterrupt or SystemExit out of its step: the rest later
+                _wake_soon(waiters[k + 1 :])
+                raise
+
+    def _deliver(self, items: list[tuple[str, Any]]) -> list[LoopWaiter]:
+        """Wake the watchers of ``items``, but for the ``LoopWaiter``s, which it returns."""
         loop, own_future = self.loop, self.own_future
+        waiters: list[LoopWaiter] = []
         for i, (kind, obj) in enumerate(items):
             if kind != "resolve":  # "admitted" / "barrier": obj is a token
                 try:
                     fire(obj, None)
                 except BaseException:  # KeyboardInterrupt or SystemExit in a callback: the rest later
                     self._later(items[i + 1 :])
+                    _wake_soon(waiters)
                     raise
                 continue
             watchers, obj.watchers = obj.watchers, None  # fired once; let them go
             for j, watcher in enumerate(watchers or ()):
                 try:
                     if type(watcher) is LoopWaiter:
-                        watcher.wake()  # (its Task steps now, not in a callback of the next turn)
+                        waiters.append(watcher)
                     elif type(watcher) is own_future and watcher.get_loop() is loop:
                         if not watcher.done():  # (this loop's own waiter: settle, without a call)
                             watcher.set_result(None)
@@ -318,7 +339,9 @@ class Bridge:
                 except BaseException:  # KeyboardInterrupt or SystemExit: the task's other watchers later too
                     obj.watchers = list(watchers[j + 1 :]) or None
                     self._later(items[i:] if obj.watchers else items[i + 1 :])
+                    _wake_soon(waiters)
                     raise
+        return waiters
 
     def _later(self, items: list[tuple[str, Any]]) -> None:
         """Deliver ``items`` in a drain of their own (a callback of this one interrupted it)."""

@@ -285,3 +285,37 @@ async def test_a_loop_waiter_speaks_asyncios_future_protocol() -> None:
         await within(_await(cancelled))
     cancelled.settle()  # too late: stays cancelled
     assert cancelled.cancelled()
+
+
+async def test_a_coroutine_the_drain_wakes_holds_the_only_reference_to_its_task() -> None:
+    """The drain steps the coroutines it wakes once it holds nothing of the burst: a coroutine that
+    drops its future frees it then and there, as when it is woken in a callback of its own."""
+    import weakref
+
+    class Marker:
+        pass
+
+    def same(marker: Marker) -> Marker:
+        return marker
+
+    async with ss.Engine(cpu_workers=1) as eng:
+        gate, last_done = threading.Event(), threading.Event()
+        eng.submit_nowait(gate.wait, TIMEOUT)
+        freed: list[bool] = []
+
+        async def awaits() -> None:
+            marker = Marker()
+            ref = weakref.ref(marker)
+            fut = eng.submit_nowait(same, marker)
+            del marker
+            await fut.wait()  # (awaited here, not in a task of wait_for's)
+            del fut
+            freed.append(ref() is None)  # no garbage collection: freed as the last reference goes
+
+        task = asyncio.ensure_future(awaits())
+        await asyncio.sleep(0)  # it waits
+        eng.submit_nowait(last_done.set)
+        gate.set()
+        assert last_done.wait(TIMEOUT), "the worker did not finish"  # (and holds nothing of `same`'s)
+        await within(task)
+        assert freed == [True]
