@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,20 +17,29 @@ from ..helpers import TIMEOUT, Gate, within
 
 
 @contextmanager
-def counting_threadsafe_calls(loop: asyncio.AbstractEventLoop) -> Iterator[list[Any]]:
-    """Record every loop.call_soon_threadsafe made while the block runs."""
+def recording_calls(
+    loop: asyncio.AbstractEventLoop, method: str, keep: Callable[[Any], bool] = lambda callback: True
+) -> Iterator[list[Any]]:
+    """Record the callback of every ``loop.<method>(callback, ...)`` made while the block runs (those
+    ``keep`` accepts)."""
     calls: list[Any] = []
-    original = loop.call_soon_threadsafe
+    original = getattr(loop, method)
 
-    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(callback)
+    def recording(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        if keep(callback):
+            calls.append(callback)
         return original(callback, *args, **kwargs)
 
-    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    setattr(loop, method, recording)
     try:
         yield calls
     finally:
-        del loop.call_soon_threadsafe  # back to the class's method
+        delattr(loop, method)  # back to the class's method
+
+
+def counting_threadsafe_calls(loop: asyncio.AbstractEventLoop) -> Any:
+    """Record every loop.call_soon_threadsafe made while the block runs."""
+    return recording_calls(loop, "call_soon_threadsafe")
 
 
 async def test_tasks_nobody_awaits_never_wake_the_loop() -> None:
@@ -156,23 +165,12 @@ def test_a_contended_finish_waits_for_the_lock_and_then_takes_it() -> None:
     assert not thread.is_alive() and not lock.locked()
 
 
-@contextmanager
-def wakeups_scheduled(loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[Any]]) -> Iterator[list[Any]]:
+def wakeups_scheduled(loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[Any]]) -> Any:
     """Record every loop.call_soon made while the block runs that schedules the next step of one of
     ``tasks`` (their wake-up: a callback bound to the task)."""
-    calls: list[Any] = []
-    original = loop.call_soon
-
-    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
-        if any(getattr(callback, "__self__", None) is task for task in tasks):
-            calls.append(callback)
-        return original(callback, *args, **kwargs)
-
-    loop.call_soon = counting  # type: ignore[method-assign]
-    try:
-        yield calls
-    finally:
-        del loop.call_soon
+    return recording_calls(
+        loop, "call_soon", lambda callback: any(getattr(callback, "__self__", None) is t for t in tasks)
+    )
 
 
 @pytest.mark.parametrize("what", ["future", "batched call"])
