@@ -272,7 +272,8 @@ class Dispatch:
             room = fusion.limit - sum(map(fusion.weight, tasks))
             tasks += core.take_like(first.device, fusion, room, fusion.weight)
         t0 = time.perf_counter()
-        self.queue_waits.extend([t0 - task.t_ready for task in tasks])
+        waits = [t0 - task.t_ready for task in tasks]
+        self.queue_waits.extend(waits)
         try:
             args = [substitute_args(t.args) if t.deps else t.args for t in tasks]
             outcomes, described = fusion.run(tasks, args)
@@ -287,8 +288,8 @@ class Dispatch:
             acquire_contended(lock)
         try:
             if self.record:
-                for task in tasks:
-                    self.add_wait(t0 - task.t_ready)
+                for wait in waits:
+                    self.add_wait(wait)
                     self.add_run(t1 - t0)
                 if len(self.latencies.waits) >= Latencies.FOLD:
                     self.latencies.fold()

@@ -200,7 +200,7 @@ class Group:
     def _fused(
         self, tasks: list[Task], args: list[Any], staging: Staging | None
     ) -> tuple[list[tuple[Any, BaseException | None]], dict[str, Any]]:
-        rows = [t.rows for t in tasks]  # type: ignore[attr-defined]
+        rows = list(map(self.weight, tasks))
         runs: list[int] = []
         split: list[bool] = []
         outcomes = self.outcomes(args, rows, runs, staging, split)
