@@ -42,6 +42,19 @@ class OpCounter:
             total.update(counts)
         return total
 
+    def take(self) -> Counts:
+        """``counts``, and count from zero again (a frame running meanwhile may add a few bytecodes to either
+        side of the cut)."""
+        total: Counts = collections.Counter()
+        for counts in list(self._per_thread.values()):
+            total.update(counts)
+            counts.clear()
+        return total
+
+    def add(self, counts: Counts) -> None:
+        """Count ``counts`` as if run here (counts read from another process, to ``report``)."""
+        self._per_thread.setdefault(-1, collections.Counter()).update(counts)
+
     def tracer(self, frame: FrameType, event: str, arg: object) -> Callable[..., Any] | None:
         if not self.on:
             return None

@@ -642,6 +642,65 @@ def test_serve_path_counts_the_engines_bytecodes_on_the_loop_and_the_workers() -
     )
 
 
+# -- scripts/serve_ops.py: a served request's bytecodes under wrk -----------------------------------------
+
+SERVE_OPS = Path(__file__).resolve().parents[3] / "scripts" / "serve_ops.py"
+
+
+@pytest.mark.slow
+@needs_wrk
+def test_serve_ops_counts_each_variants_bytecodes_per_answered_request_under_wrk() -> None:
+    import subprocess
+    import sys
+
+    options = ["--seconds", "1", "--connections", "4", "--top", "3"]
+    done = subprocess.run(
+        [sys.executable, str(SERVE_OPS), "run", "digits", "none", "batched", *options],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    heads = [i for i, line in enumerate(lines) if " requests answered under wrk" in line]
+    assert [lines[i].split(":")[0] for i in heads] == ["digits none", "digits batched"]
+
+    def engine(i: int) -> int:  # the engine's bytecodes per request on the loop, from its "loop:" line
+        loop = lines[i + 1]
+        assert loop.startswith("loop: ") and int(loop.split()[1].replace(",", "")) > 500  # uvicorn's too
+        return int(loop.split(", ")[1].split()[0].replace(",", ""))
+
+    assert engine(heads[0]) == 0 and engine(heads[1]) > 100  # a batched call: admitted, awaited, woken
+
+
+def test_the_opcode_counter_counts_from_zero_after_a_take() -> None:
+    import sys
+
+    from tests.examples import load_script
+
+    opcount = load_script(SERVE_OPS.parent / "_opcount.py", "_opcount")
+    counter = opcount.OpCounter(lambda: "main")
+
+    def work() -> int:
+        return sum(range(3))
+
+    counter.on = True
+    sys.settrace(counter.tracer)
+    try:
+        work()
+        first = counter.take()
+        work()
+        work()
+        second = counter.take()
+    finally:
+        sys.settrace(None)
+    mine = [key for key in first if key[1].endswith(":work")]
+    assert len(mine) == 1 and second[mine[0]] == 2 * first[mine[0]] > 0
+    received = opcount.OpCounter(lambda: "")
+    received.add(second)
+    assert received.counts == second
+
+
 # -- scripts/serve_timeline.py: when the loop waits under wrk, and what runs meanwhile --------------------
 
 SERVE_TIMELINE = Path(__file__).resolve().parents[3] / "scripts" / "serve_timeline.py"
