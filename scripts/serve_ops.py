@@ -19,17 +19,13 @@ servers stop when this script ends.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 import threading
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 from _opcount import OpCounter  # (beside this script)
+from _serve_script import add_route, commands, get, load_of, servers
 
 
 def serve(variant: str, model: str) -> int:
@@ -41,56 +37,28 @@ def serve(variant: str, model: str) -> int:
     counter.on = True
     threading.settrace(counter.tracer)  # the engine's workers start with the app
     sys.settrace(counter.tracer)
-    create_app = app.create_app
-
-    def with_ops(variant: str, model: str, **options: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        served = create_app(variant, model, **options)
-
-        async def ops(request: Any) -> Any:
-            return JSONResponse([[*key, count] for key, count in counter.take().items()])
-
-        served.add_route("/ops", ops, methods=["GET"])
-        return served
-
-    app.create_app = with_ops
+    add_route("/ops", lambda: [[*key, count] for key, count in counter.take().items()])
     return app.main([variant, model])
-
-
-def _counting(variant: str, model: str) -> Any:
-    """The bench's ``Server`` of ``variant``, started as a counting server of this script."""
-    from schedsvc.cli.bench.serve import Server
-
-    class Counting(Server):
-        def command(self) -> list[str]:
-            return [sys.executable, str(Path(__file__).resolve()), "serve", self.variant, self.model]
-
-    return Counting(variant, model)
 
 
 def _ops(port: int) -> OpCounter:
     """The counts the server at ``port`` made since the previous read, as a counter to report from."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ops", timeout=60) as answer:
-        rows = json.loads(answer.read())
     counted = OpCounter(lambda: "")
+    rows = get(port, "/ops")
     counted.add(Counter({(label, name, own, ran_for): count for label, name, own, ran_for, count in rows}))
     return counted
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedsvc.cli.bench._serve_app import MODELS, request_row
     from schedsvc.cli.bench._serve_load import wrk_load
     from schedsvc.cli.bench.serve import running
 
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        print("wrk is not on PATH (Debian, Ubuntu: apt-get install wrk)", file=sys.stderr)
+    load_setup = load_of(args.model)
+    if load_setup is None:
         return 2
-    body, n_out = json.dumps({"x": request_row(args.model)}).encode(), MODELS[args.model][-1]
-    servers = [_counting(variant, args.model) for variant in args.variants]
-    with running(servers):
-        for server in servers:
+    wrk, body, n_out = load_setup
+    with running(servers(__file__, args.model, args.variants)) as started:
+        for server in started:
             wrk_load(wrk, server.port, body, n_out, 1, args.connections)  # warm-up
             _ops(server.port)  # (the warm-up's counts, forgotten)
             load = wrk_load(wrk, server.port, body, n_out, args.seconds, args.connections)
@@ -106,16 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    commands = parser.add_subparsers(dest="command", required=True)
-    one = commands.add_parser("serve", help="one counting server (prints 'ready PORT')")
-    one.add_argument("variant")
-    one.add_argument("model")
-    many = commands.add_parser("run", help="counting servers under wrk, and their counts per request")
-    many.add_argument("model")
-    many.add_argument("variants", nargs="+")
-    many.add_argument("--seconds", type=int, default=4, help="of counted load per variant (default 4)")
-    many.add_argument("--connections", type=int, default=64, help="wrk's connections (default 64)")
+    parser, _, many = commands(__doc__, "counting server", "counting servers under wrk, and their counts", 4)
     many.add_argument("--top", type=int, default=25, help="functions listed per thread (default 25)")
     args = parser.parse_args(argv)
     if args.command == "serve":

@@ -28,17 +28,15 @@ Needs wrk on PATH; binds 127.0.0.1 only; the servers stop when this script ends.
 from __future__ import annotations
 
 import argparse
-import json
 import selectors
-import shutil
 import statistics
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from _serve_script import add_route, commands, get, load_of, servers  # (beside this script)
 
 #: the share of a run looked at: its middle (wrk's connections open at its start and close at its end)
 MIDDLE = (0.2, 0.8)
@@ -121,21 +119,7 @@ def _instrument(record: Record, max_batch: int | None) -> None:
         return timed
 
     app._predictor = timed_predictor
-
-    create_app = app.create_app
-
-    def with_timeline(variant: str, model: str, **options: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        served = create_app(variant, model, **options)
-
-        async def timeline(request: Any) -> Any:
-            return JSONResponse(record.take())
-
-        served.add_route("/timeline", timeline, methods=["GET"])
-        return served
-
-    app.create_app = with_timeline
+    add_route("/timeline", record.take)
 
 
 def serve(variant: str, model: str, max_batch: int | None) -> int:
@@ -238,41 +222,22 @@ def describe(figures: dict[str, float]) -> str:
 # -- driving servers under wrk ------------------------------------------------------------------------------
 
 
-def _recording(variant: str, model: str, max_batch: int | None) -> Any:
-    """The bench's ``Server`` of ``variant``, started as a recording server of this script."""
-    from schedsvc.cli.bench.serve import Server
-
-    class Recording(Server):
-        def command(self) -> list[str]:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "serve", self.variant, self.model]
-            return cmd if max_batch is None else [*cmd, "--max-batch", str(max_batch)]
-
-    return Recording(variant, model)
-
-
-def _timeline(port: int) -> dict[str, list[Interval]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/timeline", timeout=30) as answer:
-        return json.loads(answer.read())  # type: ignore[no-any-return]
-
-
 def run(args: argparse.Namespace) -> int:
-    from schedsvc.cli.bench._serve_app import MODELS, request_row
     from schedsvc.cli.bench._serve_load import wrk_load
     from schedsvc.cli.bench.serve import running
 
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        print("wrk is not on PATH (Debian, Ubuntu: apt-get install wrk)", file=sys.stderr)
+    load_setup = load_of(args.model)
+    if load_setup is None:
         return 2
-    body, n_out = json.dumps({"x": request_row(args.model)}).encode(), MODELS[args.model][-1]
-    servers = [_recording(variant, args.model, args.max_batch) for variant in args.variants]
-    with running(servers):
+    wrk, body, n_out = load_setup
+    extra = [] if args.max_batch is None else ["--max-batch", str(args.max_batch)]
+    with running(servers(__file__, args.model, args.variants, extra)) as started:
         for round_ in range(1, args.rounds + 1):
-            for server in servers:
+            for server in started:
                 wrk_load(wrk, server.port, body, n_out, 1, args.connections)  # warm-up
-                _timeline(server.port)  # (the warm-up's record, forgotten)
+                get(server.port, "/timeline")  # (the warm-up's record, forgotten)
                 load = wrk_load(wrk, server.port, body, n_out, args.seconds, args.connections)
-                figures = analyse(_timeline(server.port))
+                figures = analyse(get(server.port, "/timeline"))
                 rps = load.figures()["rps"]
                 print(
                     f"{args.model} {server.variant} round {round_}: wrk {rps:,.0f} req/s; {describe(figures)}"
@@ -281,17 +246,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    commands = parser.add_subparsers(dest="command", required=True)
-    one = commands.add_parser("serve", help="one recording server (prints 'ready PORT')")
-    one.add_argument("variant")
-    one.add_argument("model")
-    many = commands.add_parser("run", help="recording servers under wrk, and their figures")
-    many.add_argument("model")
-    many.add_argument("variants", nargs="+")
-    many.add_argument("--seconds", type=int, default=3, help="of load per variant and round (default 3)")
+    parser, one, many = commands(
+        __doc__, "recording server", "recording servers under wrk, and their figures", 3
+    )
     many.add_argument("--rounds", type=int, default=2, help="rounds, the variants interleaved (default 2)")
-    many.add_argument("--connections", type=int, default=64, help="wrk's connections (default 64)")
     for command in (one, many):
         command.add_argument("--max-batch", type=int, default=None, help="the most calls a batch takes")
     args = parser.parse_args(argv)

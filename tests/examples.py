@@ -4,6 +4,7 @@ examples' tests)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,11 +15,17 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def load_script(path: Path, name: str) -> ModuleType:
-    """The script at ``path`` as a module named ``name`` (scripts are not a package)."""
+    """The script at ``path`` as a module named ``name`` (scripts are not a package: the modules beside it,
+    which it imports as Python does when it runs, are found while it loads)."""
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    beside = str(path.parent)
+    sys.path.insert(0, beside)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(beside)
     return module
 
 

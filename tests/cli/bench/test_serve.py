@@ -647,21 +647,21 @@ def test_serve_path_counts_the_engines_bytecodes_on_the_loop_and_the_workers() -
 SERVE_OPS = Path(__file__).resolve().parents[3] / "scripts" / "serve_ops.py"
 
 
-@pytest.mark.slow
-@needs_wrk
-def test_serve_ops_counts_each_variants_bytecodes_per_answered_request_under_wrk() -> None:
+def _script_lines(script: Path, *args: str) -> list[str]:
+    """What ``python script *args`` prints, once it has exited 0 (within 3 minutes)."""
     import subprocess
     import sys
 
-    options = ["--seconds", "1", "--connections", "4", "--top", "3"]
-    done = subprocess.run(
-        [sys.executable, str(SERVE_OPS), "run", "digits", "none", "batched", *options],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+@pytest.mark.slow
+@needs_wrk
+def test_serve_ops_counts_each_variants_bytecodes_per_answered_request_under_wrk() -> None:
+    options = ["--seconds", "1", "--connections", "4", "--top", "3"]
+    lines = _script_lines(SERVE_OPS, "run", "digits", "none", "batched", *options)
     heads = [i for i, line in enumerate(lines) if " requests answered under wrk" in line]
     assert [lines[i].split(":")[0] for i in heads] == ["digits none", "digits batched"]
 
@@ -749,18 +749,8 @@ def test_serve_timeline_gives_the_loops_work_per_request_as_wall_and_cpu_time() 
 @pytest.mark.slow
 @needs_wrk
 def test_serve_timeline_records_a_batched_server_under_wrk() -> None:
-    import subprocess
-    import sys
-
     options = ["--seconds", "1", "--rounds", "1", "--connections", "8", "--max-batch", "4"]
-    done = subprocess.run(
-        [sys.executable, str(SERVE_TIMELINE), "run", "digits", "batched", "handmade", *options],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = _script_lines(SERVE_TIMELINE, "run", "digits", "batched", "handmade", *options)
     assert [line.split(":")[0] for line in lines] == ["digits batched round 1", "digits handmade round 1"]
     for line in lines:
         calls = float(line.split("median ")[1].split(" calls")[0])
